@@ -1,0 +1,21 @@
+"""Keys, signatures, secret sharing and encrypted channels. The only package that imports
+``cryptography``.
+
+Primitives below, recipes above; the rest of gossamer uses the recipes:
+
+- ``identity``   Ed25519 identity in a 0600 file; peer id = hex SHA-256 fingerprint of the raw
+                 public key.
+- ``envelope``   signed envelopes (sender, recipient, run id, round, timestamp, nonce, payload
+                 digest) and the replay guard that checks them.
+- ``channel``    X25519 + HKDF + ChaCha20-Poly1305 per-frame channel encryption.
+
+Time and randomness are parameters (``seal(..., now=..., nonce=...)``), so everything is
+testable without sleeping.
+
+Exceptions::
+
+    CryptoError
+     ├── IdentityError       an identity file is missing, malformed or readable by others
+     └── VerificationError   one opaque error for every failed check (bad signature, tampered
+                             byte, wrong recipient, replay, stale or future timestamp)
+"""

@@ -1,0 +1,20 @@
+# Shared set-up for scripts/test and scripts/demo: create .venv if missing and install gossamer.
+# Sourced, not run. Torch goes in first, pinned, so that no multi-GB CUDA build is pulled.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+STAMP="$VENV/.gossamer-installed"
+if [ ! -x "$PY" ]; then
+    echo "gossamer: creating $VENV" >&2
+    python3 -m venv "$VENV"
+fi
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+    echo "gossamer: installing (torch first, then the package with its dev extras)" >&2
+    "$PY" -m pip install -q --upgrade pip >/dev/null
+    "$PY" -m pip install -q torch==2.13.0
+    "$PY" -m pip install -q -e "$ROOT[dev]"
+    touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
+cd "$ROOT"

@@ -1,0 +1,31 @@
+"""gossamer's data plane: bytes, frames, peers and addresses (never models or rounds).
+
+Map of the package:
+
+- ``errors``    the exception tree below; every foreign error (OSError, asyncio.TimeoutError,
+                aiohttp, msgpack) is translated into it once, here, at the transport boundary.
+- ``limits``    ``Limits``: hard caps on every length, count, depth and size a peer can claim.
+- ``codec``     tensor codec: a msgpack header per tensor (name, dtype from an allowlist, shape,
+                byte length, optional fp16/bf16/int8 quantisation) and raw little-endian bytes,
+                decoded zero-copy.
+- ``frames``    the TCP frame: magic, version, type, header length, payload length, msgpack
+                header, payload.
+- ``safetensors_stream``  streamed safetensors bodies (HTTP objects, checkpoints) with strict,
+                capped parsing.
+- ``tcp``       asyncio TCP server and client exchanging frames (request/response, one-way).
+- ``http``      aiohttp server and client helpers for bulk objects, with body caps and a
+                header/idle deadline (slowloris).
+- ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets.
+- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys.
+
+Exceptions::
+
+    TransportError
+     ├── DecodeError           bytes from a peer that do not parse (bad magic, dtype, shape, ...)
+     │    ├── LimitExceeded    a claimed length / count / depth / size over a cap
+     │    └── NonFiniteTensor  NaN or Inf where the caller asked for finite values
+     ├── ConnectionClosed      the peer closed or reset the connection (also mid-frame)
+     ├── TransportTimeout      a deadline passed (connect, read, request)
+     ├── Overloaded            a connection cap or bounded queue is full
+     └── RemoteError           the peer answered with an error frame or HTTP error status
+"""

@@ -1,0 +1,65 @@
+"""msgpack headers with hard limits: the one place peer-supplied msgpack is decoded.
+
+Headers are plain maps of str keys to ints, floats, strs, bytes, bools, None, lists and maps.
+Decoding checks the byte length before parsing, lets msgpack enforce per-object caps while it
+parses (so a claimed 2^32-element array is refused before it is allocated), refuses ext types
+and trailing bytes, and then checks the nesting depth.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from transport.errors import DecodeError, LimitExceeded
+from transport.limits import DEFAULT_LIMITS, Limits
+
+
+def pack_header(obj: Any) -> bytes:
+    """Encode a header object; raises TypeError for values msgpack cannot represent."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack_header(data: bytes | bytearray | memoryview, *, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """Decode one msgpack object from exactly ``data``; raise DecodeError/LimitExceeded otherwise."""
+    if len(data) > limits.max_header_bytes:
+        raise LimitExceeded(f"header of {len(data)} bytes exceeds max_header_bytes={limits.max_header_bytes}")
+    unpacker = msgpack.Unpacker(
+        max_buffer_size=max(len(data), 1),
+        max_str_len=limits.max_str_bytes,
+        max_bin_len=limits.max_header_bytes,
+        max_array_len=limits.max_container_len,
+        max_map_len=limits.max_container_len,
+        max_ext_len=0,
+        strict_map_key=True,
+    )
+    try:
+        unpacker.feed(data)
+        obj = unpacker.unpack()
+    except msgpack.OutOfData as exc:
+        raise DecodeError("header is truncated") from exc
+    except ValueError as exc:  # msgpack signals length caps and stack overflow as ValueError
+        raise LimitExceeded(f"header exceeds a limit: {exc}") from exc
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as exc:
+        raise DecodeError(f"header is not valid msgpack: {exc}") from exc
+    if unpacker.tell() != len(data):
+        raise DecodeError(f"header has {len(data) - unpacker.tell()} trailing bytes")
+    check_depth(obj, limits.max_depth)
+    return obj
+
+
+def check_depth(obj: Any, max_depth: int) -> None:
+    """Raise LimitExceeded if maps/lists nest deeper than ``max_depth`` (iterative, no recursion)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            raise LimitExceeded(f"header nests deeper than max_depth={max_depth}")
+        stack.extend((child, depth + 1) for child in children)
