@@ -1,0 +1,278 @@
+"""WAN emulation: an asyncio TCP proxy that adds latency, jitter, a bandwidth cap, drops and resets.
+
+The kernels the tests and benchmarks run on have no ``netem``, so a ``WanProxy`` stands in for an
+internet link between two loopback endpoints::
+
+    proxy = await WanProxy.create("127.0.0.1", server_port, up=LinkProfile.from_mbit(100, 50))
+    host, port = proxy.address          # connect here instead of to the server
+    ...
+    await proxy.aclose()
+
+``up`` shapes bytes from the connecting client to the target, ``down`` the way back (default: the
+same profile). Each accepted connection gets one ``Pipe`` per direction (see ``wan_link``).
+
+Connection semantics: EOF from one side is forwarded (after the link's latency) as
+``shutdown(SHUT_WR)`` to the other, so half-closed request/response exchanges work; the proxy
+closes both sockets once both directions have reached EOF. Any socket error (a reset, a write to a
+closed peer) or an injected reset aborts both sides with SO_LINGER 0, so each endpoint sees a
+reset. A refused connection (``up.refuse_probability``, or ``max_connections`` reached) is
+aborted at once and never reaches the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import struct
+from dataclasses import dataclass
+
+from transport.errors import TransportError
+from transport.wan_link import DirectionCounters, InjectedReset, LinkProfile, Pipe
+
+__all__ = ["DirectionStats", "LinkProfile", "ProxyOptions", "WanProxy", "WanStats"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProxyOptions:
+    """Proxy-wide settings (per-direction behaviour lives in ``LinkProfile``).
+
+    Attributes:
+        max_connections: connections forwarded at once; more are refused (aborted at once).
+        queue_chunks: most chunks queued per direction of one connection.
+        queue_bytes: most bytes queued per direction of one connection; None sizes it from the
+            profile (``LinkProfile.default_queue_bytes``: twice the bandwidth-delay product).
+        connect_timeout_s: deadline to connect to the target; on timeout the client is aborted.
+    """
+
+    max_connections: int = 64
+    queue_chunks: int = 4096
+    queue_bytes: int | None = None
+    connect_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "queue_chunks", "queue_bytes"):
+            value = getattr(self, name)
+            if name == "queue_bytes" and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"WanProxy {name} must be an int >= 1, got {value!r}")
+        timeout = self.connect_timeout_s
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
+            raise ValueError(f"WanProxy connect_timeout_s must be a finite number > 0, got {timeout!r}")
+
+
+@dataclass(frozen=True)
+class DirectionStats:
+    """What one direction forwarded, over all connections."""
+
+    bytes_forwarded: int
+    chunks_forwarded: int
+    chunks_dropped: int
+
+
+@dataclass(frozen=True)
+class WanStats:
+    """A snapshot of a proxy's counters.
+
+    ``connections_accepted`` counts connections forwarded to the target; ``connections_refused``
+    those aborted at once; ``connections_reset`` those reset by the profile; ``connections_failed``
+    those whose target could not be reached.
+    """
+
+    up: DirectionStats
+    down: DirectionStats
+    connections_accepted: int
+    connections_refused: int
+    connections_reset: int
+    connections_failed: int
+
+
+@dataclass
+class _ConnectionCounters:
+    accepted: int = 0
+    refused: int = 0
+    reset: int = 0
+    failed: int = 0
+
+
+def _abort(sock: socket.socket) -> None:
+    """Close with SO_LINGER 0: the peer gets a reset, not an orderly EOF."""
+    with contextlib.suppress(OSError):  # already closed or never connected: nothing to linger
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class WanProxy:
+    """A TCP proxy to one target that shapes each connection like a WAN link (module docstring)."""
+
+    def __init__(self, listener: socket.socket, target: tuple[int, tuple], *, up: LinkProfile,
+                 down: LinkProfile, options: ProxyOptions) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._listener = listener
+        self._target_family, self._target_address = target
+        self._up, self._down, self._options = up, down, options
+        self._up_rng, self._down_rng = random.Random(up.seed), random.Random(down.seed)
+        self._up_counters, self._down_counters = DirectionCounters(), DirectionCounters()
+        self._counts = _ConnectionCounters()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accept_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    async def create(cls, target_host: str, target_port: int, *, up: LinkProfile,
+                     down: LinkProfile | None = None, listen_host: str = "127.0.0.1", listen_port: int = 0,
+                     max_connections: int = 64, queue_chunks: int = 4096, queue_bytes: int | None = None,
+                     connect_timeout_s: float = 5.0) -> WanProxy:
+        """Listen on (listen_host, listen_port) and forward every connection to the target."""
+        options = ProxyOptions(max_connections=max_connections, queue_chunks=queue_chunks,
+                               queue_bytes=queue_bytes, connect_timeout_s=connect_timeout_s)
+        for name, profile in (("up", up), ("down", down)):
+            if not isinstance(profile, LinkProfile | None) or (name == "up" and profile is None):
+                raise ValueError(f"WanProxy {name} must be a LinkProfile, got {profile!r}")
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(target_host, target_port, type=socket.SOCK_STREAM)
+            listener = _listen(listen_host, listen_port)
+        except OSError as exc:
+            raise TransportError(f"WAN proxy to {target_host}:{target_port} cannot start: {exc}") from exc
+        target = (infos[0][0], infos[0][4])
+        proxy = cls(listener, target, up=up, down=up if down is None else down, options=options)
+        proxy._accept_task = loop.create_task(proxy._accept_loop())
+        proxy._accept_task.add_done_callback(proxy._task_done)
+        return proxy
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where clients connect: (host, port)."""
+        host, port = self._listener.getsockname()[:2]
+        return host, port
+
+    @property
+    def stats(self) -> WanStats:
+        """A snapshot of the counters."""
+        def direction(c: DirectionCounters) -> DirectionStats:
+            return DirectionStats(c.bytes_forwarded, c.chunks_forwarded, c.chunks_dropped)
+
+        c = self._counts
+        return WanStats(direction(self._up_counters), direction(self._down_counters),
+                        c.accepted, c.refused, c.reset, c.failed)
+
+    async def __aenter__(self) -> WanProxy:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop accepting, cancel and await every task, close every socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [task for task in (self._accept_task, *self._tasks) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self._listener.close()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("WAN proxy task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, _ = await self._loop.sock_accept(self._listener)
+            except ConnectionAbortedError:  # the client gave up before we accepted: nothing to do
+                continue
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        refuse_p = self._up.refuse_probability
+        if len(self._tasks) >= self._options.max_connections or (refuse_p > 0 and self._up_rng.random() < refuse_p):
+            self._counts.refused += 1
+            _abort(sock)
+            return
+        self._counts.accepted += 1
+        task = self._loop.create_task(self._serve(sock))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    async def _connect(self) -> socket.socket:
+        sock = socket.socket(self._target_family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await asyncio.wait_for(self._loop.sock_connect(sock, self._target_address),
+                                   self._options.connect_timeout_s)
+        except BaseException:  # closed here on any failure (cancel included), then re-raised
+            sock.close()
+            raise
+        return sock
+
+    async def _serve(self, client: socket.socket) -> None:
+        try:
+            target = await self._connect()
+        except (OSError, TimeoutError) as exc:
+            self._counts.failed += 1
+            logger.debug("WAN proxy cannot reach target %s: %s", self._target_address, exc)
+            _abort(client)
+            return
+        except BaseException:
+            _abort(client)
+            raise
+        clean = False
+        try:
+            clean = await self._relay(client, target)
+        finally:
+            for sock in (client, target):
+                if clean:
+                    sock.close()
+                else:
+                    _abort(sock)
+
+    async def _relay(self, client: socket.socket, target: socket.socket) -> bool:
+        """Run both pipes; True when both ended in an orderly EOF, False after a reset or error."""
+        for sock in (client, target):
+            with contextlib.suppress(OSError):  # a peer already gone shows up in the pipes below
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pipes = (self._pipe(client, target, self._up, self._up_rng, self._up_counters),
+                 self._pipe(target, client, self._down, self._down_rng, self._down_counters))
+        clean = True
+        try:
+            async with asyncio.TaskGroup() as group:
+                for pipe in pipes:
+                    group.create_task(pipe.read_loop())
+                    group.create_task(pipe.write_loop())
+        except* InjectedReset:
+            self._counts.reset += 1
+            clean = False
+        except* OSError as group_error:
+            logger.debug("WAN proxy connection ended by a socket error: %s", group_error.exceptions[0])
+            clean = False
+        return clean
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, profile: LinkProfile, rng: random.Random,
+              counters: DirectionCounters) -> Pipe:
+        queue_bytes = self._options.queue_bytes or profile.default_queue_bytes()
+        return Pipe(src, dst, profile, rng=rng, counters=counters, queue_bytes=queue_bytes,
+                    queue_chunks=self._options.queue_chunks)
