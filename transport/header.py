@@ -23,6 +23,7 @@ def pack_header(obj: Any) -> bytes:
 
 def unpack_header(data: bytes | bytearray | memoryview, *, limits: Limits = DEFAULT_LIMITS) -> Any:
     """Decode one msgpack object from exactly ``data``; raise DecodeError/LimitExceeded otherwise."""
+    data = memoryview(data).cast("B") if isinstance(data, memoryview) else data
     if len(data) > limits.max_header_bytes:
         raise LimitExceeded(f"header of {len(data)} bytes exceeds max_header_bytes={limits.max_header_bytes}")
     unpacker = msgpack.Unpacker(
@@ -33,20 +34,41 @@ def unpack_header(data: bytes | bytearray | memoryview, *, limits: Limits = DEFA
         max_map_len=limits.max_container_len,
         max_ext_len=0,
         strict_map_key=True,
+        ext_hook=_refuse_ext,
     )
     try:
         unpacker.feed(data)
         obj = unpacker.unpack()
     except msgpack.OutOfData as exc:
         raise DecodeError("header is truncated") from exc
-    except ValueError as exc:  # msgpack signals length caps and stack overflow as ValueError
-        raise LimitExceeded(f"header exceeds a limit: {exc}") from exc
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as exc:
-        raise DecodeError(f"header is not valid msgpack: {exc}") from exc
+    except msgpack.StackError as exc:
+        raise LimitExceeded(f"header nests deeper than msgpack's stack (max_depth={limits.max_depth})") from exc
+    except (msgpack.ExtraData, msgpack.FormatError, UnicodeDecodeError, TypeError) as exc:
+        raise DecodeError(f"header is not valid msgpack: {exc or type(exc).__name__}") from exc
+    except ValueError as exc:  # after the ValueError subclasses above: msgpack's length caps
+        raise LimitExceeded(f"header exceeds a limit: {exc or type(exc).__name__}") from exc
     if unpacker.tell() != len(data):
         raise DecodeError(f"header has {len(data) - unpacker.tell()} trailing bytes")
     check_depth(obj, limits.max_depth)
+    _check_keys(obj)
     return obj
+
+
+def _refuse_ext(code: int, data: bytes) -> None:
+    raise DecodeError(f"header holds a msgpack ext type ({code}); ext types are not allowed")
+
+
+def _check_keys(obj: Any) -> None:
+    """Every map key is a str (msgpack's strict_map_key still admits bytes keys)."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if not all(isinstance(key, str) for key in item):
+                raise DecodeError("header map keys must be strings")
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def check_depth(obj: Any, max_depth: int) -> None:
