@@ -12,10 +12,14 @@ Map of the package:
                 header, payload.
 - ``safetensors_stream``  streamed safetensors bodies (HTTP objects, checkpoints) with strict,
                 capped parsing.
-- ``tcp``       asyncio TCP server and client exchanging frames (request/response, one-way).
-- ``http``      aiohttp server and client helpers for bulk objects, with body caps and a
-                header/idle deadline (slowloris).
-- ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets.
+- ``tcp``       asyncio TCP server and client exchanging frames (request/response, one-way);
+                re-exports ``tcp_stream`` (config, stats, zero-copy frame I/O on raw sockets),
+                ``tcp_server`` and ``tcp_client``.
+- ``http``      shared HTTP pieces (``HttpConfig``, capped body and JSON reading);
+                ``http_server`` (aiohttp server with body caps, header/idle deadlines against
+                slowloris, connection cap, tensor helpers) and ``http_client``.
+- ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
+                (``wan_link`` holds the per-link profile and pacing).
 - ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys.
 
 Exceptions::

@@ -1,0 +1,146 @@
+"""Helpers shared by the socket tests: leak checks, a raw socket client, log waiting, TCP set-up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+
+from transport.frames import Frame, FrameType
+from transport.tcp import TcpConfig, TcpConnection, TcpServer, tcp_connect
+
+WAIT_S = 10.0
+"""Upper bound on any wait in these tests; only reached when something is broken."""
+FAST = TcpConfig(idle_timeout_s=5.0, read_timeout_s=5.0, request_timeout_s=10.0)
+
+
+def open_fds() -> dict[str, str]:
+    """This process's open file descriptors and what they point to."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # the fd listdir itself used
+            pass
+    return fds
+
+
+class LeakCheck:
+    """Snapshot of running tasks and open fds; ``verify()`` fails if either grew since."""
+
+    def __init__(self) -> None:
+        self.tasks = asyncio.all_tasks()
+        self.fds = open_fds()
+
+    def verify(self) -> None:
+        leaked = {t for t in asyncio.all_tasks() - self.tasks if t is not asyncio.current_task()}
+        assert not leaked, f"tasks leaked: {leaked}"
+        assert open_fds() == self.fds, "file descriptors leaked"
+
+
+class RawClient:
+    """A plain non-blocking socket for sending bytes no well-behaved client would send."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def connect(cls, address: tuple[str, int]) -> RawClient:
+        sock = socket.socket()
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, address)
+        return cls(sock)
+
+    async def send(self, data: bytes) -> None:
+        await self.loop.sock_sendall(self.sock, data)
+
+    async def read_until_eof(self, timeout_s: float = WAIT_S) -> bytes:
+        chunks = []
+        async with asyncio.timeout(timeout_s):
+            while chunk := await self.loop.sock_recv(self.sock, 65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def read_response_head(self, timeout_s: float = WAIT_S) -> bytes:
+        """Read until the end of an HTTP response head."""
+        data = b""
+        async with asyncio.timeout(timeout_s):
+            while b"\r\n\r\n" not in data:
+                chunk = await self.loop.sock_recv(self.sock, 65536)
+                assert chunk, f"connection closed after {data!r}"
+                data += chunk
+        return data
+
+    async def aclose(self) -> None:
+        self.sock.close()
+
+
+class LogWaiter(logging.Handler):
+    """Collects the messages of a logger and sets ``seen`` when one contains ``needle``."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.needle = needle
+        self.seen = asyncio.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        if self.needle in record.getMessage():
+            self.seen.set()
+
+
+@contextlib.contextmanager
+def log_waiters(logger_name: str) -> Iterator[Callable[[str], LogWaiter]]:
+    """Within the block, ``attach(needle)`` hooks a LogWaiter on ``logger_name`` (at DEBUG)."""
+    logger = logging.getLogger(logger_name)
+    attached: list[LogWaiter] = []
+
+    def attach(needle: str) -> LogWaiter:
+        attached.append(LogWaiter(needle))
+        logger.addHandler(attached[-1])
+        return attached[-1]
+
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield attach
+    finally:
+        logger.setLevel(old_level)
+        for waiter in attached:
+            logger.removeHandler(waiter)
+
+
+class TcpNet:
+    """Creates TCP servers, connections and raw clients for one test and closes them at its end."""
+
+    def __init__(self) -> None:
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+
+    async def server(self, handler, config: TcpConfig = FAST, **kwargs) -> TcpServer:
+        server = await TcpServer.create(handler, config=config, **kwargs)
+        self.closers.append(server.aclose)
+        return server
+
+    async def connect(self, server: TcpServer, config: TcpConfig = FAST) -> TcpConnection:
+        conn = await tcp_connect(*server.address, config=config)
+        self.closers.append(conn.aclose)
+        return conn
+
+    async def raw(self, server) -> RawClient:
+        raw = await RawClient.connect(server.address)
+        self.closers.append(raw.aclose)
+        return raw
+
+    async def aclose(self) -> None:
+        for close in reversed(self.closers):
+            await close()
+
+
+async def echo(frame: Frame, info) -> Frame:
+    """A handler answering with the request's ``x`` header and its payload."""
+    return Frame(FrameType.RESPONSE, {"echo": frame.header.get("x")}, bytes(frame.payload))

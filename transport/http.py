@@ -1,0 +1,112 @@
+"""HTTP data plane: bulk objects (safetensors bodies) and small JSON endpoints over aiohttp.
+
+The parts:
+
+- ``http``         (this module) ``HttpConfig`` and what server and client share: reading a
+                   body of known length into one preallocated buffer, JSON decoding with caps.
+- ``http_server``  ``HttpServer`` (an aiohttp app behind a connection cap, a header deadline,
+                   a per-request deadline) and handler helpers ``read_body_into``,
+                   ``read_tensors``, ``stream_tensors``.
+- ``http_client``  ``HttpClient``: ``get_json`` / ``post_json`` / ``get_bytes`` / ``put_bytes`` /
+                   ``get_tensors`` / ``put_tensors``, each with a deadline, every aiohttp and OS
+                   error translated into ``transport.errors``.
+
+Bodies are never joined from pieces: a received body is copied once, chunk by chunk, from
+aiohttp's buffers into a buffer of exactly Content-Length bytes (allocated after the cap check),
+and a sent body is streamed as memoryview slices of the tensors' own memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from transport.errors import ConnectionClosed, DecodeError, TransportTimeout
+from transport.frames import allocate_buffer
+from transport.limits import DEFAULT_LIMITS, Limits
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpConfig:
+    """Caps and deadlines of the HTTP server and client.
+
+    Attributes:
+        limits: caps applied when decoding bodies (safetensors headers, tensor counts, ...).
+        max_body_bytes: largest body read (request bodies on the server, responses on the client).
+        max_json_bytes: largest JSON body read.
+        header_timeout_s: the request line and headers must arrive within this after the
+            connection opens or after the previous response (slowloris protection).
+        idle_timeout_s: most time without a byte while a body is received (or sent by
+            ``stream_tensors``); also the client's per-read deadline.
+        request_timeout_s: deadline of one whole request (server: the handler; client: the call).
+        connect_timeout_s: deadline for a client to connect.
+        max_connections: most connections a server holds (beyond: 503 and close), and most
+            connections a client keeps open.
+        chunk_bytes: slice size of streamed bodies and size of aiohttp's read buffers.
+        shutdown_timeout_s: how long ``HttpServer.aclose`` lets running handlers finish.
+    """
+
+    limits: Limits = DEFAULT_LIMITS
+    max_body_bytes: int = 4 << 30
+    max_json_bytes: int = 1 << 20
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_connections: int = 256
+    chunk_bytes: int = 1 << 20
+    shutdown_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.limits, Limits):
+            raise TypeError(f"HttpConfig.limits must be a Limits, got {type(self.limits).__name__}")
+        for name in ("header_timeout_s", "idle_timeout_s", "request_timeout_s", "connect_timeout_s",
+                     "shutdown_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"HttpConfig.{name} must be a positive finite number, got {value!r}")
+        for name in ("max_body_bytes", "max_json_bytes", "max_connections", "chunk_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"HttpConfig.{name} must be a positive int, got {value!r}")
+
+
+async def read_exactly(content: aiohttp.StreamReader, nbytes: int, *,
+                       idle_timeout_s: float) -> bytearray | memoryview:
+    """Read exactly ``nbytes`` of a body into one new buffer; at most one copy per byte.
+
+    ConnectionClosed if the body ends early, TransportTimeout after ``idle_timeout_s`` without a
+    byte, DecodeError if the peer sends more than it announced.
+    """
+    buffer = allocate_buffer(nbytes)
+    view = memoryview(buffer)
+    done = 0
+    while done < nbytes:
+        try:
+            async with asyncio.timeout(idle_timeout_s):
+                chunk = await content.readany()
+        except TimeoutError:
+            raise TransportTimeout(f"body stalled after {done} of {nbytes} bytes "
+                                   f"(idle_timeout_s={idle_timeout_s})") from None
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as exc:
+            raise ConnectionClosed(f"body cut after {done} of {nbytes} bytes: {exc}") from exc
+        if not chunk:
+            raise ConnectionClosed(f"body ended after {done} of {nbytes} bytes")
+        if len(chunk) > nbytes - done:
+            raise DecodeError(f"body is longer than its Content-Length of {nbytes} bytes")
+        view[done:done + len(chunk)] = chunk
+        done += len(chunk)
+    return buffer
+
+
+def parse_json(body: bytes | bytearray | memoryview) -> Any:
+    """Decode a JSON body; DecodeError for bad UTF-8, bad JSON or absurd nesting."""
+    try:
+        return json.loads(bytes(body))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise DecodeError(f"body is not valid JSON: {exc}") from exc

@@ -1,0 +1,285 @@
+"""asyncio TCP server answering frames with a handler coroutine.
+
+``handler(frame, info) -> Frame | None`` is called for every REQUEST and ONEWAY frame. For a
+REQUEST the returned frame (or an empty one for None) goes back as RESPONSE carrying the request
+id (``header["rid"]``); a ``HandlerError`` becomes an ERROR frame with its message, a DecodeError
+(the peer's bytes did not parse) an ERROR frame with the decoder's message, anything else an
+ERROR frame "internal error" plus a logged traceback; the connection keeps serving. Up to
+``max_inflight_requests`` requests of one connection run concurrently.
+
+ONEWAY frames go, in order, through a bounded per-connection queue to the handler (its return
+value is ignored, its errors are logged). When the queue, or the request slots, are full the
+server stops reading that socket, which pushes back on the sender through TCP.
+
+A bad frame (DecodeError) gets an ERROR frame and the connection is closed; a connection with no
+frame for ``idle_timeout_s`` while nothing of it is being handled, or stalled mid-frame for
+``read_timeout_s``, is closed. Other connections are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
+
+from transport.errors import DecodeError, TransportError, TransportTimeout
+from transport.frames import Frame, FrameType
+from transport.tcp_stream import (
+    FrameStream,
+    PayloadBufferHook,
+    TcpConfig,
+    TcpStats,
+    configure_socket,
+    error_frame,
+)
+
+log = logging.getLogger(__name__)
+
+ACCEPT_BACKOFF_S = 0.05
+"""Pause after a failed accept (e.g. EMFILE) so that the loop does not spin."""
+
+
+class HandlerError(Exception):
+    """Raised by a handler to refuse a request; its message is sent to the peer."""
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """Which connection a frame arrived on."""
+
+    connection_id: int
+    peer: tuple[str, int]
+
+
+Handler = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
+
+
+class _Connection:
+    """Server-side state of one accepted socket: its stream, tasks, queue and request slots."""
+
+    def __init__(self, info: ConnectionInfo, stream: FrameStream, config: TcpConfig) -> None:
+        self.info = info
+        self.stream = stream
+        self.queue: asyncio.Queue[Frame] = asyncio.Queue(maxsize=config.queue_maxsize)
+        self.slots = asyncio.Semaphore(config.max_inflight_requests)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.consumer: asyncio.Task[None] | None = None
+        self.handling_oneway = False
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.tasks) or self.handling_oneway or not self.queue.empty()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name=f"tcp-request-{self.info.connection_id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def stop_tasks(self) -> None:
+        tasks = [*self.tasks, *([self.consumer] if self.consumer else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class TcpServer:
+    """Accepts connections and answers their frames with ``handler``; see the module docstring."""
+
+    def __init__(self, handler: Handler, sock: socket.socket, *, config: TcpConfig,
+                 payload_buffer: PayloadBufferHook | None) -> None:
+        self._handler = handler
+        self._sock = sock
+        self._config = config
+        self._payload_buffer = payload_buffer
+        self._stats = TcpStats()
+        self._connections: dict[int, asyncio.Task[None]] = {}
+        self._rejects: set[asyncio.Task[None]] = set()
+        self._next_id = 0
+        self._accept_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    async def create(cls, handler: Handler, *, host: str = "127.0.0.1", port: int = 0,
+                     config: TcpConfig = TcpConfig(), payload_buffer: PayloadBufferHook | None = None) -> TcpServer:
+        """Listen on ``host:port`` (port 0: any free port) and start accepting."""
+        sock = await _listen(host, port, config)
+        server = cls(handler, sock, config=config, payload_buffer=payload_buffer)
+        server._accept_task = asyncio.create_task(server._accept_loop(), name=f"tcp-accept-{port}")
+        return server
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._sock.getsockname()[:2]
+        return host, port
+
+    @property
+    def stats(self) -> TcpStats:
+        """A snapshot of the counters."""
+        return replace(self._stats)
+
+    async def aclose(self) -> None:
+        """Stop accepting, cancel and await every task, close every socket (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [task for task in (self._accept_task, *self._connections.values(), *self._rejects) if task]
+        for task in tasks:
+            task.cancel()
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._sock.close()
+
+    # --- accepting --------------------------------------------------------------------------
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, addr = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                log.warning("accept on %s failed: %s", self.address, exc)
+                await asyncio.sleep(ACCEPT_BACKOFF_S)
+                continue
+            configure_socket(sock, self._config)
+            if len(self._connections) >= self._config.max_connections:
+                self._reject(sock)
+            else:
+                self._admit(sock, ConnectionInfo(self._next_id, tuple(addr[:2])))
+                self._next_id += 1
+
+    def _admit(self, sock: socket.socket, info: ConnectionInfo) -> None:
+        task = asyncio.create_task(self._serve(sock, info), name=f"tcp-conn-{info.connection_id}")
+        self._connections[info.connection_id] = task
+        task.add_done_callback(lambda _: self._connections.pop(info.connection_id, None))
+
+    def _reject(self, sock: socket.socket) -> None:
+        if len(self._rejects) >= self._config.max_connections:
+            sock.close()
+            return
+        task = asyncio.create_task(self._send_overloaded(sock), name="tcp-reject")
+        self._rejects.add(task)
+        task.add_done_callback(self._rejects.discard)
+
+    async def _send_overloaded(self, sock: socket.socket) -> None:
+        stream = FrameStream(sock, config=self._config, stats=self._stats)
+        try:
+            await stream.write_frame(error_frame("overloaded: connection cap reached", code="overloaded"))
+            await stream.drain(self._config.read_timeout_s)
+        except TransportError as exc:
+            log.debug("could not refuse a connection cleanly: %s", exc)
+        finally:
+            stream.close()
+
+    # --- serving one connection -------------------------------------------------------------
+
+    async def _serve(self, sock: socket.socket, info: ConnectionInfo) -> None:
+        stream = FrameStream(sock, config=self._config, stats=self._stats, payload_buffer=self._payload_buffer)
+        conn = _Connection(info, stream, self._config)
+        self._stats.connections_open += 1
+        try:
+            await self._read_loop(conn)
+        except DecodeError as exc:
+            log.info("closing connection %d from %s: bad frame: %s", info.connection_id, info.peer, exc)
+            await conn.stop_tasks()
+            await self._send_final_error(conn, error_frame(str(exc), code="decode"))
+        except TransportError as exc:
+            log.info("closing connection %d from %s: %s", info.connection_id, info.peer, exc)
+        except Exception:
+            log.exception("connection %d from %s failed", info.connection_id, info.peer)
+        finally:
+            stream.abort()
+            try:
+                await conn.stop_tasks()
+            finally:
+                stream.close()
+                self._stats.connections_open -= 1
+
+    async def _send_final_error(self, conn: _Connection, frame: Frame) -> None:
+        try:
+            await conn.stream.write_frame(frame)
+            await conn.stream.drain(self._config.read_timeout_s)
+        except TransportError as exc:
+            log.debug("could not send the final error to connection %d: %s", conn.info.connection_id, exc)
+
+    async def _read_loop(self, conn: _Connection) -> None:
+        while True:
+            try:
+                if not await conn.stream.wait_for_frame(self._config.idle_timeout_s):
+                    return
+            except TransportTimeout:
+                if conn.busy:
+                    continue
+                raise
+            frame = await conn.stream.read_frame()
+            if frame is None:
+                return
+            await self._dispatch(conn, frame)
+
+    async def _dispatch(self, conn: _Connection, frame: Frame) -> None:
+        if frame.type is FrameType.REQUEST:
+            await conn.slots.acquire()
+            conn.spawn(self._answer(conn, frame))
+        elif frame.type is FrameType.ONEWAY:
+            if conn.consumer is None:
+                conn.consumer = asyncio.create_task(self._consume(conn), name=f"tcp-oneway-{conn.info.connection_id}")
+            await conn.queue.put(frame)
+            self._stats.oneway_queue_peak = max(self._stats.oneway_queue_peak, conn.queue.qsize())
+        else:
+            raise DecodeError(f"unexpected {frame.type.name} frame from a client")
+
+    async def _answer(self, conn: _Connection, frame: Frame) -> None:
+        rid = frame.header.get("rid")
+        try:
+            reply = await self._reply(frame, conn.info, rid)
+            try:
+                await conn.stream.write_frame(reply)
+            except (TypeError, ValueError):
+                log.exception("handler returned a frame that cannot be encoded")
+                await conn.stream.write_frame(error_frame("internal error", code="internal", rid=rid))
+        except TransportError as exc:
+            log.debug("could not answer on connection %d: %s", conn.info.connection_id, exc)
+            conn.stream.abort()
+        finally:
+            conn.slots.release()
+
+    async def _reply(self, frame: Frame, info: ConnectionInfo, rid: Any) -> Frame:
+        try:
+            reply = await self._handler(frame, info)
+        except HandlerError as exc:
+            return error_frame(str(exc), code="handler", rid=rid)
+        except DecodeError as exc:
+            return error_frame(str(exc), code="decode", rid=rid)
+        except Exception:
+            log.exception("handler failed on a request from %s", info.peer)
+            return error_frame("internal error", code="internal", rid=rid)
+        if reply is None:
+            return Frame(FrameType.RESPONSE, {"rid": rid})
+        return Frame(FrameType.RESPONSE, {**reply.header, "rid": rid}, reply.payload)
+
+    async def _consume(self, conn: _Connection) -> None:
+        while True:
+            frame = await conn.queue.get()
+            conn.handling_oneway = True
+            try:
+                await self._handler(frame, conn.info)
+            except HandlerError as exc:
+                log.info("one-way frame from %s refused: %s", conn.info.peer, exc)
+            except Exception:
+                log.exception("handler failed on a one-way frame from %s", conn.info.peer)
+            finally:
+                conn.handling_oneway = False
+
+
+async def _listen(host: str, port: int, config: TcpConfig) -> socket.socket:
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        sock = socket.create_server(infos[0][4], family=infos[0][0], backlog=max(128, config.max_connections))
+    except OSError as exc:
+        raise TransportError(f"cannot listen on {host}:{port}: {exc}") from exc
+    configure_socket(sock, config)
+    return sock

@@ -1,0 +1,288 @@
+"""Frames over one raw non-blocking socket: the core shared by the TCP server and client.
+
+Reads go through a small read-ahead buffer for prefixes, headers and small payloads (so a burst
+of small frames costs one syscall), while large payloads are received with ``sock_recv_into``
+straight into their final buffer, allocated only after the prefix passed the limits. Writes hand
+memoryviews to ``sock_sendall`` in slices, never concatenating a large payload. Every read and
+write is bounded by a no-progress deadline (``read_timeout_s``); a frame cut short or stalled
+is reported as ConnectionClosed / TransportTimeout, and a write that fails or is cancelled half
+way marks the stream broken, since nothing can follow a partial frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from transport.errors import ConnectionClosed, TransportTimeout
+from transport.frames import (
+    PREFIX_BYTES,
+    Frame,
+    FrameType,
+    allocate_buffer,
+    decode_header,
+    encode_frame,
+    parse_prefix,
+)
+from transport.limits import DEFAULT_LIMITS, Limits
+
+READ_AHEAD_BYTES = 64 * 1024
+"""Size of the read-ahead buffer; reads of at least this size bypass it."""
+SMALL_FRAME_BYTES = 64 * 1024
+"""Frames up to this size are joined into one buffer and sent with one call."""
+
+PayloadBufferHook = Callable[[int], Any]
+"""``payload_buffer(nbytes)`` returns a writable buffer of at least ``nbytes`` for a payload."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TcpConfig:
+    """Caps and deadlines of the TCP server and client.
+
+    Attributes:
+        limits: caps on every length a peer can claim in a frame.
+        connect_timeout_s: deadline for a client to connect.
+        idle_timeout_s: how long a server connection may wait for the first byte of its next
+            frame while no request of it is being handled.
+        read_timeout_s: most time without progress once a frame has started (either direction):
+            a peer that stalls mid-frame, or stops reading what we send, is cut.
+        request_timeout_s: default deadline of a whole request (send + response).
+        max_connections: most connections a server holds; beyond, new ones get an "overloaded"
+            ERROR frame and are closed.
+        max_inflight_requests: most requests of one connection handled concurrently; at the cap
+            the server stops reading that socket.
+        queue_maxsize: one-way frames of one connection waiting for the handler; when full the
+            server stops reading that socket (TCP backpressure).
+        socket_buffer_bytes: SO_SNDBUF / SO_RCVBUF of every socket, and the write slice size.
+    """
+
+    limits: Limits = DEFAULT_LIMITS
+    connect_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
+    read_timeout_s: float = 30.0
+    request_timeout_s: float = 60.0
+    max_connections: int = 256
+    max_inflight_requests: int = 16
+    queue_maxsize: int = 16
+    socket_buffer_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.limits, Limits):
+            raise TypeError(f"TcpConfig.limits must be a Limits, got {type(self.limits).__name__}")
+        for name in ("connect_timeout_s", "idle_timeout_s", "read_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"TcpConfig.{name} must be a positive finite number, got {value!r}")
+        for name in ("max_connections", "max_inflight_requests", "queue_maxsize", "socket_buffer_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"TcpConfig.{name} must be a positive int, got {value!r}")
+
+
+@dataclass
+class TcpStats:
+    """Counters of a server (all its connections) or of one client connection."""
+
+    connections_open: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    oneway_queue_peak: int = 0
+
+
+def configure_socket(sock: socket.socket, config: TcpConfig) -> None:
+    """Non-blocking, TCP_NODELAY, and large kernel buffers (set before connect/listen)."""
+    sock.setblocking(False)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_buffer_bytes)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, config.socket_buffer_bytes)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def error_frame(message: str, *, code: str, rid: Any = None) -> Frame:
+    """An ERROR frame; ``code`` is one of "handler", "decode", "internal", "overloaded"."""
+    header: dict[str, Any] = {"code": code, "message": message}
+    if rid is not None:
+        header["rid"] = rid
+    return Frame(FrameType.ERROR, header)
+
+
+class FrameStream:
+    """Whole frames in and out of one connected non-blocking socket.
+
+    One reader at a time; writers are serialised by a lock. ``abort()`` wakes every pending read
+    and write; ``close()`` releases the socket and must only be called once no task awaits on it.
+    """
+
+    def __init__(self, sock: socket.socket, *, config: TcpConfig, stats: TcpStats,
+                 payload_buffer: PayloadBufferHook | None = None) -> None:
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._limits = config.limits
+        self._progress_s = config.read_timeout_s
+        self._slice_bytes = config.socket_buffer_bytes
+        self._stats = stats
+        self._payload_buffer = payload_buffer
+        self._ahead = memoryview(bytearray(READ_AHEAD_BYTES))
+        self._start = 0
+        self._end = 0
+        self._write_lock = asyncio.Lock()
+        self._broken = False
+
+    @property
+    def broken(self) -> bool:
+        """True once the stream was aborted or a write failed part way."""
+        return self._broken
+
+    # --- reading ----------------------------------------------------------------------------
+
+    async def wait_for_frame(self, timeout_s: float | None) -> bool:
+        """Wait for the first byte of the next frame; False on a clean EOF between frames."""
+        if self._end > self._start:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                got = await self._loop.sock_recv_into(self._sock, self._ahead)
+        except TimeoutError:
+            raise TransportTimeout(f"no frame within idle_timeout_s={timeout_s}") from None
+        except OSError as exc:
+            raise ConnectionClosed(f"connection lost between frames: {exc}") from exc
+        self._start, self._end = 0, got
+        self._stats.bytes_in += got
+        return got > 0
+
+    async def read_frame(self) -> Frame | None:
+        """Read one whole frame; None on a clean EOF before its first byte."""
+        if not await self.wait_for_frame(None):
+            return None
+        try:
+            async with asyncio.timeout(self._progress_s) as deadline:
+                frame = await self._read_parts(deadline)
+        except TimeoutError:
+            raise TransportTimeout(f"peer stalled mid-frame: no bytes for read_timeout_s={self._progress_s}") from None
+        self._stats.frames_in += 1
+        return frame
+
+    async def _read_parts(self, deadline: asyncio.Timeout) -> Frame:
+        prefix = bytearray(PREFIX_BYTES)
+        await self._read_into(memoryview(prefix), "prefix", deadline)
+        frame_type, header_len, payload_len = parse_prefix(prefix, limits=self._limits)
+        header_bytes = bytearray(header_len)
+        await self._read_into(memoryview(header_bytes), "header", deadline)
+        header = decode_header(header_bytes, limits=self._limits)
+        if payload_len == 0:
+            return Frame(frame_type, header, b"")
+        payload = self._allocate(payload_len)
+        await self._read_into(memoryview(payload).cast("B")[:payload_len], "payload", deadline)
+        return Frame(frame_type, header, payload)
+
+    def _allocate(self, nbytes: int) -> Any:
+        if self._payload_buffer is None:
+            return allocate_buffer(nbytes)
+        view = memoryview(self._payload_buffer(nbytes)).cast("B")
+        if view.readonly or view.nbytes < nbytes:
+            raise ValueError(f"payload_buffer returned a read-only or short buffer for {nbytes} bytes")
+        return view[:nbytes]
+
+    async def _read_into(self, target: memoryview, what: str, deadline: asyncio.Timeout) -> None:
+        total = target.nbytes
+        done = self._take(target)
+        while done < total:
+            if total - done < READ_AHEAD_BYTES:
+                self._start, self._end = 0, await self._recv(self._ahead, what, done, total)
+                done += self._take(target[done:])
+            else:
+                done += await self._recv(target[done:], what, done, total)
+            deadline.reschedule(self._loop.time() + self._progress_s)
+
+    def _take(self, target: memoryview) -> int:
+        count = min(self._end - self._start, target.nbytes)
+        target[:count] = self._ahead[self._start:self._start + count]
+        self._start += count
+        return count
+
+    async def _recv(self, view: memoryview, what: str, done: int, total: int) -> int:
+        try:
+            got = await self._loop.sock_recv_into(self._sock, view)
+        except OSError as exc:
+            raise ConnectionClosed(f"connection lost after {done} of {total} {what} bytes: {exc}") from exc
+        if got == 0:
+            raise ConnectionClosed(f"peer closed the connection after {done} of {total} {what} bytes")
+        self._stats.bytes_in += got
+        return got
+
+    # --- writing ----------------------------------------------------------------------------
+
+    async def write_frame(self, frame: Frame) -> None:
+        """Send one frame; TypeError/ValueError (before any byte) if it cannot be encoded."""
+        parts = encode_frame(frame)
+        if len(parts) > 1 and sum(memoryview(part).nbytes for part in parts) <= SMALL_FRAME_BYTES:
+            parts = [b"".join(parts)]
+        async with self._write_lock:
+            if self._broken:
+                raise ConnectionClosed("connection is closed")
+            try:
+                await self._send_parts(parts)
+            except BaseException:
+                self.abort()  # a partial frame is on the wire: nothing can follow it
+                raise
+        self._stats.frames_out += 1
+
+    async def _send_parts(self, parts: list[bytes | memoryview]) -> None:
+        try:
+            async with asyncio.timeout(None) as deadline:
+                for part in parts:
+                    view = memoryview(part)
+                    for offset in range(0, view.nbytes, self._slice_bytes):
+                        deadline.reschedule(self._loop.time() + self._progress_s)
+                        piece = view[offset:offset + self._slice_bytes]
+                        await self._loop.sock_sendall(self._sock, piece)
+                        self._stats.bytes_out += piece.nbytes
+        except TimeoutError:
+            raise TransportTimeout(f"peer stopped reading: no progress for read_timeout_s={self._progress_s}") from None
+        except OSError as exc:
+            raise ConnectionClosed(f"connection lost while sending: {exc}") from exc
+
+    async def wait_writers(self, timeout_s: float) -> None:
+        """Wait (bounded) until no task is inside ``write_frame``; used before ``close()``."""
+        try:
+            async with asyncio.timeout(timeout_s), self._write_lock:
+                pass
+        except TimeoutError:
+            raise TransportTimeout(f"a writer did not finish within {timeout_s} s") from None
+
+    # --- ending -----------------------------------------------------------------------------
+
+    async def drain(self, timeout_s: float) -> None:
+        """Half-close our side, then discard what the peer still sends until EOF or ``timeout_s``.
+
+        Used after sending a final ERROR frame, so that closing does not reset the connection
+        (and destroy that frame) while the peer's unread bytes sit in our receive buffer.
+        """
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+            async with asyncio.timeout(timeout_s):
+                while await self._loop.sock_recv_into(self._sock, self._ahead):
+                    pass
+        except (TimeoutError, OSError):
+            return  # best effort: the connection is being dropped either way
+        finally:
+            self._start = self._end = 0
+
+    def abort(self) -> None:
+        """Mark the stream broken and shut the socket down, waking every pending read and write."""
+        self._broken = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected any more: nothing to wake
+
+    def close(self) -> None:
+        """Release the socket (idempotent)."""
+        self._broken = True
+        self._sock.close()
