@@ -1,0 +1,118 @@
+"""The ``gossamer`` command: identity, peer, orchestrator, token, status, swarm.
+
+Errors the user can act on (bad flags, unreachable bootstrap peers, a port in use, a manifest
+that does not verify) end as one ``error: ...`` line and exit code 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import secrets
+import sys
+import time
+from pathlib import Path
+
+from crypto.errors import CryptoError
+from crypto.identity import Identity
+from crypto.tokens import issue_join_token
+from peer.config import DEFAULT_IDENTITY, build_peer_config, load_toml_options
+from peer.errors import PeerError
+from peer.flags import add_peer_flags, peer_options
+from peer.manifest import load_run_config, make_run_id
+from peer.service import run_daemon
+from peer.status_cmd import run_status
+from peer.swarm import SwarmOptions, run_swarm
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gossamer", description="Decentralized peer-to-peer training network")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ident = sub.add_parser("identity", help="create or show this host's Ed25519 identity")
+    ident.add_argument("action", choices=["new", "show"])
+    ident.add_argument("--identity_path", "--identity-path", type=Path, default=None)
+
+    peer = sub.add_parser("peer", help="start a peer daemon and join a run")
+    peer.add_argument("-c", "--config", type=Path, help="TOML file with the same options as the flags")
+    add_peer_flags(peer)
+
+    orch = sub.add_parser("orchestrator", help="host a run: sign its manifest, publish it, bootstrap peers")
+    orch.add_argument("-c", "--config", type=Path, required=True, help="run config TOML")
+    add_peer_flags(orch, skip=("run", "manifest"))
+
+    token = sub.add_parser("token", help="issue a join token for an allowlist run (owner only)")
+    token.add_argument("-c", "--config", type=Path, required=True, help="the run config TOML")
+    token.add_argument("--identity_path", "--identity-path", type=Path, default=None)
+    token.add_argument("--expires_in_s", "--expires-in-s", type=float, default=7 * 24 * 3600.0)
+    token.add_argument("--peer_public_key", "--peer-public-key", default=None, help="bind the token to one key (hex)")
+
+    status = sub.add_parser("status", help="print the live peers of a run")
+    status.add_argument("--run", required=True)
+    status.add_argument("--initial_peers", "--initial-peers", nargs="+", required=True)
+    status.add_argument("--timeout_s", "--timeout-s", type=float, default=15.0)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    swarm = sub.add_parser("swarm", help="launch an orchestrator and N peers on loopback")
+    where = swarm.add_mutually_exclusive_group(required=True)
+    where.add_argument("-c", "--config", type=Path, help="run config TOML")
+    where.add_argument("--preset", help="a built-in preset, e.g. demo")
+    swarm.add_argument("--peers", type=int, default=None, help="number of peers besides the orchestrator")
+    swarm.add_argument("--duration_s", "--duration-s", type=float, default=None,
+                       help="stop after this many seconds (default: the preset's, or run until Ctrl+C)")
+    swarm.add_argument("--workdir", type=Path, default=None, help="where identities and logs go")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _dispatch(args)
+    except (PeerError, CryptoError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "identity":
+        return _identity(args)
+    if args.command == "peer":
+        file_options = load_toml_options(args.config) if args.config else {}
+        return run_daemon(build_peer_config(file_options, peer_options(args)))
+    if args.command == "orchestrator":
+        run_config = load_run_config(args.config)
+        options = peer_options(args)
+        options["roles"] = ["orchestrator", *(options.get("roles") or [])]
+        return run_daemon(build_peer_config(run_config.peer, options), run_config=run_config)
+    if args.command == "token":
+        return _token(args)
+    if args.command == "status":
+        return run_status(run=args.run, initial_peers=tuple(args.initial_peers), timeout_s=args.timeout_s,
+                          as_json=args.json)
+    return run_swarm(SwarmOptions(config=args.config, preset=args.preset, peers=args.peers,
+                                  duration_s=args.duration_s, workdir=args.workdir))
+
+
+def _identity(args: argparse.Namespace) -> int:
+    path = (args.identity_path or DEFAULT_IDENTITY).expanduser()
+    identity = Identity.create(path) if args.action == "new" else Identity.load(path)
+    print(f"peer id:    {identity.peer_id}\npublic key: {identity.public_key.hex()}\nfile:       {path}")
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    owner = Identity.load((args.identity_path or DEFAULT_IDENTITY).expanduser())
+    run_config = load_run_config(args.config)
+    peer_key = bytes.fromhex(args.peer_public_key) if args.peer_public_key else None
+    token = issue_join_token(owner, run_id=make_run_id(run_config.name, owner.public_key),
+                             expires_at=time.time() + args.expires_in_s, peer_public_key=peer_key,
+                             nonce=secrets.token_bytes(16))
+    print(token)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The peer daemon: identity, DHT membership, TCP and HTTP servers, signed heartbeat, roles.
+
+``Daemon.create`` builds everything (undoing what it built if a later step fails) and returns a
+running daemon; ``aclose`` withdraws the record and tears everything down, idempotently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+from crypto.errors import IdentityError
+from crypto.identity import Identity
+from peer.admission import Admission
+from peer.config import PeerConfig
+from peer.device import describe_device, resolve_device
+from peer.errors import StartupError
+from peer.http_api import daemon_routes
+from peer.joining import fetch_manifest, start_membership
+from peer.manifest import Manifest, RunConfig, build_manifest
+from peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
+from peer.records import PeerRecord, seal_record
+from peer.roles import Role, RoleContext, build_roles, peers_key
+from peer.view import PeerView
+from transport.dht import DhtMembership
+from transport.errors import TransportError
+from transport.frames import Frame
+from transport.http import HttpConfig
+from transport.http_client import HttpClient
+from transport.http_server import HttpServer
+from transport.tcp import HandlerError, TcpConfig, TcpServer
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+
+
+class Daemon:
+    """One running peer. Build with ``await Daemon.create(config)``; stop with ``await aclose()``."""
+
+    def __init__(self, *, config: PeerConfig, identity: Identity, manifest: Manifest,
+                 membership: DhtMembership, view: PeerView, traffic: Traffic, resources: contextlib.AsyncExitStack,
+                 device_info: dict[str, Any]) -> None:
+        self.config = config
+        self.identity = identity
+        self.manifest = manifest
+        self.membership = membership
+        self.view = view
+        self.traffic = traffic
+        self.device_info = device_info
+        self.roles: list[Role] = []
+        self.http: HttpServer | None = None
+        self.tcp: TcpServer | None = None
+        self.metrics = PeerMetrics(self._snapshot)
+        self._resources = resources
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = time.monotonic()
+        self._record_expiration = 0.0
+        self._closed = False
+
+    @classmethod
+    async def create(cls, config: PeerConfig, *, run_config: RunConfig | None = None) -> Daemon:
+        identity = load_identity(config)
+        device = resolve_device(config.device)
+        async with contextlib.AsyncExitStack() as stack:
+            membership = await start_membership(config)
+            stack.push_async_callback(membership.aclose)
+            if run_config is not None:
+                manifest = build_manifest(identity, run_config, now=membership.now())
+            else:
+                manifest = await fetch_manifest(membership, config)
+            http_client = await HttpClient.create(config=HttpConfig())
+            stack.push_async_callback(http_client.aclose)
+            view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
+            daemon = cls(config=config, identity=identity, manifest=manifest, membership=membership, view=view,
+                         traffic=Traffic(), resources=stack.pop_all(), device_info=describe_device(device))
+        try:
+            ctx = RoleContext(identity=identity, config=config, manifest=manifest, membership=membership,
+                              http_client=http_client, view=view, device=device, traffic=daemon.traffic,
+                              now=membership.now)
+            await daemon._start(ctx)
+        except BaseException:
+            await daemon.aclose()
+            raise
+        return daemon
+
+    async def _start(self, ctx: RoleContext) -> None:
+        self.roles = build_roles(self.config.roles, ctx)
+        self.http = await _bind("HTTP", "--http_port", self.config.http_port,
+                                HttpServer.create(self._build_app(), host=self.config.host, port=self.config.http_port,
+                                                  config=HttpConfig()))
+        self.tcp = await _bind("TCP", "--tcp_port", self.config.tcp_port,
+                               TcpServer.create(self._tcp_dispatcher(), host=self.config.host,
+                                                port=self.config.tcp_port, config=TcpConfig()))
+        for role in self.roles:
+            await role.start()
+        await self.publish_record()
+        await self.refresh_view()
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="daemon-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 20)
+        app.add_routes(daemon_routes(self.status, self.metrics))
+        for role in self.roles:
+            app.add_routes(role.routes())
+        return app
+
+    def _tcp_dispatcher(self):
+        methods = {name: method for role in self.roles for name, method in role.tcp_methods().items()}
+
+        async def dispatch(frame: Frame, info: object) -> Frame | None:
+            method = methods.get(str(frame.header.get("method", "")))
+            if method is None:
+                raise HandlerError(f"unknown method {frame.header.get('method')!r}")
+            return await method(frame)
+
+        return dispatch
+
+    # -- heartbeat and view -------------------------------------------------------------------
+
+    def record(self) -> PeerRecord:
+        host = self.config.advertised_host
+        return PeerRecord(
+            peer_id=self.identity.peer_id, public_key=self.identity.public_key, name=self.config.public_name,
+            http_addr=f"{host}:{self.http.address[1]}" if self.http else "",
+            tcp_addr=f"{host}:{self.tcp.address[1]}" if self.tcp else "",
+            roles=tuple(dict.fromkeys(self.config.roles)), version=VERSION, round=self.round,
+            timestamp=self.membership.now(), capacity=dict(self.device_info),
+            assignment={k: v for role in self.roles for k, v in role.status().get("assignment", {}).items()},
+            join_token=self.config.join_token,
+        )
+
+    async def publish_record(self) -> None:
+        record = self.record()
+        self._record_expiration = record.timestamp + self.manifest.ttl_s
+        await self.membership.store(peers_key(self.manifest.run_id), self.identity.peer_id,
+                                    seal_record(self.identity, record), expiration_time=self._record_expiration)
+
+    async def refresh_view(self) -> None:
+        entries = await self.membership.get_all(peers_key(self.manifest.run_id))
+        self.view.update(entries, now=self.membership.now())
+        log.debug("peer table refreshed: %d record(s) found, %d live, rejected so far %s", len(entries),
+                  len(self.view.live(now=self.membership.now())), dict(self.view.rejected))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.manifest.config.heartbeat_s)
+            try:
+                await self.publish_record()
+            except TransportError as exc:
+                log.warning("heartbeat failed, will retry: %s", exc)
+
+    async def _view_loop(self) -> None:
+        interval = min(1.0, self.manifest.config.heartbeat_s / 2)
+        last_count = -1
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.refresh_view()
+            except TransportError as exc:
+                log.warning("could not refresh the peer table: %s", exc)
+                continue
+            live = self.view.live(now=self.membership.now())
+            if len(live) != last_count:
+                emit(self.config, "peers", count=len(live), peer_ids=[p.record.peer_id for p in live])
+                last_count = len(live)
+
+    # -- introspection ------------------------------------------------------------------------
+
+    @property
+    def round(self) -> int:
+        return max((role.round for role in self.roles), default=0)
+
+    def status(self) -> dict[str, Any]:
+        now = self.membership.now()
+        record = self.record()
+        sent, received = self._bytes()
+        return {
+            "peer_id": self.identity.peer_id, "name": self.config.public_name, "version": VERSION,
+            "run_id": self.manifest.run_id, "protocol": self.manifest.config.protocol,
+            "roles": list(dict.fromkeys(self.config.roles)), "round": self.round,
+            "uptime_s": round(time.monotonic() - self._started, 3), "device": self.device_info,
+            "addresses": {"http": record.http_addr, "tcp": record.tcp_addr, "dht": self.membership.visible_maddrs()},
+            "bytes_sent": sum(sent.values()), "bytes_received": sum(received.values()),
+            "live_peers": [peer_row(p.record, now) for p in self.view.live(now=now)],
+            "records_rejected": dict(self.view.rejected),
+            "role_status": {role.name: role.status() for role in self.roles},
+        }
+
+    def _bytes(self) -> tuple[dict[str, int], dict[str, int]]:
+        sent = merge_counts(self.traffic.sent, {"tcp": self.tcp.stats.bytes_out if self.tcp else 0})
+        received = merge_counts(self.traffic.received, {"tcp": self.tcp.stats.bytes_in if self.tcp else 0})
+        return sent, received
+
+    def _snapshot(self) -> Snapshot:
+        sent, received = self._bytes()
+        return Snapshot(uptime_s=time.monotonic() - self._started, live_peers=len(self.view.live(now=self.membership.now())),
+                        round=self.round, bytes_sent=sent, bytes_received=received,
+                        records_rejected=dict(self.view.rejected))
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for role in reversed(self.roles):
+            await role.aclose()
+        await self._withdraw()
+        for server in (self.tcp, self.http):
+            if server is not None:
+                await server.aclose()
+        await self._resources.aclose()
+
+    async def _withdraw(self) -> None:
+        if not self._record_expiration:
+            return
+        try:
+            await self.membership.withdraw(peers_key(self.manifest.run_id), self.identity.peer_id,
+                                           expiration_time=self._record_expiration + 1.0)
+        except TransportError as exc:
+            log.warning("could not withdraw the peer record (it expires by itself): %s", exc)
+
+
+def peer_row(record: PeerRecord, now: float) -> dict[str, Any]:
+    """One row of a live peer table (``/status`` and ``gossamer status``)."""
+    return {"peer_id": record.peer_id, "name": record.name, "roles": list(record.roles), "round": record.round,
+            "http_addr": record.http_addr, "tcp_addr": record.tcp_addr, "version": record.version,
+            "last_seen_s": round(max(0.0, now - record.timestamp), 1)}
+
+
+def load_identity(config: PeerConfig) -> Identity:
+    try:
+        identity, created = Identity.load_or_create(config.identity_path)
+    except IdentityError as exc:
+        raise StartupError(str(exc)) from exc
+    if created:
+        log.info("created a new identity at %s (peer id %s)", config.identity_path, identity.peer_id)
+    return identity
+
+
+async def _bind(what: str, flag: str, port: int, creating):
+    try:
+        return await creating
+    except (OSError, TransportError) as exc:
+        if port:
+            raise StartupError(f"cannot start the {what} server on port {port} ({exc}); pick another {flag} "
+                               f"or pass {flag} 0 to let the OS choose") from exc
+        raise StartupError(f"cannot start the {what} server: {exc}") from exc
+
+
+def emit(config: PeerConfig, event: str, **fields: Any) -> None:
+    """Write one machine-readable event line to stdout when ``--events`` is on."""
+    if config.events:
+        sys.stdout.write(json.dumps({"event": event, **fields}, sort_keys=True) + "\n")
+        sys.stdout.flush()
+

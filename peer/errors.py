@@ -1,0 +1,39 @@
+"""The peer layer's exception tree.
+
+::
+
+    PeerError
+     ├── ConfigError        bad flags / TOML / run config; the message names the option
+     ├── ManifestError      a run manifest that does not verify or does not match the run id
+     ├── RecordRejected     a peer record that is unsigned, mis-signed, expired or not admitted
+     └── StartupError       the daemon could not start (port in use, DHT, bootstrap); actionable text
+
+The CLI prints these as one-line ``error: ...`` messages (exit code 2), never as tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class PeerError(Exception):
+    """Base of every error the peer layer raises on purpose."""
+
+
+class ConfigError(PeerError):
+    """A flag, TOML option or run config value is invalid; the message names it."""
+
+
+class ManifestError(PeerError):
+    """A manifest failed verification or does not belong to the run id it was fetched for."""
+
+
+class RecordRejected(PeerError):
+    """A peer record was refused. ``reason`` is a short category for counters: signature,
+    identity, expired, future, malformed or policy; the message has the details."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class StartupError(PeerError):
+    """The daemon could not start; the message says what to do about it."""

@@ -1,0 +1,88 @@
+"""Prometheus metrics of one daemon, in a registry of its own (no process-global state).
+
+Values are read from the daemon's live objects at scrape time by a custom collector, so nothing
+has to remember to bump a counter: bytes come from the transports' own counters, peers from the
+peer view, progress from the roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class Traffic:
+    """Bytes moved by one transport, per message type where the transport knows it."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    received: dict[str, int] = field(default_factory=dict)
+
+    def add_sent(self, kind: str, size_bytes: int) -> None:
+        self.sent[kind] = self.sent.get(kind, 0) + size_bytes
+
+    def add_received(self, kind: str, size_bytes: int) -> None:
+        self.received[kind] = self.received.get(kind, 0) + size_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """What the collector reads on each scrape (a callable returns a fresh one)."""
+
+    uptime_s: float
+    live_peers: int
+    round: int
+    bytes_sent: dict[str, int]
+    bytes_received: dict[str, int]
+    records_rejected: dict[str, int]
+    extra_gauges: dict[str, float] = field(default_factory=dict)
+
+
+class _DaemonCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        yield GaugeMetricFamily("gossamer_uptime_seconds", "Seconds since the daemon started", value=snap.uptime_s)
+        yield GaugeMetricFamily("gossamer_live_peers", "Admitted peers with an unexpired record", value=snap.live_peers)
+        yield GaugeMetricFamily("gossamer_round", "Round this peer is at", value=snap.round)
+        for name, doc, values in (("gossamer_bytes_sent", "Bytes sent", snap.bytes_sent),
+                                  ("gossamer_bytes_received", "Bytes received", snap.bytes_received)):
+            family = CounterMetricFamily(name, doc, labels=["kind"])
+            for kind, value in sorted(values.items()):
+                family.add_metric([kind], value)
+            yield family
+        rejected = CounterMetricFamily("gossamer_records_rejected", "Peer records refused", labels=["reason"])
+        for reason, value in sorted(snap.records_rejected.items()):
+            rejected.add_metric([reason], value)
+        yield rejected
+        for name, value in sorted(snap.extra_gauges.items()):
+            yield GaugeMetricFamily(f"gossamer_{name}", f"Role metric {name}", value=value)
+
+
+class PeerMetrics:
+    """A registry with the daemon's collector; ``render()`` gives the Prometheus text format."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_DaemonCollector(snapshot))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def merge_counts(*parts: dict[str, Any]) -> dict[str, int]:
+    """Sum several {kind: bytes} maps."""
+    total: dict[str, int] = {}
+    for part in parts:
+        for kind, value in part.items():
+            total[kind] = total.get(kind, 0) + int(value)
+    return total

@@ -1,0 +1,153 @@
+"""Pluggable roles: what a peer does in a run.
+
+A role is built from a ``RoleContext`` by a factory registered in ``ROLE_FACTORIES``; the daemon
+collects its HTTP routes and TCP methods before the servers start, then calls ``start()``; on
+shutdown it calls ``aclose()`` (idempotent). ``status()`` feeds ``/status``, ``/metrics`` and the
+swarm view. Later protocols add their roles (learner, block-worker, block-server, expert-host,
+cp-shard, node, helper) to the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from crypto.identity import Identity
+from peer.config import PeerConfig
+from peer.errors import ConfigError
+from peer.manifest import Manifest
+from peer.metrics import Traffic
+from peer.view import PeerView
+from transport.dht import DhtMembership
+from transport.errors import TransportError
+from transport.frames import Frame
+from transport.http_client import HttpClient
+
+log = logging.getLogger(__name__)
+
+TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleContext:
+    """What the daemon hands every role: identity, run, device, and the shared transports."""
+
+    identity: Identity
+    config: PeerConfig
+    manifest: Manifest
+    membership: DhtMembership
+    http_client: HttpClient
+    view: PeerView
+    device: torch.device
+    traffic: Traffic
+    now: Callable[[], float]
+
+
+class Role:
+    """Base class with the no-op defaults; subclasses override what they need."""
+
+    name = "role"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        self.ctx = ctx
+
+    def routes(self) -> list[web.RouteDef]:
+        return []
+
+    def tcp_methods(self) -> dict[str, TcpMethod]:
+        return {}
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    @property
+    def round(self) -> int:
+        return 0
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+
+def manifest_key(run_id: str) -> str:
+    return f"run/{run_id}/manifest"
+
+
+def peers_key(run_id: str) -> str:
+    return f"run/{run_id}/peers"
+
+
+class OrchestratorRole(Role):
+    """Publishes the owner-signed manifest in the DHT (refreshed every heartbeat) and over HTTP."""
+
+    name = "orchestrator"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        if ctx.manifest.owner_public_key != ctx.identity.public_key:
+            raise ConfigError("the orchestrator role needs the run owner's identity (the key that signed the manifest)")
+        self._task: asyncio.Task[None] | None = None
+        self.publications = 0
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/manifest", self._serve_manifest)]
+
+    async def _serve_manifest(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.ctx.manifest.blob, content_type="application/octet-stream")
+
+    async def start(self) -> None:
+        await self.publish_once()
+        self._task = asyncio.create_task(self._publish_loop(), name="orchestrator-manifest")
+
+    async def publish_once(self) -> None:
+        expiration = self.ctx.now() + self.ctx.manifest.ttl_s
+        await self.ctx.membership.store(manifest_key(self.ctx.manifest.run_id), self.ctx.identity.peer_id,
+                                        self.ctx.manifest.blob, expiration_time=expiration)
+        self.publications += 1
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
+            try:
+                await self.publish_once()
+            except TransportError as exc:
+                log.warning("could not republish the manifest: %s", exc)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def status(self) -> dict[str, Any]:
+        return {"run_id": self.ctx.manifest.run_id, "protocol": self.ctx.manifest.config.protocol,
+                "manifest_publications": self.publications}
+
+
+ROLE_FACTORIES: Mapping[str, Callable[[RoleContext], Role]] = MappingProxyType({
+    "orchestrator": OrchestratorRole,
+})
+KNOWN_ROLES = ("learner", "block-worker", "block-server", "block-coordinator", "expert-host", "cp-shard",
+               "node", "orchestrator", "helper")
+
+
+def build_roles(names: tuple[str, ...], ctx: RoleContext) -> list[Role]:
+    """Instantiate the named roles; ConfigError for names that are unknown or not available yet."""
+    roles = []
+    for name in dict.fromkeys(names):
+        if name not in KNOWN_ROLES:
+            raise ConfigError(f"unknown role {name!r}; roles are: {', '.join(KNOWN_ROLES)}")
+        if name not in ROLE_FACTORIES:
+            raise ConfigError(f"role {name!r} is not available in this version of gossamer "
+                              f"(available: {', '.join(ROLE_FACTORIES)})")
+        roles.append(ROLE_FACTORIES[name](ctx))
+    return roles

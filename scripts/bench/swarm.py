@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Swarm benchmark: time from process start to "joined and visible to others", and idle memory.
+
+For each swarm size N (default 1, 4, 8) an orchestrator is started on loopback, then N peers are
+started at once through the CLI. A peer counts as visible when its id first appears in the
+orchestrator's live peer table (the orchestrator's ``peers`` events). After all are visible and
+the swarm has idled for a few seconds, the resident memory of every peer daemon (and of its
+hivemind ``p2pd`` child) is read from /proc. Prints a markdown table and writes JSON.
+
+    .venv/bin/python scripts/bench/swarm.py [--sizes 1 4 8] [--repeats 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from crypto.identity import Identity  # noqa: E402
+from peer.localproc import LOOPBACK, GossamerProcess, child_pids, rss_bytes  # noqa: E402
+
+IDLE_S = 5.0
+
+
+def one_swarm(size: int, work: Path) -> dict:
+    """Start an orchestrator and ``size`` peers; return join times (s) and idle RSS (bytes)."""
+    (work / "run.toml").write_text('[run]\nname = "bench"\nheartbeat_s = 1.0\n')
+    orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
+                            "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
+    peers: list[GossamerProcess] = []
+    try:
+        ready = orch.wait_ready()
+        ids = [Identity.create(work / f"p{i}.pem").peer_id for i in range(size)]
+        starts = {}
+        for i, peer_id in enumerate(ids):
+            starts[peer_id] = time.monotonic()
+            peers.append(GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"],
+                                          *LOOPBACK, "--identity_path", str(work / f"p{i}.pem")],
+                                         log_path=work / f"p{i}.log"))
+        visible: dict[str, float] = {}
+        while len(visible) < size:
+            event = orch.wait_event(lambda e: e["event"] == "peers", timeout_s=120)
+            for peer_id in event["peer_ids"]:
+                if peer_id in starts and peer_id not in visible:
+                    visible[peer_id] = orch.started_at + event["at_s"] - starts[peer_id]
+        time.sleep(IDLE_S)  # let the daemons settle into their idle heartbeat before reading memory
+        daemon_rss = [rss_bytes(p.proc.pid) for p in peers]
+        p2pd_rss = [sum(rss_bytes(c) for c in p.children()) for p in peers]
+        return {"join_to_visible_s": [visible[i] for i in ids], "daemon_rss_bytes": daemon_rss,
+                "p2pd_rss_bytes": p2pd_rss, "children_per_peer": [len(child_pids(p.proc.pid)) for p in peers]}
+    finally:
+        for proc in [*peers, orch]:
+            proc.stop()
+
+
+def summarise(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1],
+            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "n": len(ordered)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=ROOT / "scripts/bench/results/swarm.json")
+    args = parser.parse_args()
+    rows = []
+    for size in args.sizes:
+        joins, rss, p2pd = [], [], []
+        for repeat in range(args.repeats):
+            with tempfile.TemporaryDirectory(prefix=f"gossamer-bench-{size}-{repeat}-") as work:
+                result = one_swarm(size, Path(work))
+            joins += result["join_to_visible_s"]
+            rss += result["daemon_rss_bytes"]
+            p2pd += result["p2pd_rss_bytes"]
+            print(f"N={size} repeat {repeat + 1}: join {[round(j, 2) for j in result['join_to_visible_s']]} s",
+                  file=sys.stderr, flush=True)
+        rows.append({"peers": size, "join_to_visible_s": summarise(joins), "daemon_rss_mb": summarise([r / 2**20 for r in rss]),
+                     "p2pd_rss_mb": summarise([r / 2**20 for r in p2pd]), "raw": {"join": joins, "rss": rss, "p2pd": p2pd}})
+    print_table(rows)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
+                                     "cpus": os.cpu_count(), "repeats": args.repeats, "rows": rows}, indent=2))
+    return 0
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| peers | join-to-visible median (s) | min / p90 / max (s) | samples | idle daemon RSS median (MB) | max (MB) | p2pd RSS (MB) |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        j, r, p = row["join_to_visible_s"], row["daemon_rss_mb"], row["p2pd_rss_mb"]
+        print(f"| {row['peers']} | {j['median']:.2f} | {j['min']:.2f} / {j['p90']:.2f} / {j['max']:.2f} | {j['n']} | "
+              f"{r['median']:.0f} | {r['max']:.0f} | {p['median']:.0f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Real daemons through the CLI on 127.0.0.1: discovery, status, TTL after SIGKILL, forged and
+non-admitted records, clean SIGTERM (no p2pd left behind)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+
+from crypto.identity import Identity
+from crypto.signed import sign_object
+from peer.localproc import LOOPBACK, GossamerProcess, alive, gossamer
+from peer.records import PeerRecord, seal_record
+from peer.roles import peers_key
+from transport.dht import DhtConfig, DhtMembership
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    """An allowlist run: the orchestrator plus two admitted peers, all started through the CLI."""
+    work = tmp_path_factory.mktemp("swarm")
+    admitted = [Identity.create(work / f"peer-{i}.pem") for i in range(3)]
+    allow = ", ".join(f'"{p.public_key.hex()}"' for p in admitted)
+    (work / "run.toml").write_text(f'[run]\nname = "e2e"\nheartbeat_s = 1.0\n[admission]\npolicy = "allowlist"\nallow = [{allow}]\n')
+    orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
+                            "--identity_path", str(work / "owner.pem"), "--public_name", "owner"],
+                           log_path=work / "orchestrator.log")
+    procs = [orch]
+    try:
+        ready = orch.wait_ready()
+        for i in range(2):
+            procs.append(GossamerProcess(
+                ["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--events", *LOOPBACK,
+                 "--identity_path", str(work / f"peer-{i}.pem"), "--public_name", f"peer-{i}"],
+                log_path=work / f"peer-{i}.log"))
+        yield {"work": work, "ready": ready, "procs": procs, "spare": work / "peer-2.pem"}
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_three_peers_discover_each_other(swarm) -> None:
+    for proc in swarm["procs"]:
+        proc.wait_peer_count(3, timeout_s=30)
+
+
+def test_status_command_lists_live_peers(swarm) -> None:
+    swarm["procs"][0].wait_peer_count(3, timeout_s=30)
+    ready = swarm["ready"]
+    result = gossamer(["status", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--json"])
+    assert result.returncode == 0, result.stderr
+    import json
+    names = sorted(p["name"] for p in json.loads(result.stdout)["peers"])
+    assert names == ["owner", "peer-0", "peer-1"]
+
+
+async def test_forged_unsigned_and_unadmitted_records_never_appear(swarm) -> None:
+    ready, orch = swarm["ready"], swarm["procs"][0]
+    orch.wait_peer_count(3, timeout_s=30)
+    victim, mallory = Identity.load(swarm["work"] / "peer-0.pem"), Identity.generate()
+    membership = await DhtMembership.create(DhtConfig(initial_peers=tuple(ready["maddrs"])))
+    try:
+        now = membership.now()
+        record = PeerRecord(peer_id=mallory.peer_id, public_key=mallory.public_key, name="mallory", http_addr="",
+                            tcp_addr="", roles=(), version="x", round=0, timestamp=now)
+        forged = sign_object(mallory, {**record.body(), "peer_id": victim.peer_id, "public_key": victim.public_key})
+        key = peers_key(ready["run_id"])
+        await membership.store(key, mallory.peer_id, seal_record(mallory, record), expiration_time=now + 30)
+        await membership.store(key, victim.peer_id + "x", forged, expiration_time=now + 30)
+        await membership.store(key, "unsigned", b"\x80", expiration_time=now + 30)
+        entries = await membership.get_all(key)
+        assert {mallory.peer_id, victim.peer_id + "x", "unsigned"} <= set(entries)  # they are in the DHT...
+    finally:
+        await membership.aclose()
+    # ...but after several refreshes nobody lists them, and the orchestrator counted the refusals
+    status = await _status_after_refresh(swarm["ready"]["http"])
+    assert sorted(p["name"] for p in status["live_peers"]) == ["owner", "peer-0", "peer-1"]
+    assert status["records_rejected"].get("policy", 0) >= 1 and status["records_rejected"].get("signature", 0) >= 1
+
+
+async def _status_after_refresh(http_addr: str) -> dict:
+    from transport.http import HttpConfig
+    from transport.http_client import HttpClient
+    client = await HttpClient.create(config=HttpConfig())
+    try:
+        for _ in range(100):  # the view refreshes every 0.5 s; wait for one that saw the bad records
+            status = await client.get_json(f"http://{http_addr}/status")
+            if sum(status["records_rejected"].values()) >= 3:
+                return status
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"bad records were never seen: {status['records_rejected']}")
+    finally:
+        await client.aclose()
+
+
+def test_sigkilled_peer_disappears_within_ttl_and_sigterm_leaves_no_p2pd(swarm) -> None:
+    ready, orch = swarm["ready"], swarm["procs"][0]
+    extra = GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--events",
+                             *LOOPBACK, "--identity_path", str(swarm["spare"]), "--public_name", "extra"],
+                            log_path=swarm["work"] / "extra.log")
+    swarm["procs"].append(extra)
+    extra.wait_ready()
+    orch.wait_peer_count(4, timeout_s=30)
+    extra.stop(signal.SIGKILL)
+    orch.wait_peer_count(3, timeout_s=3 * 1.0 + 10)  # TTL = 3 heartbeats, plus a refresh and DHT slack
+
+    victim = swarm["procs"][2]
+    p2pd = victim.children()
+    assert p2pd, "a running daemon has its p2pd child"
+    assert victim.stop(signal.SIGTERM) == 0
+    assert not [pid for pid in p2pd if alive(pid)], "p2pd outlived its daemon"
+    orch.wait_peer_count(2, timeout_s=10)  # a clean exit withdraws the record at once
+
+
+def test_wrong_manifest_signature_refuses_to_join(swarm, tmp_path: Path) -> None:
+    import urllib.request
+    blob = bytearray(urllib.request.urlopen(f"http://{swarm['ready']['http']}/manifest", timeout=10).read())
+    blob[len(blob) // 2] ^= 1
+    (tmp_path / "bad.manifest").write_bytes(bytes(blob))
+    result = gossamer(["peer", "--run", swarm["ready"]["run_id"], "--manifest", str(tmp_path / "bad.manifest"),
+                       "--initial_peers", *swarm["ready"]["maddrs"], *LOOPBACK, "--identity_path",
+                       str(tmp_path / "p.pem")])
+    assert result.returncode == 2
+    assert "invalid signature" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,53 @@
+"""PeerConfig from flags and TOML: both spellings, precedence, and errors that name the option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from peer.cli import build_parser
+from peer.config import build_peer_config, load_toml_options
+from peer.errors import ConfigError
+from peer.flags import peer_options
+
+
+def parse_peer(argv: list[str]) -> dict:
+    return peer_options(build_parser().parse_args(["peer", *argv]))
+
+
+def test_underscore_and_kebab_flags_are_the_same() -> None:
+    a = build_peer_config(None, parse_peer(["--initial_peers", "/ip4/1.2.3.4/tcp/5", "--http_port", "81"]))
+    b = build_peer_config(None, parse_peer(["--initial-peers", "/ip4/1.2.3.4/tcp/5", "--http-port", "81"]))
+    assert a == b and a.initial_peers == ("/ip4/1.2.3.4/tcp/5",) and a.http_port == 81
+
+
+def test_command_line_overrides_toml(tmp_path: Path) -> None:
+    path = tmp_path / "peer.toml"
+    path.write_text('public-name = "from-file"\njoin_timeout_s = 2.0\nroles = ["learner"]\n')
+    config = build_peer_config(load_toml_options(path), parse_peer(["--public_name", "from-flag"]))
+    assert config.public_name == "from-flag" and config.join_timeout_s == 2.0 and config.roles == ("learner",)
+
+
+def test_roles_accept_commas() -> None:
+    assert build_peer_config(None, parse_peer(["--roles", "learner,helper"])).roles == ("learner", "helper")
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"http_port": 70000}, "http_port"),
+    ({"join_timeout_s": 0}, "join_timeout_s"),
+    ({"device": "tpu"}, "device"),
+    ({"host": "not-an-ip"}, "host"),
+    ({"bogus": 1}, "unknown option"),
+    ({"new_swarm": True, "initial_peers": ["/ip4/1.2.3.4/tcp/1"]}, "new_swarm"),
+    ({"join_timeout_s": "fast"}, "join_timeout_s"),
+])
+def test_bad_options_name_the_field(options: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        build_peer_config(options, None)
+
+
+def test_advertised_host_prefers_announce_then_bind_then_maddrs() -> None:
+    assert build_peer_config({"announce_host": "10.0.0.5"}).advertised_host == "10.0.0.5"
+    assert build_peer_config({"host": "127.0.0.2"}).advertised_host == "127.0.0.2"
+    assert build_peer_config({"host_maddrs": ["/ip4/192.168.1.9/tcp/0"]}).advertised_host == "192.168.1.9"
