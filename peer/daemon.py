@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -27,7 +28,8 @@ from peer.joining import fetch_manifest, start_membership
 from peer.manifest import Manifest, RunConfig, build_manifest
 from peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
 from peer.records import PeerRecord, seal_record
-from peer.roles import Role, RoleContext, build_roles, peers_key
+from peer.roles import ROLE_FACTORIES, Role, RoleContext, RoleFactory, build_roles, peers_key
+from peer.statesync import StateDonor
 from peer.view import PeerView
 from transport.dht import DhtMembership
 from transport.errors import TransportError
@@ -45,16 +47,18 @@ class Daemon:
     """One running peer. Build with ``await Daemon.create(config)``; stop with ``await aclose()``."""
 
     def __init__(self, *, config: PeerConfig, identity: Identity, manifest: Manifest,
-                 membership: DhtMembership, view: PeerView, traffic: Traffic, resources: contextlib.AsyncExitStack,
-                 device_info: dict[str, Any]) -> None:
+                 membership: DhtMembership, http_client: HttpClient, view: PeerView, traffic: Traffic,
+                 resources: contextlib.AsyncExitStack, device_info: dict[str, Any]) -> None:
         self.config = config
         self.identity = identity
         self.manifest = manifest
         self.membership = membership
+        self.http_client = http_client
         self.view = view
         self.traffic = traffic
         self.device_info = device_info
         self.roles: list[Role] = []
+        self.state_donor: StateDonor | None = None
         self.http: HttpServer | None = None
         self.tcp: TcpServer | None = None
         self.metrics = PeerMetrics(self._snapshot)
@@ -65,7 +69,9 @@ class Daemon:
         self._closed = False
 
     @classmethod
-    async def create(cls, config: PeerConfig, *, run_config: RunConfig | None = None) -> Daemon:
+    async def create(cls, config: PeerConfig, *, run_config: RunConfig | None = None,
+                     role_factories: Mapping[str, RoleFactory] = ROLE_FACTORIES) -> Daemon:
+        """Start a daemon; ``role_factories`` is the registry of roles it may take (plugins extend it)."""
         identity = load_identity(config)
         device = resolve_device(config.device)
         async with contextlib.AsyncExitStack() as stack:
@@ -78,20 +84,23 @@ class Daemon:
             http_client = await HttpClient.create(config=HttpConfig())
             stack.push_async_callback(http_client.aclose)
             view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
-            daemon = cls(config=config, identity=identity, manifest=manifest, membership=membership, view=view,
-                         traffic=Traffic(), resources=stack.pop_all(), device_info=describe_device(device))
+            daemon = cls(config=config, identity=identity, manifest=manifest, membership=membership,
+                         http_client=http_client, view=view, traffic=Traffic(), resources=stack.pop_all(),
+                         device_info=describe_device(device))
         try:
             ctx = RoleContext(identity=identity, config=config, manifest=manifest, membership=membership,
                               http_client=http_client, view=view, device=device, traffic=daemon.traffic,
                               now=membership.now)
-            await daemon._start(ctx)
+            await daemon._start(ctx, role_factories)
         except BaseException:
             await daemon.aclose()
             raise
         return daemon
 
-    async def _start(self, ctx: RoleContext) -> None:
-        self.roles = build_roles(self.config.roles, ctx)
+    async def _start(self, ctx: RoleContext, role_factories: Mapping[str, RoleFactory]) -> None:
+        self.roles = build_roles(self.config.roles, ctx, role_factories)
+        stateful = [role for role in self.roles if role.model_state() is not None]
+        self.state_donor = StateDonor(stateful[0].model_state) if stateful else None
         self.http = await _bind("HTTP", "--http_port", self.config.http_port,
                                 HttpServer.create(self._build_app(), host=self.config.host, port=self.config.http_port,
                                                   config=HttpConfig()))
@@ -110,6 +119,8 @@ class Daemon:
         app.add_routes(daemon_routes(self.status, self.metrics))
         for role in self.roles:
             app.add_routes(role.routes())
+        if self.state_donor is not None:
+            app.add_routes(self.state_donor.routes())
         return app
 
     def _tcp_dispatcher(self):
@@ -125,7 +136,7 @@ class Daemon:
 
     # -- heartbeat and view -------------------------------------------------------------------
 
-    def record(self) -> PeerRecord:
+    def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
         host = self.config.advertised_host
         return PeerRecord(
             peer_id=self.identity.peer_id, public_key=self.identity.public_key, name=self.config.public_name,
@@ -134,11 +145,15 @@ class Daemon:
             roles=tuple(dict.fromkeys(self.config.roles)), version=VERSION, round=self.round,
             timestamp=self.membership.now(), capacity=dict(self.device_info),
             assignment={k: v for role in self.roles for k, v in role.status().get("assignment", {}).items()},
-            join_token=self.config.join_token,
+            join_token=self.config.join_token, state=state or {},
         )
 
     async def publish_record(self) -> None:
-        record = self.record()
+        state = None
+        if self.state_donor is not None:
+            version, digest = await self.state_donor.published()
+            state = {"version": version, "digest": digest}
+        record = self.record(state)
         self._record_expiration = record.timestamp + self.manifest.ttl_s
         await self.membership.store(peers_key(self.manifest.run_id), self.identity.peer_id,
                                     seal_record(self.identity, record), expiration_time=self._record_expiration)

@@ -6,7 +6,8 @@
      ├── ConfigError        bad flags / TOML / run config; the message names the option
      ├── ManifestError      a run manifest that does not verify or does not match the run id
      ├── RecordRejected     a peer record that is unsigned, mis-signed, expired or not admitted
-     └── StartupError       the daemon could not start (port in use, DHT, bootstrap); actionable text
+     ├── StartupError       the daemon could not start (port in use, DHT, bootstrap); actionable text
+     └── StateSyncError     (peer.statesync) a joiner could not get the run's state from any donor
 
 The CLI prints these as one-line ``error: ...`` messages (exit code 2), never as tracebacks.
 """

@@ -36,6 +36,7 @@ class PeerRecord:
     assignment: dict[str, Any] = field(default_factory=dict)
     capacity: dict[str, Any] = field(default_factory=dict)
     join_token: str = ""
+    state: dict[str, Any] = field(default_factory=dict)  # {"version": int, "digest": hex} for state donors
 
     def body(self) -> dict[str, Any]:
         body = asdict(self)
@@ -71,7 +72,7 @@ def open_record(blob: bytes, *, subkey: str, now: float, ttl_s: float) -> PeerRe
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "peer_id": str, "public_key": bytes, "name": str, "http_addr": str, "tcp_addr": str,
     "roles": list, "version": str, "round": int, "timestamp": (int, float),
-    "assignment": dict, "capacity": dict, "join_token": str,
+    "assignment": dict, "capacity": dict, "join_token": str, "state": dict,
 }
 
 

@@ -33,6 +33,7 @@ from transport.http_client import HttpClient
 log = logging.getLogger(__name__)
 
 TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
+RoleFactory = Callable[["RoleContext"], "Role"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +74,10 @@ class Role:
     @property
     def round(self) -> int:
         return 0
+
+    def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]] | None:
+        """(version, tensors) of a replicated model this role holds, served to joiners; None if none."""
+        return None
 
     def status(self) -> dict[str, Any]:
         return {}
@@ -133,21 +138,22 @@ class OrchestratorRole(Role):
                 "manifest_publications": self.publications}
 
 
-ROLE_FACTORIES: Mapping[str, Callable[[RoleContext], Role]] = MappingProxyType({
+ROLE_FACTORIES: Mapping[str, RoleFactory] = MappingProxyType({
     "orchestrator": OrchestratorRole,
 })
 KNOWN_ROLES = ("learner", "block-worker", "block-server", "block-coordinator", "expert-host", "cp-shard",
                "node", "orchestrator", "helper")
 
 
-def build_roles(names: tuple[str, ...], ctx: RoleContext) -> list[Role]:
+def build_roles(names: tuple[str, ...], ctx: RoleContext,
+                factories: Mapping[str, RoleFactory] = ROLE_FACTORIES) -> list[Role]:
     """Instantiate the named roles; ConfigError for names that are unknown or not available yet."""
     roles = []
     for name in dict.fromkeys(names):
-        if name not in KNOWN_ROLES:
+        if name not in factories and name not in KNOWN_ROLES:
             raise ConfigError(f"unknown role {name!r}; roles are: {', '.join(KNOWN_ROLES)}")
-        if name not in ROLE_FACTORIES:
+        if name not in factories:
             raise ConfigError(f"role {name!r} is not available in this version of gossamer "
-                              f"(available: {', '.join(ROLE_FACTORIES)})")
-        roles.append(ROLE_FACTORIES[name](ctx))
+                              f"(available: {', '.join(factories)})")
+        roles.append(factories[name](ctx))
     return roles
