@@ -1,3 +1,15 @@
 """Pure protocol code: tensors in, tensors (or actions to send) out. No I/O, no asyncio, no clock,
 no global RNG; ``now`` and generators are parameters. Imports nothing of gossamer's but itself.
+
+Map of the package:
+
+- ``errors``     ProtocolError > InvalidSetting, NotEnoughUpdates.
+- ``models``     the byte-level causal transformer LM every text protocol reuses; built-in text
+                 (``builtin:pydoc``) and local files, fixed held-out split, per-peer shards.
+- ``diloco``     inner AdamW phase, pseudo-gradients, outer Nesterov step with a local momentum.
+- ``mixing``     gossip topologies and the factored update (non-blocking parameter mix W1, blocking
+                 pseudo-gradient mix W2 on a parameter subset), renormalised over what arrived.
+- ``robust``     Byzantine-robust aggregators over (arrived, failures); ``attacks`` beside it.
+
+Vocabulary: a **round** is one outer step; a **contribution** is what one peer sent for a round.
 """

@@ -1,0 +1,23 @@
+"""The protocols package's exception tree.
+
+::
+
+    ProtocolError
+     ├── InvalidSetting     a configuration that cannot work (e.g. 2f >= n for an aggregator,
+     │                      an unknown topology); the message names the setting
+     └── NotEnoughUpdates   too few usable contributions arrived for a round or an aggregator
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base of every error ``protocols`` raises on purpose."""
+
+
+class InvalidSetting(ProtocolError, ValueError):
+    """A setting that cannot work; the message names it."""
+
+
+class NotEnoughUpdates(ProtocolError):
+    """Too few usable contributions arrived (after rejecting bad ones)."""
