@@ -4,8 +4,9 @@ no global RNG; ``now`` and generators are parameters. Imports nothing of gossame
 Map of the package:
 
 - ``errors``     ProtocolError > InvalidSetting, NotEnoughUpdates.
-- ``models``     the byte-level causal transformer LM every text protocol reuses; built-in text
-                 (``builtin:pydoc``) and local files, fixed held-out split, per-peer shards.
+- ``models``     the byte-level causal transformer LM every text protocol reuses;
+- ``text_data``  built-in text (``builtin:pydoc``) and local files, fixed held-out split, per-peer
+                 shards, batch sampling and held-out evaluation.
 - ``diloco``     inner AdamW phase, pseudo-gradients, outer Nesterov step with a local momentum.
 - ``mixing``     gossip topologies and the factored update (non-blocking parameter mix W1, blocking
                  pseudo-gradient mix W2 on a parameter subset), renormalised over what arrived.
