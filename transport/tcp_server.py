@@ -218,6 +218,7 @@ class TcpServer:
             if frame is None:
                 return
             await self._dispatch(conn, frame)
+            del frame  # do not keep this payload alive while the next one is being received
 
     async def _dispatch(self, conn: _Connection, frame: Frame) -> None:
         if frame.type is FrameType.REQUEST:

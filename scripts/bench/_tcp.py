@@ -1,0 +1,100 @@
+"""gossamer TCP: the tensor as one REQUEST frame to a ``TcpServer`` that decodes it and answers.
+
+The frame header is the tensor codec's message header, ``{"tensors": entries}`` (exactly what
+``encode_tensor_message`` packs), and the payload is the codec's buffers, sent without joining.
+The sender times one transfer from encoding until the tiny RESPONSE arrives, which the server
+sends only after ``decode_tensors`` has the tensor. The warm-up request asks the server for a
+CRC-32 of the decoded tensor, which the sender checks against its own. With ``reuse_buffer``
+the server receives every payload into one preallocated buffer (a diagnostic row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy
+
+from scripts.bench._common import BenchError, async_command_loop, checksum, make_tensor
+from scripts.bench._wan import maybe_proxy
+from transport.codec import decode_tensors, encode_tensors
+from transport.frames import Frame, FrameType
+from transport.tcp import ConnectionInfo, PayloadBufferHook, TcpServer, tcp_connect
+
+REQUEST_TIMEOUT_S = 300.0
+
+
+async def _receive(conn: Connection, params: dict[str, Any]) -> None:
+    decode_s: list[float] = []
+
+    async def handler(frame: Frame, info: ConnectionInfo) -> Frame:
+        start = time.perf_counter()
+        tensors = decode_tensors(frame.header["tensors"], frame.payload)
+        decode_s.append(time.perf_counter() - start)
+        crc = checksum(tensors["x"]) if frame.header.get("verify") else None
+        return Frame(FrameType.RESPONSE, {"checksum": crc})
+
+    server = await TcpServer.create(handler, payload_buffer=_reused_buffer(params))
+    proxy = await maybe_proxy(server.address, params)
+    try:
+        conn.send(("ready", {"address": (proxy or server).address}))
+        await async_command_loop(conn, _noop)
+    finally:
+        if proxy is not None:
+            await proxy.aclose()
+        await server.aclose()
+    conn.send(("done", {"decode_s": decode_s}))
+
+
+def _reused_buffer(params: dict[str, Any]) -> PayloadBufferHook | None:
+    """With ``params["reuse_buffer"]``: a hook handing out one buffer for every payload that fits.
+
+    Safe here because the handler drops its views of the payload before the next frame arrives.
+    """
+    if not params.get("reuse_buffer"):
+        return None
+    buffer = numpy.zeros(params["size_bytes"], dtype=numpy.uint8)
+
+    def hook(nbytes: int) -> Any:
+        return buffer if nbytes <= buffer.nbytes else numpy.zeros(nbytes, dtype=numpy.uint8)
+
+    return hook
+
+
+async def _noop(index: int) -> dict[str, Any]:
+    return {}
+
+
+def receiver(conn: Connection, params: dict[str, Any]) -> None:
+    """Run a TcpServer (behind the WAN proxy when ``params["wan"]``) until told to stop."""
+    asyncio.run(_receive(conn, params))
+
+
+async def _send(conn: Connection, params: dict[str, Any]) -> None:
+    tensor = make_tensor(params["size_bytes"], params["seed"])
+    client = await tcp_connect(*params["peers"][0]["address"])
+    expected = checksum(tensor)
+
+    async def on_go(index: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        entries, buffers = encode_tensors({"x": tensor})
+        frame = Frame(FrameType.REQUEST, {"tensors": entries, "verify": index == 0}, buffers)
+        reply = await client.request(frame, timeout_s=REQUEST_TIMEOUT_S)
+        seconds = time.perf_counter() - start
+        if index == 0 and reply.header.get("checksum") != expected:
+            raise BenchError(f"TCP receiver decoded a different tensor (crc {reply.header.get('checksum')})")
+        return {"seconds": seconds}
+
+    try:
+        conn.send(("ready", {}))
+        await async_command_loop(conn, on_go)
+    finally:
+        await client.aclose()
+    conn.send(("done", {}))
+
+
+def sender(conn: Connection, params: dict[str, Any]) -> None:
+    """Connect to the receiver (or its proxy) and send the tensor once per repetition."""
+    asyncio.run(_send(conn, params))

@@ -1,0 +1,23 @@
+"""Transport throughput benchmark: a float32 tensor between two processes on loopback.
+
+Raw socket vs gossamer TCP vs gossamer HTTP vs hivemind's ``DecentralizedAverager``, plus gossamer
+TCP and HTTP through an emulated 100 Mbit/s, 50 ms WAN link, all in one run so that the ratios
+are measured side by side. See ``_transport_run`` for the rows and BENCHMARKS.md for results::
+
+    .venv/bin/python scripts/bench/transport.py [--size_mb 100] [--repeats 5] [--skip_hivemind]
+        [--skip_wan] [--json scripts/bench/results/transport.json]
+"""
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder heads sys.path and its name would shadow the `transport`
+# package: drop the folder and import the helpers from the repository root instead. Spawned
+# worker processes inherit the corrected path.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
+
+from scripts.bench._transport_run import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
