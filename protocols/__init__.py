@@ -10,7 +10,11 @@ Map of the package:
 - ``diloco``     inner AdamW phase, pseudo-gradients, outer Nesterov step with a local momentum.
 - ``mixing``     gossip topologies and the factored update (non-blocking parameter mix W1, blocking
                  pseudo-gradient mix W2 on a parameter subset), renormalised over what arrived.
-- ``robust``     Byzantine-robust aggregators over (arrived, failures); ``attacks`` beside it.
+- ``robust``     Byzantine-robust aggregators over (arrived, failures), the registry and
+                 ``build_aggregator``; ``robust_base`` (contributions, sanitize, flatten),
+                 ``robust_kernels`` (vectorised order statistics and distances),
+                 ``robust_clipping`` (centered clipping, worker momentum, clipped gossip);
+                 ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
 
 Vocabulary: a **round** is one outer step; a **contribution** is what one peer sent for a round.
 """

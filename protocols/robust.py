@@ -1,0 +1,190 @@
+"""Byzantine-robust aggregation of flat update vectors: the public face of the ``robust_*`` modules.
+
+Every aggregator has the form ``fn(arrived, failures, *, f=0, ..., max_norm=None,
+expected_numel=None) -> AggregateResult`` and
+
+1. refuses a Byzantine budget ``f`` that the round's size n = len(arrived) + len(failures) can
+   never tolerate (``InvalidSetting`` naming f and n: median, trimmed mean, geometric median and
+   centered clipping need n > 2f, Krum n > 2f + 2; the plain mean only f = 0);
+2. sanitizes (``robust_base.sanitize``: shape, dtype, NaN/Inf, ``max_norm``, duplicate senders;
+   ``expected_numel`` defaults to the size most arrivals have) and raises ``NotEnoughUpdates``
+   when fewer usable contributions remain than the rule needs;
+3. sorts by sender before anything order-dependent, so it is permutation-invariant;
+4. ignores claimed weights (only ``mean(trust_weights=True)`` reads them);
+5. returns the value, the senders used, and every other peer as a ``Failure`` with the reason.
+
+Aggregators (registered in ``AGGREGATORS``; ``build_aggregator`` binds parameters):
+
+==============================  ===========================================================
+``mean``                        plain (optionally weighted) mean; not robust
+``median``                      coordinate-wise median
+``trimmed_mean``                coordinate-wise mean without the f smallest and f largest
+``geometric_median``            smoothed Weiszfeld (Pillutla et al., RFA)
+``krum`` / ``multi_krum``       Blanchard et al. 2017: the input(s) with the lowest scores
+``centered_clipping``           iterative, from the median (see ``robust_clipping``)
+``centered_clipping_momentum``  one step around the previous aggregate, with worker momentum
+==============================  ===========================================================
+
+``DEFAULT`` is centered clipping with worker momentum. Either keep ``WorkerMomentum`` and the
+previous aggregate yourself and call ``centered_clipping_momentum(momenta, failures,
+center=previous)``, or let ``build_aggregator(DEFAULT, beta=0.9, ...)`` return a stateful
+``MomentumCenteredClipping`` that does both (keep one per aggregation point across rounds).
+Kernels (column blocks, comparator networks, coefficient space) live in ``robust_kernels``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+
+import torch
+
+from protocols import robust_kernels as kernels
+from protocols.errors import InvalidSetting, NotEnoughUpdates
+from protocols.robust_base import (
+    AggregateResult,
+    Contribution,
+    Failure,
+    check_params,
+    flatten,
+    prepare,
+    sanitize,
+    unflatten,
+)
+from protocols.robust_clipping import (
+    MomentumCenteredClipping,
+    WorkerMomentum,
+    centered_clipping,
+    centered_clipping_momentum,
+    clipped_gossip,
+)
+
+__all__ = [
+    "AGGREGATORS", "DEFAULT", "AggregateResult", "Contribution", "Failure", "MomentumCenteredClipping",
+    "WorkerMomentum", "build_aggregator", "centered_clipping", "centered_clipping_momentum", "clipped_gossip",
+    "coordinate_median", "flatten", "geometric_median", "krum", "mean", "multi_krum", "sanitize",
+    "trimmed_mean", "unflatten",
+]
+
+
+def _senders(usable: Sequence[Contribution]) -> tuple[str, ...]:
+    return tuple(c.sender for c in usable)
+
+
+def mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
+         trust_weights: bool = False, max_norm: float | None = None,
+         expected_numel: int | None = None) -> AggregateResult:
+    """The plain mean; weighted by the claimed weights only with ``trust_weights``. Needs f = 0."""
+    check_params(f=f, trust_weights=trust_weights)
+    if f != 0:
+        raise InvalidSetting(f"mean is not Byzantine-robust: it needs f=0, got f={f}, "
+                             f"n={len(arrived) + len(failures)}")
+    usable, rejected = prepare("mean", arrived, failures, f=0, min_n=1, rule="n >= 1", max_norm=max_norm,
+                               expected_numel=expected_numel)
+    weights = [float(c.weight) if trust_weights else 1.0 for c in usable]
+    total = sum(weights)
+    value = kernels.combine([c.vector for c in usable], [w / total for w in weights])
+    return AggregateResult(value, _senders(usable), rejected)
+
+
+def coordinate_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
+                      max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
+    """Coordinate-wise median (mean of the two middle values for even n). Needs n > 2f."""
+    usable, rejected = prepare("median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+                               max_norm=max_norm, expected_numel=expected_numel)
+    return AggregateResult(kernels.median([c.vector for c in usable]), _senders(usable), rejected)
+
+
+def trimmed_mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
+                 max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
+    """Coordinate-wise mean after dropping the f largest and f smallest values. Needs 2f < n."""
+    usable, rejected = prepare("trimmed_mean", arrived, failures, f=f, min_n=2 * f + 1, rule="2f < n",
+                               max_norm=max_norm, expected_numel=expected_numel)
+    return AggregateResult(kernels.trimmed_mean([c.vector for c in usable], f), _senders(usable), rejected)
+
+
+def geometric_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
+                     nu: float = 1e-6, max_iters: int = 100, tol: float = 1e-7, max_norm: float | None = None,
+                     expected_numel: int | None = None) -> AggregateResult:
+    """Smoothed Weiszfeld: argmin_z sum_i max(nu, ||z - x_i||), from the mean. Needs n > 2f."""
+    check_params(nu=nu, max_iters=max_iters, tol=tol)
+    usable, rejected = prepare("geometric_median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+                               max_norm=max_norm, expected_numel=expected_numel)
+    vectors = [c.vector for c in usable]
+    _, gram = kernels.median_and_gram(vectors)
+    coeffs = kernels.weiszfeld(gram, nu=nu, max_iters=max_iters, tol=tol)
+    return AggregateResult(kernels.combine(vectors, coeffs.tolist()), _senders(usable), rejected)
+
+
+def krum(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
+         max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
+    """The input closest (summed squared distances) to its n - f - 2 nearest others. Needs n > 2f + 2."""
+    return _select("krum", arrived, failures, f=f, m=1, max_norm=max_norm, expected_numel=expected_numel)
+
+
+def multi_krum(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
+               m: int | None = None, max_norm: float | None = None,
+               expected_numel: int | None = None) -> AggregateResult:
+    """Mean of the ``m`` inputs with the lowest Krum scores (default n - f). Needs n > 2f + 2, m <= n - f."""
+    return _select("multi_krum", arrived, failures, f=f, m=m, max_norm=max_norm, expected_numel=expected_numel)
+
+
+def _select(name: str, arrived: Sequence[Contribution], failures: Sequence[Failure], *, f: int, m: int | None,
+            max_norm: float | None, expected_numel: int | None) -> AggregateResult:
+    check_params(m=m)
+    usable, rejected = prepare(name, arrived, failures, f=f, min_n=2 * f + 3, rule="n > 2f + 2",
+                               max_norm=max_norm, expected_numel=expected_numel)
+    size = len(arrived) + len(failures)
+    if m is not None and m > size - f:
+        raise InvalidSetting(f"{name} needs m <= n - f, got m={m}, f={f}, n={size}")
+    count = len(usable) - f if m is None else m
+    if count > len(usable) - f:
+        raise NotEnoughUpdates(f"{name} needs m <= usable - f, got m={m}, f={f}, {len(usable)} usable")
+    scores = kernels.krum_scores(kernels.median_and_gram([c.vector for c in usable])[1], f)
+    order = torch.sort(scores, stable=True).indices.tolist()
+    chosen = sorted(order[:count])
+    unused = tuple(Failure(usable[i].sender, f"not selected by {name} (score {float(scores[i]):.4g})")
+                   for i in sorted(order[count:]))
+    vectors = [usable[i].vector for i in chosen]
+    value = vectors[0].clone() if count == 1 else kernels.combine(vectors, [1.0 / count] * count)
+    return AggregateResult(value, tuple(usable[i].sender for i in chosen), (*rejected, *unused))
+
+
+AGGREGATORS: Mapping[str, Callable[..., AggregateResult]] = MappingProxyType({
+    "mean": mean,
+    "median": coordinate_median,
+    "trimmed_mean": trimmed_mean,
+    "geometric_median": geometric_median,
+    "krum": krum,
+    "multi_krum": multi_krum,
+    "centered_clipping": centered_clipping,
+    "centered_clipping_momentum": centered_clipping_momentum,
+})
+"""Aggregators by name; each is ``fn(arrived, failures, *, f=0, ...) -> AggregateResult``."""
+
+DEFAULT = "centered_clipping_momentum"
+
+
+def build_aggregator(name: str, **params: object) -> Callable[..., AggregateResult]:
+    """The aggregator ``name`` with ``params`` bound (checked now, not at the first round).
+
+    Unbound keyword parameters (e.g. ``f``, ``max_norm``, and ``center`` for the one-step form)
+    can still be passed on each call. ``centered_clipping_momentum`` given ``beta`` comes back as a
+    stateful ``MomentumCenteredClipping`` that keeps the worker momenta and the previous aggregate
+    itself (call it with (arrived, failures) only); without ``beta`` it is the stateless one-step
+    function, and the caller keeps the momenta and passes ``center``.
+    """
+    if name not in AGGREGATORS:
+        raise InvalidSetting(f"unknown aggregator {name!r}; known: {sorted(AGGREGATORS)}")
+    stateful = name == "centered_clipping_momentum" and "beta" in params
+    target = MomentumCenteredClipping if stateful else AGGREGATORS[name]
+    allowed = {p.name for p in inspect.signature(target).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise InvalidSetting(f"aggregator {name!r} has no parameter(s) {unknown}; it takes {sorted(allowed)}")
+    check_params(**params)
+    if stateful:
+        return MomentumCenteredClipping(**params)  # type: ignore[arg-type]
+    return functools.partial(AGGREGATORS[name], **params)
