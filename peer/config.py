@@ -39,6 +39,10 @@ class PeerConfig:
         data: dataset for data-holding roles (``builtin:pydoc`` or a local path).
         join_token: owner-signed token for runs with an allowlist.
         manifest: a manifest file to use instead of fetching it from the DHT (still verified).
+        checkpoint_dir: where roles write checkpoints (safetensors, written atomically).
+        threads: torch CPU threads for this process (0: torch's default); use 1 when several
+            peers share one host.
+        attack: for experiments and tests only: make this learner Byzantine (e.g. ``sign_flip:10``).
         join_timeout_s: how long to wait for the run's manifest to appear in the DHT.
         events: write machine-readable JSON event lines to stdout (used by ``gossamer swarm``).
         log_level: python logging level name.
@@ -60,6 +64,9 @@ class PeerConfig:
     data: str = ""
     join_token: str = ""
     manifest: str = ""
+    checkpoint_dir: Path = Path("~/.gossamer/checkpoints")
+    threads: int = 0
+    attack: str = ""
     join_timeout_s: float = 30.0
     events: bool = False
     log_level: str = "INFO"
@@ -78,6 +85,8 @@ class PeerConfig:
             _check_ip("announce_host", self.announce_host)
         if self.new_swarm and self.initial_peers:
             raise ConfigError("pass either --new_swarm (start a new network) or --initial_peers (join one), not both")
+        if not isinstance(self.threads, int) or self.threads < 0:
+            raise ConfigError(f"threads must be a non-negative integer, got {self.threads!r}")
         if len(self.public_name) > 64:
             raise ConfigError("public_name must be at most 64 characters")
 
@@ -143,14 +152,19 @@ def build_peer_config(file_options: dict[str, Any] | None = None, cli_options: d
     return PeerConfig(**merged)
 
 
+def read_toml(path: str | Path, *, what: str) -> dict[str, Any]:
+    """Parse a TOML file; ConfigError names ``what`` it is, the file and the problem."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from exc
+
+
 def load_toml_options(path: str | Path) -> dict[str, Any]:
     """Read ``-c FILE``; a run config's ``[peer]`` table or a flat file of peer options."""
-    try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    doc = read_toml(path, what="config file")
     peer = doc.get("peer", doc)
     if not isinstance(peer, dict):
         raise ConfigError(f"config file {path}: [peer] must be a table")

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,12 +21,14 @@ from peer.admission import Admission
 from peer.config import PeerConfig
 from peer.device import describe_device, resolve_device
 from peer.errors import StartupError
+from peer.events import emit
 from peer.http_api import daemon_routes
 from peer.joining import fetch_manifest, start_membership
 from peer.manifest import Manifest, RunConfig, build_manifest
 from peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
 from peer.records import PeerRecord, seal_record
-from peer.roles import ROLE_FACTORIES, Role, RoleContext, RoleFactory, build_roles, peers_key
+from peer.registry import ROLE_FACTORIES
+from peer.roles import Role, RoleContext, RoleFactory, build_roles, peers_key
 from peer.statesync import StateDonor
 from peer.view import PeerView
 from transport.dht import DhtMembership
@@ -81,7 +81,8 @@ class Daemon:
                 manifest = build_manifest(identity, run_config, now=membership.now())
             else:
                 manifest = await fetch_manifest(membership, config)
-            http_client = await HttpClient.create(config=HttpConfig())
+            http_config = HttpConfig()
+            http_client = await HttpClient.create(config=http_config)
             stack.push_async_callback(http_client.aclose)
             view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
             daemon = cls(config=config, identity=identity, manifest=manifest, membership=membership,
@@ -90,7 +91,7 @@ class Daemon:
         try:
             ctx = RoleContext(identity=identity, config=config, manifest=manifest, membership=membership,
                               http_client=http_client, view=view, device=device, traffic=daemon.traffic,
-                              now=membership.now)
+                              now=membership.now, http_config=http_config)
             await daemon._start(ctx, role_factories)
         except BaseException:
             await daemon.aclose()
@@ -103,14 +104,14 @@ class Daemon:
         self.state_donor = StateDonor(stateful[0].model_state) if stateful else None
         self.http = await _bind("HTTP", "--http_port", self.config.http_port,
                                 HttpServer.create(self._build_app(), host=self.config.host, port=self.config.http_port,
-                                                  config=HttpConfig()))
+                                                  config=ctx.http_config))
         self.tcp = await _bind("TCP", "--tcp_port", self.config.tcp_port,
                                TcpServer.create(self._tcp_dispatcher(), host=self.config.host,
                                                 port=self.config.tcp_port, config=TcpConfig()))
-        for role in self.roles:
-            await role.start()
         await self.publish_record()
         await self.refresh_view()
+        for role in self.roles:
+            await role.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="daemon-heartbeat"))
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
 
@@ -184,7 +185,7 @@ class Daemon:
                 continue
             live = self.view.live(now=self.membership.now())
             if len(live) != last_count:
-                emit(self.config, "peers", count=len(live), peer_ids=[p.record.peer_id for p in live])
+                emit(self.config.events, "peers", count=len(live), peer_ids=[p.record.peer_id for p in live])
                 last_count = len(live)
 
     # -- introspection ------------------------------------------------------------------------
@@ -218,7 +219,8 @@ class Daemon:
         sent, received = self._bytes()
         return Snapshot(uptime_s=time.monotonic() - self._started, live_peers=len(self.view.live(now=self.membership.now())),
                         round=self.round, bytes_sent=sent, bytes_received=received,
-                        records_rejected=dict(self.view.rejected))
+                        records_rejected=dict(self.view.rejected),
+                        extra_gauges={k: v for role in self.roles for k, v in role.gauges().items()})
 
     # -- shutdown -----------------------------------------------------------------------------
 
@@ -272,11 +274,3 @@ async def _bind(what: str, flag: str, port: int, creating):
             raise StartupError(f"cannot start the {what} server on port {port} ({exc}); pick another {flag} "
                                f"or pass {flag} 0 to let the OS choose") from exc
         raise StartupError(f"cannot start the {what} server: {exc}") from exc
-
-
-def emit(config: PeerConfig, event: str, **fields: Any) -> None:
-    """Write one machine-readable event line to stdout when ``--events`` is on."""
-    if config.events:
-        sys.stdout.write(json.dumps({"event": event, **fields}, sort_keys=True) + "\n")
-        sys.stdout.flush()
-

@@ -18,7 +18,6 @@ Run config layout::
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from crypto.errors import VerificationError
 from crypto.identity import Identity, peer_id_of
 from crypto.signed import open_signed, sign_object
+from peer.config import read_toml
 from peer.errors import ConfigError, ManifestError
 
 RUN_ID_KEY_HEX = 16
@@ -71,13 +71,7 @@ class RunConfig:
 
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a run config TOML file; ConfigError names the file and the problem."""
-    try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read run config {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"run config {path} is not valid TOML: {exc}") from exc
-    return run_config_from_dict(doc, source=str(path))
+    return run_config_from_dict(read_toml(path, what="run config"), source=str(path))
 
 
 def run_config_from_dict(doc: dict[str, Any], *, source: str = "run config") -> RunConfig:

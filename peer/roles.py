@@ -1,6 +1,6 @@
 """Pluggable roles: what a peer does in a run.
 
-A role is built from a ``RoleContext`` by a factory registered in ``ROLE_FACTORIES``; the daemon
+A role is built from a ``RoleContext`` by a factory registered in ``peer.registry``; the daemon
 collects its HTTP routes and TCP methods before the servers start, then calls ``start()``; on
 shutdown it calls ``aclose()`` (idempotent). ``status()`` feeds ``/status``, ``/metrics`` and the
 swarm view. Later protocols add their roles (learner, block-worker, block-server, expert-host,
@@ -13,7 +13,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from peer.view import PeerView
 from transport.dht import DhtMembership
 from transport.errors import TransportError
 from transport.frames import Frame
+from transport.http import HttpConfig
 from transport.http_client import HttpClient
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class RoleContext:
     device: torch.device
     traffic: Traffic
     now: Callable[[], float]
+    http_config: HttpConfig
 
 
 class Role:
@@ -74,6 +75,10 @@ class Role:
     @property
     def round(self) -> int:
         return 0
+
+    def gauges(self) -> dict[str, float]:
+        """Extra numbers for ``/metrics`` (exported as ``gossamer_<name>``)."""
+        return {}
 
     def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]] | None:
         """(version, tensors) of a replicated model this role holds, served to joiners; None if none."""
@@ -138,15 +143,11 @@ class OrchestratorRole(Role):
                 "manifest_publications": self.publications}
 
 
-ROLE_FACTORIES: Mapping[str, RoleFactory] = MappingProxyType({
-    "orchestrator": OrchestratorRole,
-})
 KNOWN_ROLES = ("learner", "block-worker", "block-server", "block-coordinator", "expert-host", "cp-shard",
                "node", "orchestrator", "helper")
 
 
-def build_roles(names: tuple[str, ...], ctx: RoleContext,
-                factories: Mapping[str, RoleFactory] = ROLE_FACTORIES) -> list[Role]:
+def build_roles(names: tuple[str, ...], ctx: RoleContext, factories: Mapping[str, RoleFactory]) -> list[Role]:
     """Instantiate the named roles; ConfigError for names that are unknown or not available yet."""
     roles = []
     for name in dict.fromkeys(names):

@@ -13,7 +13,8 @@ import signal
 import sys
 
 from peer.config import PeerConfig
-from peer.daemon import Daemon, emit
+from peer.daemon import Daemon
+from peer.events import emit
 from peer.localproc import child_pids
 from peer.manifest import RunConfig
 
@@ -47,7 +48,7 @@ async def _serve(config: PeerConfig, run_config: RunConfig | None) -> int:
     except TimeoutError:
         log.error("clean shutdown took longer than %.0fs; forcing exit", SHUTDOWN_TIMEOUT_S)
         force_exit(1)
-    emit(config, "stopped", peer_id=daemon.identity.peer_id)
+    emit(config.events, "stopped", peer_id=daemon.identity.peer_id)
     return 0
 
 
@@ -70,7 +71,7 @@ def _announce(daemon: Daemon) -> None:
           f"  http {status['addresses']['http']}  tcp {status['addresses']['tcp']}  roles {','.join(status['roles']) or '-'}\n"
           f"  to join this network, pass:\n    --run {daemon.manifest.run_id} --initial_peers {' '.join(maddrs)}",
           file=sys.stderr, flush=True)
-    emit(daemon.config, "ready", peer_id=daemon.identity.peer_id, run_id=daemon.manifest.run_id, maddrs=maddrs,
+    emit(daemon.config.events, "ready", peer_id=daemon.identity.peer_id, run_id=daemon.manifest.run_id, maddrs=maddrs,
          http=status["addresses"]["http"], tcp=status["addresses"]["tcp"], roles=status["roles"])
 
 

@@ -68,6 +68,8 @@ class Swarm:
         self.num_peers = options.peers if options.peers is not None else int(table.get("peers", 3))
         self.duration_s = options.duration_s if options.duration_s is not None else table.get("duration_s")
         self.roles = [str(r) for r in table.get("roles", [])]
+        self.threads = int(table.get("threads", 1))
+        self.finished: dict[str, dict[str, Any]] = {}
         if self.num_peers < 0:
             raise ConfigError("--peers must be >= 0")
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="gossamer-swarm-"))
@@ -103,7 +105,8 @@ class Swarm:
     async def _spawn(self, name: str, args: list[str]) -> None:
         log = (self.workdir / f"{name}.log").open("ab")  # closed by _pump when the process exits
         argv = [sys.executable, "-m", "peer.cli", *args, "--identity_path", str(self.workdir / f"{name}.pem"),
-                "--public_name", name, "--host", "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--events"]
+                "--public_name", name, "--host", "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--events",
+                "--threads", str(self.threads), "--checkpoint_dir", str(self.workdir / "checkpoints")]
         proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=log,
                                                     start_new_session=True)
         self.procs[name] = proc
@@ -132,6 +135,11 @@ class Swarm:
                     if event["event"] == "exited":
                         print(f"swarm: {name} exited unexpectedly (code {event['code']}); see {self.workdir / name}.log")
                         return 1
+                    if event["event"] == "finished":
+                        self.finished[name] = event
+                if self.roles and len(self.finished) == self.num_peers:
+                    self._print_finish()
+                    return 0
                 table, count = await self._table(client, ready["http"])
                 if table and table != last_table:
                     print(table, flush=True)
@@ -153,10 +161,22 @@ class Swarm:
             row["last_seen_s"] = "-"  # keeps the table stable between refreshes
         return f"live peers of {status.get('run_id')}:\n{format_table(rows)}", len(rows)
 
+    def _print_finish(self) -> None:
+        name, event = sorted(self.finished.items())[0]
+        print(f"swarm: all {len(self.finished)} learners finished; checkpoint of {name}: {event['checkpoint']}")
+        print(f"swarm: sample from {name}'s model (prompt 'The '):\n{event['sample']!r}", flush=True)
+
     @staticmethod
     def _print_event(name: str, event: dict[str, Any]) -> None:
         kind = event.get("event")
-        if kind == "ready":
+        if kind == "round":
+            print(f"[{name}] round {event['round']}: train loss {event['train_loss']:.3f}  held-out {event['heldout_loss']:.3f}"
+                  f"  params from {event['params_from']}  pseudo-gradients used {event['pgrads_used']}"
+                  f"  sent {event['bytes_sent'] / 1e6:.1f} MB{'  timed out ' + str(len(event['timed_out'])) if event['timed_out'] else ''}"
+                  f"{'  ' + event['note'] if event.get('note') else ''}", flush=True)
+        elif kind == "finished":
+            print(f"[{name}] finished at round {event['round']}, held-out loss {event['heldout_loss']:.3f}", flush=True)
+        elif kind == "ready":
             print(f"[{name}] ready: peer {event['peer_id'][:12]} http {event['http']} roles {event.get('roles')}", flush=True)
         elif kind == "peers":
             print(f"[{name}] sees {event['count']} peer(s)", flush=True)

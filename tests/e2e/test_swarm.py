@@ -1,21 +1,32 @@
-"""``gossamer swarm`` (what scripts/demo runs): an orchestrator and three peers find each other and
-everything stops cleanly."""
+"""``gossamer swarm --preset demo`` (what scripts/demo runs): an orchestrator and three learners
+find each other, train with the loss falling, write checkpoints, print a sample, and everything
+stops cleanly."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+from transport.safetensors_stream import load_file
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 
-def test_demo_preset_swarm_finds_all_peers_and_exits_cleanly(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "peer.cli", "swarm", "--preset", "demo", "--duration_s", "20",
-                             "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=150)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "all 4 peers see each other" in result.stdout
-    assert "stopped 4 process(es) cleanly" in result.stdout
-    assert "live peers of demo@" in result.stdout
+def test_demo_preset_trains_and_exits_cleanly(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "peer.cli", "swarm", "--preset", "demo", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "all 4 peers see each other" in out
+    assert "all 3 learners finished" in out and "sample from" in out
+    assert "stopped 4 process(es) cleanly" in out
+    heldout = [float(x) for x in re.findall(r"\[peer-1\] round \d+: .*?held-out (\d+\.\d+)", out)]
+    assert len(heldout) == 8 and heldout[-1] < heldout[0] - 0.2, heldout
+    checkpoints = sorted((tmp_path / "checkpoints").glob("demo-*-round8.safetensors"))
+    assert len(checkpoints) == 3
+    tensors, metadata = load_file(checkpoints[0])
+    assert metadata["round"] == "8" and "embed.weight" in tensors

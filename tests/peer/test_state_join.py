@@ -13,7 +13,8 @@ import torch
 from peer.config import PeerConfig
 from peer.daemon import Daemon
 from peer.manifest import RunConfig
-from peer.roles import ROLE_FACTORIES, Role
+from peer.registry import ROLE_FACTORIES
+from peer.roles import Role
 from peer.state_join import choose_donors, download_state
 from peer.statesync import StateSyncError
 

@@ -1,0 +1,281 @@
+"""Role ``learner``: a gossip-DiLoCo replica trained on this peer's shard, mixed with its peers.
+
+One outer round t (DESIGN.md, "Gossip DiLoCo"): snapshot x; send x to the W1 neighbours in the
+background while the H inner AdamW steps run (in a worker thread, so the daemon keeps serving);
+mix the parameters that arrived by the end of the inner phase (plus ``w1_grace_s``) into m;
+pseudo-gradient d = x - y; send d (on the W2 subset) to the W2 neighbours and wait for theirs up to
+``w2_deadline_s``; aggregate them through the run's robust aggregator; outer Nesterov step with
+the local, never-shared momentum. Every contribution is accounted for in the round's ledger:
+arrived and used, rejected with a reason, or timed out. Peers are the live, admitted learners of
+the run (sorted by peer id, so everyone indexes them alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from peer.events import emit
+from peer.inbox import Inbox
+from peer.learner_aggregate import PseudoGradientAggregator, parse_attack
+from peer.learner_settings import learner_settings
+from peer.ledger import ExchangeLedger, LedgerHistory, RoundLedger
+from peer.messaging import SignedMessenger
+from peer.roles import Role, RoleContext
+from peer.state_join import download_state
+from peer.statesync import StateSyncError
+from protocols.diloco import DilocoReplica
+from protocols.mixing import mix, neighbours
+from protocols.models import build_model, flat_parameters, generate, load_parameters
+from protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
+from transport.errors import TransportError
+from transport.safetensors_stream import save_file_atomic
+
+log = logging.getLogger(__name__)
+KINDS = ("params", "pgrad")
+
+
+class LearnerRole(Role):
+    """A gossip-DiLoCo learner (see the module docstring)."""
+
+    name = "learner"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.settings = learner_settings(ctx.manifest.config)
+        if ctx.config.threads:
+            torch.set_num_threads(ctx.config.threads)
+        split = split_text(load_text(ctx.config.data or self.settings.data_source),
+                           heldout_fraction=self.settings.heldout_fraction)
+        self.shard_index = int(ctx.identity.peer_id[:8], 16) % self.settings.num_shards
+        self.heldout = split.heldout
+        model = build_model(self.settings.model, seed=self.settings.seed, device=ctx.device)
+        self.replica = DilocoReplica(model, self.settings.diloco)
+        generator = torch.Generator().manual_seed(int(ctx.identity.peer_id[:15], 16))
+        self.sampler = BatchSampler(shard(split.train, index=self.shard_index, count=self.settings.num_shards),
+                                    batch_size=self.settings.batch_size, context=self.settings.model.context,
+                                    generator=generator)
+        self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id, client=ctx.http_client,
+                                         view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
+                                         max_body_bytes=ctx.http_config.max_body_bytes)
+        self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
+        self.attack = parse_attack(ctx.config.attack) if ctx.config.attack else None
+        self.inbox = Inbox()
+        self.history = LedgerHistory()
+        self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
+        self._task: asyncio.Task[None] | None = None
+        self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
+        self.finished = False
+        self.checkpoint_path = ""
+
+    # -- role interface -------------------------------------------------------------------------
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.put("/diloco/{kind}/{round}", self._receive)]
+
+    async def start(self) -> None:
+        await self._join_mid_run()
+        self._task = asyncio.create_task(self._run(), name="learner-rounds")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    @property
+    def round(self) -> int:
+        return self.replica.round
+
+    def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]]:
+        return self._snapshot
+
+    def status(self) -> dict[str, Any]:
+        last = self.history.last(1)
+        return {"round": self.round, "shard": self.shard_index, "finished": self.finished,
+                "checkpoint": self.checkpoint_path, "aggregator": self.settings.aggregator,
+                "train_loss": last[0]["train_loss"] if last else None,
+                "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3)}
+
+    def gauges(self) -> dict[str, float]:
+        last = self.history.last(1)
+        return {"learner_heldout_loss": last[0]["heldout_loss"]} if last else {}
+
+    # -- joining --------------------------------------------------------------------------------
+
+    async def _join_mid_run(self) -> None:
+        live = self.ctx.view.live(now=self.ctx.now())
+        if not any(p.record.state.get("version", 0) > 0 for p in live if p.record.peer_id != self.ctx.identity.peer_id):
+            return
+        try:
+            version, tensors, report = await download_state(self.ctx.http_client, live,
+                                                            joiner_id=self.ctx.identity.peer_id)
+        except StateSyncError as exc:
+            log.warning("could not download the run's state, starting from the initial model: %s", exc)
+            return
+        load_parameters(self.replica.module, tensors)
+        self.replica.round = version
+        self._snapshot = (version, flat_parameters(self.replica.module))
+        log.info("joined at round %d with state from %d donor(s)", version, len(report.shards_served))
+
+    # -- receiving ------------------------------------------------------------------------------
+
+    async def _receive(self, request: web.Request) -> web.Response:
+        kind, round_text = request.match_info["kind"], request.match_info["round"]
+        if kind not in KINDS or not round_text.isdigit():
+            raise web.HTTPNotFound(text="unknown contribution kind or round")
+        received = await self.messenger.receive(request)
+        sender, round = received.envelope.sender, int(round_text)
+        if received.envelope.round != round or "learner" not in self.ctx.view.get(sender).record.roles:
+            raise web.HTTPForbidden(text="envelope refused")
+        reason = self._shape_problem(kind, received.tensors) or await self.inbox.put(kind, round, sender,
+                                                                                       received.tensors)
+        self.ctx.traffic.add_received(kind, received.size_bytes)
+        if reason is not None:
+            self._late_rejections.setdefault((kind, round), {})[sender] = reason
+            return web.json_response({"accepted": False, "reason": reason}, status=409)
+        return web.json_response({"accepted": True})
+
+    def _shape_problem(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> str | None:
+        expected = self._snapshot[1] if kind == "params" else self.aggregator.subset_of(self._snapshot[1])
+        if tensors.keys() != expected.keys():
+            return f"{kind} names do not match the model"
+        for name, tensor in tensors.items():
+            if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
+                return f"{kind} tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}"
+            if kind == "params" and not torch.isfinite(tensor).all():
+                return f"params tensor {name!r} is not finite"
+        return None
+
+    # -- rounds ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self.settings.rounds or self.replica.round < self.settings.rounds:
+            ledger = await self._one_round()
+            self.history.append(ledger)
+            emit(self.ctx.config.events, "round", round=ledger.round, train_loss=ledger.train_loss,
+                 heldout_loss=ledger.heldout_loss, params_from=len(ledger.params.arrived),
+                 pgrads_used=len(ledger.pseudo_gradients.used), timed_out=ledger.pseudo_gradients.timed_out,
+                 rejected=ledger.pseudo_gradients.rejected, bytes_sent=ledger.bytes_sent,
+                 bytes_received=ledger.bytes_received, note=ledger.note)
+        await self._finish()
+
+    def _learners(self) -> list[str]:
+        live = self.ctx.view.live(now=self.ctx.now())
+        ids = {p.record.peer_id for p in live if "learner" in p.record.roles} | {self.ctx.identity.peer_id}
+        return sorted(ids)
+
+    async def _one_round(self) -> RoundLedger:
+        started, t = time.monotonic(), self.replica.round
+        self.inbox.advance(t)
+        learners = self._learners()
+        me = learners.index(self.ctx.identity.peer_id)
+        plan, seed = self.settings.mixing, self.settings.seed
+        w1 = plan.w1_weights(len(learners), round=t, seed=seed)
+        w2 = plan.w2_weights(len(learners), round=t, seed=seed)
+        ledger = RoundLedger(round=t, learners=learners)
+        n1 = [learners[j] for j in neighbours(w1[me]) if j != me]
+        n2 = [learners[j] for j in neighbours(w2[me]) if j != me]
+        x = self.replica.begin_round()
+        self._snapshot = (t, x)
+        sending = [asyncio.create_task(self._send_all("params", t, x, n1, ledger.params, ledger))]
+        compute_started = time.monotonic()
+        ledger.train_loss = await asyncio.to_thread(self._inner_phase)
+        ledger.compute_s = time.monotonic() - compute_started
+        d = self.replica.end_inner()
+        arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
+        self._settle(ledger.params, "params", t, arrived)
+        m, _report = mix(me, {me: x, **{learners.index(s): v for s, v in arrived.items()}}, w1)
+        sent_d = self.attack(d) if self.attack else d
+        sending.append(asyncio.create_task(
+            self._send_all("pgrad", t, self.aggregator.subset_of(sent_d), n2, ledger.pseudo_gradients, ledger)))
+        arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
+        self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
+        d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
+                                            ledger=ledger.pseudo_gradients)
+        ledger.note = self.aggregator.note
+        self.replica.finish_round(m, d_mixed)
+        await self._drain(sending)
+        ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
+        ledger.wall_s = time.monotonic() - started
+        return ledger
+
+    def _inner_phase(self) -> float:
+        losses = [self.replica.inner_step(*self.sampler.sample(self.ctx.device), next_byte_loss)
+                  for _ in range(self.settings.diloco.inner_steps)]
+        return float(sum(losses) / len(losses))
+
+    def _evaluate(self) -> float:
+        return evaluate(self.replica.module, self.heldout, context=self.settings.model.context,
+                        max_batches=self.settings.eval_batches, device=self.ctx.device)
+
+    def _settle(self, exchange: ExchangeLedger, kind: str, round: int, arrived: Mapping[str, Any]) -> None:
+        exchange.settle(list(arrived))
+        late = self._late_rejections.pop((kind, round), {})
+        exchange.rejected.update({s: r for s, r in late.items() if s in exchange.expected})
+        exchange.timed_out = [s for s in exchange.timed_out if s not in exchange.rejected]
+
+    async def _send_all(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor], to: list[str],
+                        exchange: ExchangeLedger, ledger: RoundLedger) -> None:
+        exchange.expected = sorted(to)
+        results = await asyncio.gather(*(self._send_one(kind, round, tensors, peer_id) for peer_id in to),
+                                       return_exceptions=True)
+        for peer_id, result in zip(to, results, strict=True):
+            if isinstance(result, int):
+                ledger.bytes_sent += result
+                self.ctx.traffic.add_sent(kind, result)
+            elif isinstance(result, TransportError | LookupError):
+                exchange.send_failures[peer_id] = str(result)[:200]
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def _send_one(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor], peer_id: str) -> int:
+        live = self.ctx.view.get(peer_id)
+        if live is None:
+            raise LookupError(f"{peer_id[:12]} is no longer live")
+        url = f"http://{live.record.http_addr}/diloco/{kind}/{round}"
+        return await self.messenger.send(url, recipient=peer_id, round=round, tensors=tensors)
+
+    async def _drain(self, sending: list[asyncio.Task[None]]) -> None:
+        done, pending = await asyncio.wait(sending, timeout=self.settings.w2_deadline_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    # -- the end --------------------------------------------------------------------------------
+
+    async def _finish(self) -> None:
+        params = flat_parameters(self.replica.module)
+        self._snapshot = (self.replica.round, params)
+        filename = f"{self.ctx.manifest.config.name}-{self.ctx.identity.peer_id[:12]}-round{self.replica.round}.safetensors"
+        path = await asyncio.to_thread(_write_checkpoint, Path(self.ctx.config.checkpoint_dir), filename, params,
+                                       self.ctx.manifest.run_id, self.replica.round)
+        self.checkpoint_path = str(path)
+        sample = await asyncio.to_thread(self._sample)
+        self.finished = True
+        last = self.history.last(1)
+        emit(self.ctx.config.events, "finished", round=self.replica.round, checkpoint=str(path), sample=sample,
+             heldout_loss=last[0]["heldout_loss"] if last else None)
+        log.info("finished %d rounds; checkpoint %s", self.replica.round, path)
+
+    def _sample(self) -> str:
+        generator = torch.Generator().manual_seed(0)
+        text = generate(self.replica.module, b"The ", max_new_bytes=160, temperature=0.7, generator=generator)
+        return text.decode("utf-8", "replace")
+
+
+def _write_checkpoint(directory: Path, filename: str, params: Mapping[str, torch.Tensor], run_id: str,
+                      round: int) -> Path:
+    path = directory.expanduser() / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file_atomic(dict(params), path, metadata={"run_id": run_id, "round": str(round), "format": "gossamer/diloco"})
+    return path
