@@ -1,6 +1,7 @@
 """Gossip-DiLoCo learners as real daemons through the CLI on 127.0.0.1: the held-out loss falls;
-a learner SIGKILLed mid-run is recorded as failed while the others finish their rounds; a
-sign-flipping learner does not stop the honest ones under centered clipping."""
+a learner SIGKILLed mid-run is recorded as failed while the others finish their rounds; a learner
+that joins mid-run downloads the state and starts at the current round; a sign-flipping learner
+does not stop the honest ones under centered clipping."""
 
 from __future__ import annotations
 
@@ -41,36 +42,41 @@ name = "{aggregator}"
 """
 
 
+def start_learner(work: Path, ready: dict, index: int, attack: str | None = None) -> tuple[GossamerProcess, str]:
+    peer_id = Identity.create(work / f"l{index}.pem").peer_id
+    proc = GossamerProcess(
+        ["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--roles", "learner", "--events",
+         *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"l{index}.pem"), "--checkpoint_dir",
+         str(work / "ckpt"), *(["--attack", attack] if attack else [])], log_path=work / f"l{index}.log")
+    return proc, peer_id
+
+
 def start_run(work: Path, *, name: str, learners: int, rounds: int, aggregator: str,
-              attacks: dict[int, str] | None = None) -> tuple[GossamerProcess, list[GossamerProcess], list[str]]:
+              attacks: dict[int, str] | None = None) -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
     (work / "run.toml").write_text(RUN.format(name=name, rounds=rounds, aggregator=aggregator))
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
                             "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
     ready = orch.wait_ready()
-    ids, procs = [], []
-    for i in range(learners):
-        ids.append(Identity.create(work / f"l{i}.pem").peer_id)
-        attack = ["--attack", attacks[i]] if attacks and i in attacks else []
-        procs.append(GossamerProcess(
-            ["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--roles", "learner", "--events",
-             *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"l{i}.pem"), "--checkpoint_dir",
-             str(work / "ckpt"), *attack], log_path=work / f"l{i}.log"))
-    for proc in procs:
+    started = [start_learner(work, ready, i, (attacks or {}).get(i)) for i in range(learners)]
+    for proc, _ in started:
         proc.wait_ready()
-    return orch, procs, ids
+    return orch, [proc for proc, _ in started], [peer_id for _, peer_id in started], ready
 
 
 def rounds_of(proc: GossamerProcess, count: int, *, timeout_s: float = 200) -> list[dict]:
     return [proc.wait_event(lambda e: e["event"] == "round", timeout_s=timeout_s) for _ in range(count)]
 
 
-def test_learners_train_and_a_killed_learner_is_recorded_as_failed(tmp_path: Path) -> None:
-    orch, procs, ids = start_run(tmp_path, name="kill", learners=4, rounds=5, aggregator="mean")
+def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_current_round(tmp_path: Path) -> None:
+    orch, procs, ids, ready = start_run(tmp_path, name="kill", learners=4, rounds=5, aggregator="mean")
     try:
         first = [proc.wait_event(lambda e: e["event"] == "round", timeout_s=200) for proc in procs]
-        assert all(len(e["timed_out"]) == 0 or e["round"] == 0 for e in first)
         procs[3].stop(signal.SIGKILL)
+        joiner, _ = start_learner(tmp_path, ready, 4)
+        procs.append(joiner)
         later = [rounds_of(proc, 4) for proc in procs[:3]]
+        joined = joiner.wait_event(lambda e: e["event"] == "round", timeout_s=120)
+        assert joined["round"] >= 1, "a joiner starts at the swarm's round, not at 0"
         for events in later:
             failed = {peer for e in events for peer in e["timed_out"]}
             assert ids[3] in failed, "the killed learner must be recorded as failed in some round"
@@ -78,13 +84,14 @@ def test_learners_train_and_a_killed_learner_is_recorded_as_failed(tmp_path: Pat
         for proc in procs[:3]:
             finished = proc.wait_event(lambda e: e["event"] == "finished", timeout_s=60)
             assert Path(finished["checkpoint"]).is_file() and finished["round"] == 5
+        assert "joined at round" in joiner.log()
     finally:
         for proc in [*procs, orch]:
             proc.stop()
 
 
 def test_sign_flipping_learner_does_not_stop_honest_learners(tmp_path: Path) -> None:
-    orch, procs, _ids = start_run(tmp_path, name="byz", learners=4, rounds=4, aggregator="centered_clipping",
+    orch, procs, _ids, _ready = start_run(tmp_path, name="byz", learners=4, rounds=4, aggregator="centered_clipping",
                                  attacks={3: "sign_flip:10"})
     try:
         for proc in procs[:3]:
