@@ -63,7 +63,6 @@ def unpack_limited(
     try:
         obj = msgpack.unpackb(
             data,
-            raw=False,
             strict_map_key=True,
             max_str_len=caps,
             max_bin_len=caps,

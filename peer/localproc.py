@@ -24,6 +24,7 @@ class GossamerProcess:
     def __init__(self, args: list[str], *, log_path: Path) -> None:
         self.log_path = log_path
         self.started_at = time.monotonic()
+        self.started_wall_time = time.time()
         self._log = open(log_path, "wb")  # closed in stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "peer.cli", *args], stdout=subprocess.PIPE,
                                      stderr=self._log, start_new_session=True)
@@ -57,6 +58,7 @@ class GossamerProcess:
             except ValueError:
                 continue
             event["at_s"] = time.monotonic() - self.started_at
+            event["read_wall_time"] = time.time()
             self._pending.append(event)
             self.latest[event.get("event", "")] = event
 

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from peer.config import PeerConfig
 from peer.daemon import Daemon
@@ -71,7 +72,8 @@ def _announce(daemon: Daemon) -> None:
           f"  http {status['addresses']['http']}  tcp {status['addresses']['tcp']}  roles {','.join(status['roles']) or '-'}\n"
           f"  to join this network, pass:\n    --run {daemon.manifest.run_id} --initial_peers {' '.join(maddrs)}",
           file=sys.stderr, flush=True)
-    emit(daemon.config.events, "ready", peer_id=daemon.identity.peer_id, run_id=daemon.manifest.run_id, maddrs=maddrs,
+    emit(daemon.config.events, "ready", wall_time=time.time(), peer_id=daemon.identity.peer_id,
+         run_id=daemon.manifest.run_id, maddrs=maddrs,
          http=status["addresses"]["http"], tcp=status["addresses"]["tcp"], roles=status["roles"])
 
 

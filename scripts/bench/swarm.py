@@ -3,9 +3,11 @@
 
 For each swarm size N (default 1, 4, 8) an orchestrator is started on loopback, then N peers are
 started at once through the CLI. A peer counts as visible when its id first appears in the
-orchestrator's live peer table (the orchestrator's ``peers`` events). After all are visible and
-the swarm has idled for a few seconds, the resident memory of every peer daemon (and of its
-hivemind ``p2pd`` child) is read from /proc. Prints a markdown table and writes JSON.
+orchestrator's live peer table (the orchestrator's ``peers`` events). The total is split into
+start -> ready (process start-up: imports, identity, DHT node, servers; the peer's own ``ready``
+event) and ready -> visible (record published, found and verified by the orchestrator). After all
+are visible and the swarm has idled for a few seconds, the resident memory of every peer daemon
+(and of its hivemind ``p2pd`` child) is read from /proc. Prints a markdown table and writes JSON.
 
     .venv/bin/python scripts/bench/swarm.py [--sizes 1 4 8] [--repeats 3] [--json PATH]
 """
@@ -40,22 +42,25 @@ def one_swarm(size: int, work: Path) -> dict:
     try:
         ready = orch.wait_ready()
         ids = [Identity.create(work / f"p{i}.pem").peer_id for i in range(size)]
-        starts = {}
-        for i, peer_id in enumerate(ids):
-            starts[peer_id] = time.monotonic()
+        starts = set(ids)
+        for i in range(size):
             peers.append(GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"],
-                                          *LOOPBACK, "--identity_path", str(work / f"p{i}.pem")],
+                                          *LOOPBACK, "--events", "--identity_path", str(work / f"p{i}.pem")],
                                          log_path=work / f"p{i}.log"))
-        visible: dict[str, float] = {}
+        visible: dict[str, float] = {}  # wall-clock time each peer first appeared in the orchestrator's table
         while len(visible) < size:
             event = orch.wait_event(lambda e: e["event"] == "peers", timeout_s=120)
             for peer_id in event["peer_ids"]:
                 if peer_id in starts and peer_id not in visible:
-                    visible[peer_id] = orch.started_at + event["at_s"] - starts[peer_id]
+                    visible[peer_id] = event["read_wall_time"]
+        ready_at = [p.wait_ready()["wall_time"] for p in peers]
         time.sleep(IDLE_S)  # let the daemons settle into their idle heartbeat before reading memory
         daemon_rss = [rss_bytes(p.proc.pid) for p in peers]
         p2pd_rss = [sum(rss_bytes(c) for c in p.children()) for p in peers]
-        return {"join_to_visible_s": [visible[i] for i in ids], "daemon_rss_bytes": daemon_rss,
+        return {"join_to_visible_s": [visible[i] - p.started_wall_time for i, p in zip(ids, peers, strict=True)],
+                "start_to_ready_s": [r - p.started_wall_time for r, p in zip(ready_at, peers, strict=True)],
+                "ready_to_visible_s": [visible[i] - r for i, r in zip(ids, ready_at, strict=True)],
+                "daemon_rss_bytes": daemon_rss,
                 "p2pd_rss_bytes": p2pd_rss, "children_per_peer": [len(child_pids(p.proc.pid)) for p in peers]}
     finally:
         for proc in [*peers, orch]:
@@ -76,16 +81,19 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     for size in args.sizes:
-        joins, rss, p2pd = [], [], []
+        joins, rss, p2pd, startup, network = [], [], [], [], []
         for repeat in range(args.repeats):
             with tempfile.TemporaryDirectory(prefix=f"gossamer-bench-{size}-{repeat}-") as work:
                 result = one_swarm(size, Path(work))
             joins += result["join_to_visible_s"]
+            startup += result["start_to_ready_s"]
+            network += result["ready_to_visible_s"]
             rss += result["daemon_rss_bytes"]
             p2pd += result["p2pd_rss_bytes"]
             print(f"N={size} repeat {repeat + 1}: join {[round(j, 2) for j in result['join_to_visible_s']]} s",
                   file=sys.stderr, flush=True)
-        rows.append({"peers": size, "join_to_visible_s": summarise(joins), "daemon_rss_mb": summarise([r / 2**20 for r in rss]),
+        rows.append({"peers": size, "join_to_visible_s": summarise(joins), "start_to_ready_s": summarise(startup),
+                     "ready_to_visible_s": summarise(network), "daemon_rss_mb": summarise([r / 2**20 for r in rss]),
                      "p2pd_rss_mb": summarise([r / 2**20 for r in p2pd]), "raw": {"join": joins, "rss": rss, "p2pd": p2pd}})
     print_table(rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -95,12 +103,14 @@ def main() -> int:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| peers | join-to-visible median (s) | min / p90 / max (s) | samples | idle daemon RSS median (MB) | max (MB) | p2pd RSS (MB) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| peers started at once | join-to-visible median (s) | min / p90 / max (s) | of which start -> ready median (s) "
+          "| ready -> visible median (s) | samples | idle daemon RSS median / max (MB) | its p2pd RSS (MB) |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         j, r, p = row["join_to_visible_s"], row["daemon_rss_mb"], row["p2pd_rss_mb"]
-        print(f"| {row['peers']} | {j['median']:.2f} | {j['min']:.2f} / {j['p90']:.2f} / {j['max']:.2f} | {j['n']} | "
-              f"{r['median']:.0f} | {r['max']:.0f} | {p['median']:.0f} |")
+        s, v = row["start_to_ready_s"], row["ready_to_visible_s"]
+        print(f"| {row['peers']} | {j['median']:.2f} | {j['min']:.2f} / {j['p90']:.2f} / {j['max']:.2f} | {s['median']:.2f} "
+              f"| {v['median']:.2f} | {j['n']} | {r['median']:.0f} / {r['max']:.0f} | {p['median']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def swarm(tmp_path_factory):
 
 def test_three_peers_discover_each_other(swarm) -> None:
     for proc in swarm["procs"]:
-        proc.wait_peer_count(3, timeout_s=30)
+        event = proc.wait_peer_count(3, timeout_s=30)
+        assert len(event["peer_ids"]) == 3
 
 
 def test_status_command_lists_live_peers(swarm) -> None:
