@@ -81,7 +81,7 @@ def mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f
     if f != 0:
         raise InvalidSetting(f"mean is not Byzantine-robust: it needs f=0, got f={f}, "
                              f"n={len(arrived) + len(failures)}")
-    usable, rejected = prepare("mean", arrived, failures, f=0, min_n=1, rule="n >= 1", max_norm=max_norm,
+    usable, rejected, _ = prepare("mean", arrived, failures, f=0, min_n=1, rule="n >= 1", max_norm=max_norm,
                                expected_numel=expected_numel)
     weights = [float(c.weight) if trust_weights else 1.0 for c in usable]
     total = sum(weights)
@@ -92,7 +92,7 @@ def mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f
 def coordinate_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
                       max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
     """Coordinate-wise median (mean of the two middle values for even n). Needs n > 2f."""
-    usable, rejected = prepare("median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+    usable, rejected, _f_left = prepare("median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
                                max_norm=max_norm, expected_numel=expected_numel)
     return AggregateResult(kernels.median([c.vector for c in usable]), _senders(usable), rejected)
 
@@ -100,9 +100,9 @@ def coordinate_median(arrived: Sequence[Contribution], failures: Sequence[Failur
 def trimmed_mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
                  max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
     """Coordinate-wise mean after dropping the f largest and f smallest values. Needs 2f < n."""
-    usable, rejected = prepare("trimmed_mean", arrived, failures, f=f, min_n=2 * f + 1, rule="2f < n",
+    usable, rejected, f_left = prepare("trimmed_mean", arrived, failures, f=f, min_n=2 * f + 1, rule="2f < n",
                                max_norm=max_norm, expected_numel=expected_numel)
-    return AggregateResult(kernels.trimmed_mean([c.vector for c in usable], f), _senders(usable), rejected)
+    return AggregateResult(kernels.trimmed_mean([c.vector for c in usable], f_left), _senders(usable), rejected)
 
 
 def geometric_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
@@ -110,7 +110,7 @@ def geometric_median(arrived: Sequence[Contribution], failures: Sequence[Failure
                      expected_numel: int | None = None) -> AggregateResult:
     """Smoothed Weiszfeld: argmin_z sum_i max(nu, ||z - x_i||), from the mean. Needs n > 2f."""
     check_params(nu=nu, max_iters=max_iters, tol=tol)
-    usable, rejected = prepare("geometric_median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+    usable, rejected, _f_left = prepare("geometric_median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
                                max_norm=max_norm, expected_numel=expected_numel)
     vectors = [c.vector for c in usable]
     _, gram = kernels.median_and_gram(vectors)
@@ -134,15 +134,15 @@ def multi_krum(arrived: Sequence[Contribution], failures: Sequence[Failure] = ()
 def _select(name: str, arrived: Sequence[Contribution], failures: Sequence[Failure], *, f: int, m: int | None,
             max_norm: float | None, expected_numel: int | None) -> AggregateResult:
     check_params(m=m)
-    usable, rejected = prepare(name, arrived, failures, f=f, min_n=2 * f + 3, rule="n > 2f + 2",
+    usable, rejected, f_left = prepare(name, arrived, failures, f=f, min_n=2 * f + 3, rule="n > 2f + 2",
                                max_norm=max_norm, expected_numel=expected_numel)
     size = len(arrived) + len(failures)
     if m is not None and m > size - f:
         raise InvalidSetting(f"{name} needs m <= n - f, got m={m}, f={f}, n={size}")
-    count = len(usable) - f if m is None else m
-    if count > len(usable) - f:
-        raise NotEnoughUpdates(f"{name} needs m <= usable - f, got m={m}, f={f}, {len(usable)} usable")
-    scores = kernels.krum_scores(kernels.median_and_gram([c.vector for c in usable])[1], f)
+    count = len(usable) - f_left if m is None else m
+    if count > len(usable) - f_left:
+        raise NotEnoughUpdates(f"{name} needs m <= usable - f, got m={m}, f={f_left}, {len(usable)} usable")
+    scores = kernels.krum_scores(kernels.median_and_gram([c.vector for c in usable])[1], f_left)
     order = torch.sort(scores, stable=True).indices.tolist()
     chosen = sorted(order[:count])
     unused = tuple(Failure(usable[i].sender, f"not selected by {name} (score {float(scores[i]):.4g})")

@@ -127,12 +127,18 @@ def _problem(contribution: Contribution, expected_numel: int, max_norm: float | 
 
 def prepare(name: str, arrived: Sequence[Contribution], failures: Sequence[Failure], *, f: int,
             min_n: int, rule: str, max_norm: float | None,
-            expected_numel: int | None) -> tuple[list[Contribution], tuple[Failure, ...]]:
-    """Check ``f``, sanitize, and return the usable contributions sorted by sender plus all failures.
+            expected_numel: int | None) -> tuple[list[Contribution], tuple[Failure, ...], int]:
+    """Check ``f``, sanitize, and return the usable contributions sorted by sender, all failures,
+    and the f that still applies to the usable ones.
 
-    ``min_n`` is the least number of contributions ``name`` needs for ``f`` (``rule`` says why).
-    The round's size n = arrived + failures below ``min_n`` is a setting that can never be robust
-    (``InvalidSetting``); fewer than ``min_n`` *usable* contributions is ``NotEnoughUpdates``.
+    ``min_n`` (= 2f + c) is the least number of contributions ``name`` needs for ``f`` (``rule``
+    says why). The round's size n = arrived + failures below ``min_n`` is a setting that can never
+    be robust (``InvalidSetting``). Contributions that ``sanitize`` rejects (NaN, Inf, absurd norm,
+    wrong shape) are Byzantine or broken and are out of the round, so they may count against f:
+    the aggregator runs with the largest f' <= f the usable count supports (2f' + c <= usable),
+    and never needs f' below f - k for k caught. (Without this, f NaN senders would stall every
+    round: the usable honest n - f never reach 2f + c.)
+    Fewer usable than that is ``NotEnoughUpdates``.
     """
     check_count("f", f)
     size = len(arrived) + len(failures)
@@ -143,10 +149,14 @@ def prepare(name: str, arrived: Sequence[Contribution], failures: Sequence[Failu
     numel = expected_numel if expected_numel is not None else majority_numel(arrived)
     usable, bad = sanitize(arrived, expected_numel=numel, max_norm=max_norm)
     rejected = (*failures, *bad)
-    if len(usable) < min_n:
-        raise NotEnoughUpdates(f"{name} with f={f} needs {min_n} usable contributions ({rule}), got "
-                               f"{len(usable)} of n={size}: " + "; ".join(f"{x.sender}: {x.reason}" for x in rejected))
-    return usable, rejected
+    caught, extra = min(len(bad), f), min_n - 2 * f
+    f_left = max(f - caught, min(f, (len(usable) - extra) // 2))  # as robust as the usable count allows
+    needed = 2 * f_left + extra
+    if len(usable) < needed:
+        raise NotEnoughUpdates(f"{name} with f={f} ({caught} caught by sanitize) needs {needed} usable contributions "
+                               f"({rule}), got {len(usable)} of n={size}: "
+                               + "; ".join(f"{x.sender}: {x.reason}" for x in rejected))
+    return usable, rejected, f_left
 
 
 def majority_numel(arrived: Sequence[Contribution]) -> int:

@@ -44,7 +44,7 @@ def centered_clipping(arrived: Sequence[Contribution], failures: Sequence[Failur
     Needs n > 2f. ``tau`` is in the units of the updates: pick it near the spread of honest ones.
     """
     check_params(tau=tau, iters=iters)
-    usable, rejected = prepare("centered_clipping", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+    usable, rejected, _f_left = prepare("centered_clipping", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
                                max_norm=max_norm, expected_numel=expected_numel)
     vectors = [c.vector for c in usable]
     center, gram = median_and_gram(vectors)
@@ -67,7 +67,7 @@ def centered_clipping_momentum(arrived: Sequence[Contribution], failures: Sequen
                                  expected_numel=expected_numel)
     check_params(tau=tau)
     _check_vector("center", center, expected_numel)
-    usable, rejected = prepare("centered_clipping_momentum", arrived, failures, f=f, min_n=2 * f + 1,
+    usable, rejected, _f_left = prepare("centered_clipping_momentum", arrived, failures, f=f, min_n=2 * f + 1,
                                rule="n > 2f", max_norm=max_norm, expected_numel=center.numel())
     return AggregateResult(_clip_step(usable, center, tau), tuple(c.sender for c in usable), rejected)
 
@@ -140,7 +140,7 @@ class MomentumCenteredClipping:
 
     def __call__(self, arrived: Sequence[Contribution], failures: Sequence[Failure] = ()) -> AggregateResult:
         numel = self.expected_numel or (self.center.numel() if self.center is not None else majority_numel(arrived))
-        usable, rejected = prepare("centered_clipping_momentum", arrived, failures, f=self.f, min_n=2 * self.f + 1,
+        usable, rejected, _f_left = prepare("centered_clipping_momentum", arrived, failures, f=self.f, min_n=2 * self.f + 1,
                                    rule="n > 2f", max_norm=self.max_norm, expected_numel=numel)
         momenta = self.momentum.apply(usable, beta=self.beta)
         if self.center is None:

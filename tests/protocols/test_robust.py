@@ -215,7 +215,8 @@ def test_impossible_f_refused_naming_f_and_n(name: str, n: int, f: int) -> None:
 def test_too_few_usable_is_not_enough_updates(name: str) -> None:
     cs = [*contributions(randoms(3, 4, seed=0)), Contribution("nan", torch.full((4,), math.nan))]
     timed_out = [Failure("late1", "timed out"), Failure("late2", "timed out")]
-    f = 0 if name == "mean" else 1
+    # the NaN sender counts against f; the f left still needs more than the 2 usable
+    f = 0 if name == "mean" else 1 if name in ("krum", "multi_krum") else 2
     with pytest.raises(NotEnoughUpdates, match="nan: contains NaN"):
         AGGREGATORS[name]([cs[3]], timed_out, f=0)
     if name != "mean":
@@ -309,3 +310,16 @@ def test_device_and_default_blocks_match_small_cpu_blocks(name: str, device: str
 
     assert got.device.type == device
     torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed_mean", "geometric_median", "centered_clipping"])
+def test_senders_caught_by_sanitize_count_against_f(name: str) -> None:
+    """9 honest and 7 NaN senders with f = 7: the NaN ones are caught, so the round still aggregates
+    the honest 9 (before, 2f + 1 = 15 usable were required and every such round stalled)."""
+    honest = contributions(randoms(9, 6, seed=3))
+    nans = [Contribution(f"z{i}", torch.full((6,), math.nan)) for i in range(7)]
+    result = AGGREGATORS[name]([*honest, *nans], (), f=7)
+    assert sorted(result.used) == sorted(c.sender for c in honest)
+    assert {failure.sender for failure in result.rejected} >= {c.sender for c in nans}
+    stacked = torch.stack([c.vector for c in honest])
+    assert torch.all(result.value >= stacked.min(0).values - 1e-6) and torch.all(result.value <= stacked.max(0).values + 1e-6)
