@@ -1,0 +1,111 @@
+"""Shared parts of the protocol experiments: set-up, the byte-LM task, timing, tables, results.
+
+Every experiment is one process on one device, with fixed seeds, built from the committed protocol
+code. ``TextTask`` holds the ``builtin:pydoc`` split, one contiguous training shard per learner and
+the held-out part; samplers are seeded per learner so runs repeat exactly. Results go to
+``scripts/experiments/results/<name>.json`` and ``<name>.md``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from protocols.models import BatchSampler, ModelConfig, evaluate, load_text, shard, split_text
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def set_up(device: str) -> torch.device:
+    """One intra-op thread (tiny models on a shared machine run far faster) and the device:
+    ``auto`` picks CUDA when present."""
+    torch.set_num_threads(1)
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass(frozen=True)
+class TextTask:
+    """The held-out bytes and one training shard per learner, from one data source."""
+
+    shards: tuple[torch.Tensor, ...]
+    heldout: torch.Tensor
+
+    @classmethod
+    def load(cls, *, source: str, learners: int) -> TextTask:
+        split = split_text(load_text(source))
+        shards = tuple(shard(split.train, index=i, count=learners) for i in range(learners))
+        return cls(shards=shards, heldout=split.heldout)
+
+    def sampler(self, learner: int, *, batch_size: int, context: int, seed: int) -> BatchSampler:
+        """Learner ``learner``'s sampler; its generator is seeded from (seed, learner) only."""
+        generator = torch.Generator().manual_seed(1_000 * seed + learner)
+        return BatchSampler(self.shards[learner], batch_size=batch_size, context=context, generator=generator)
+
+    def heldout_loss(self, model: torch.nn.Module, *, context: int, device: torch.device) -> float:
+        return evaluate(model, self.heldout, context=context, batch_size=32, max_batches=8, device=device)
+
+
+def model_config(*, d_model: int, n_layers: int, context: int, n_heads: int = 4) -> ModelConfig:
+    return ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, context=context)
+
+
+def param_bytes(named: Sequence[tuple[str, torch.Tensor]], keep: Callable[[str], bool] = lambda _: True) -> int:
+    """Bytes of the named tensors whose name passes ``keep`` (numel x element size)."""
+    return sum(t.numel() * t.element_size() for name, t in named if keep(name))
+
+
+def median_time_s(step: Callable[[], Any], *, warmup: int, repeats: int, device: torch.device) -> float:
+    """Median wall time of ``step()`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; floats are printed as given (format them before)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    """What ran the experiment (for the JSON header)."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def write_results(name: str, payload: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    """Write ``<name>.json`` and ``<name>.md`` under the results folder; return both paths."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = RESULTS_DIR / f"{name}.json", RESULTS_DIR / f"{name}.md"
+    json_path.write_text(json.dumps({"environment": environment(), **payload}, indent=1) + "\n")
+    md_path.write_text(markdown + "\n")
+    return json_path, md_path
