@@ -140,11 +140,13 @@ class MomentumCenteredClipping:
 
     def __call__(self, arrived: Sequence[Contribution], failures: Sequence[Failure] = ()) -> AggregateResult:
         numel = self.expected_numel or (self.center.numel() if self.center is not None else majority_numel(arrived))
-        usable, rejected, _f_left = prepare("centered_clipping_momentum", arrived, failures, f=self.f, min_n=2 * self.f + 1,
-                                   rule="n > 2f", max_norm=self.max_norm, expected_numel=numel)
+        usable, rejected, f_left = prepare("centered_clipping_momentum", arrived, failures, f=self.f,
+                                           min_n=2 * self.f + 1, rule="n > 2f", max_norm=self.max_norm,
+                                           expected_numel=numel)
         momenta = self.momentum.apply(usable, beta=self.beta)
-        if self.center is None:
-            result = centered_clipping(momenta, rejected, f=self.f, tau=self.tau, iters=1, expected_numel=numel)
+        if self.center is None:  # the first round: one step from the median of the usable momenta
+            result = centered_clipping(momenta, (), f=f_left, tau=self.tau, iters=1, expected_numel=numel)
+            result = AggregateResult(result.value, result.used, (*rejected, *result.rejected))
         else:
             result = AggregateResult(_clip_step(momenta, self.center, self.tau), tuple(c.sender for c in momenta),
                                      rejected)

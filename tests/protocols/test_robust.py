@@ -15,6 +15,7 @@ from protocols.robust import (
     AGGREGATORS,
     Contribution,
     Failure,
+    build_aggregator,
     coordinate_median,
     geometric_median,
     krum,
@@ -323,3 +324,13 @@ def test_senders_caught_by_sanitize_count_against_f(name: str) -> None:
     assert {failure.sender for failure in result.rejected} >= {c.sender for c in nans}
     stacked = torch.stack([c.vector for c in honest])
     assert torch.all(result.value >= stacked.min(0).values - 1e-6) and torch.all(result.value <= stacked.max(0).values + 1e-6)
+
+
+def test_momentum_centered_clipping_survives_f_nan_senders() -> None:
+    aggregator = build_aggregator("centered_clipping_momentum", f=7, beta=0.5, tau=1.0)
+    honest = contributions(randoms(9, 6, seed=4))
+    nans = [Contribution(f"z{i}", torch.full((6,), math.nan)) for i in range(7)]
+    for _ in range(2):  # the first round starts from the median, later ones from the previous aggregate
+        result = aggregator([*honest, *nans], ())
+        assert sorted(result.used) == sorted(c.sender for c in honest)
+        assert bool(torch.isfinite(result.value).all())
