@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import torch
 
-from tests.transport.support import FAST, WAIT_S, LeakCheck, LogWaiter, TcpNet, echo, log_waiters
+from tests.transport.support import FAST, WAIT_S, TcpNet, echo
 from transport.codec import decode_tensor_message, encode_tensor_message
 from transport.errors import ConnectionClosed, RemoteError, TransportTimeout
 from transport.frames import Frame, FrameType
@@ -19,26 +18,6 @@ from transport.tcp import ConnectFailed, HandlerError, TcpConfig, TcpServer, tcp
 # --- fixtures and helpers -------------------------------------------------------------------
 
 
-@pytest.fixture
-async def no_leaks() -> AsyncIterator[None]:
-    """Fail the test if it leaves tasks running or file descriptors open."""
-    check = LeakCheck()
-    yield
-    check.verify()
-
-
-@pytest.fixture
-async def net(no_leaks: None) -> AsyncIterator[TcpNet]:
-    net = TcpNet()
-    yield net
-    await net.aclose()
-
-
-@pytest.fixture
-def server_log() -> Iterator[Callable[[str], LogWaiter]]:
-    """``server_log(needle)`` returns a LogWaiter attached to the server's logger."""
-    with log_waiters("transport.tcp_server") as attach:
-        yield attach
 
 
 def tensor_frame(tensors: dict[str, torch.Tensor], frame_type: FrameType = FrameType.REQUEST) -> Frame:

@@ -7,39 +7,15 @@ import asyncio
 import pickle
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from tests.transport.support import FAST, WAIT_S, LeakCheck, LogWaiter, TcpNet, echo, log_waiters
+from tests.transport.support import FAST, WAIT_S, TcpNet, echo
 from transport.errors import ConnectionClosed, Overloaded
 from transport.frames import MAGIC, PREFIX, Frame, FrameType, decode_frame, encode_frame
 from transport.header import pack_header
 from transport.limits import Limits
 from transport.tcp import TcpConfig, tcp_connect
-
-
-@pytest.fixture
-async def no_leaks() -> AsyncIterator[None]:
-    """Fail the test if it leaves tasks running or file descriptors open."""
-    check = LeakCheck()
-    yield
-    check.verify()
-
-
-@pytest.fixture
-async def net(no_leaks: None) -> AsyncIterator[TcpNet]:
-    net = TcpNet()
-    yield net
-    await net.aclose()
-
-
-@pytest.fixture
-def server_log() -> Iterator[Callable[[str], LogWaiter]]:
-    """``server_log(needle)`` returns a LogWaiter attached to the server's logger."""
-    with log_waiters("transport.tcp_server") as attach:
-        yield attach
-
 
 # --- hostile and broken peers ---------------------------------------------------------------
 
