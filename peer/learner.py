@@ -24,7 +24,7 @@ from aiohttp import web
 
 from peer.events import emit
 from peer.inbox import Inbox
-from peer.learner_aggregate import PseudoGradientAggregator, parse_attack
+from peer.learner_aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
 from peer.learner_settings import learner_settings
 from peer.ledger import ExchangeLedger, LedgerHistory, RoundLedger
 from peer.messaging import SignedMessenger
@@ -32,7 +32,7 @@ from peer.roles import Role, RoleContext
 from peer.state_join import download_state
 from peer.statesync import StateSyncError
 from protocols.diloco import DilocoReplica
-from protocols.mixing import mix, neighbours
+from protocols.mixing import neighbours
 from protocols.models import build_model, flat_parameters, generate, load_parameters
 from protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
 from transport.errors import TransportError
@@ -192,7 +192,8 @@ class LearnerRole(Role):
         d = self.replica.end_inner()
         arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
         self._settle(ledger.params, "params", t, arrived)
-        m, _report = mix(me, {me: x, **{learners.index(s): v for s, v in arrived.items()}}, w1)
+        m = mix_parameters(x, arrived, weights=w1, me=me, index_of=learners.index,
+                           clip_tau=self.settings.w1_clip_tau, max_norm=self.settings.max_norm)
         sent_d = self.attack(d) if self.attack else d
         sending.append(asyncio.create_task(
             self._send_all("pgrad", t, self.aggregator.subset_of(sent_d), n2, ledger.pseudo_gradients, ledger)))

@@ -20,7 +20,14 @@ from peer.ledger import ExchangeLedger
 from protocols.attacks import ATTACKS
 from protocols.errors import InvalidSetting, NotEnoughUpdates
 from protocols.mixing import mix
-from protocols.robust import Contribution, WorkerMomentum, build_aggregator, flatten, unflatten
+from protocols.robust import (
+    Contribution,
+    WorkerMomentum,
+    build_aggregator,
+    clipped_gossip,
+    flatten,
+    unflatten,
+)
 
 Params = dict[str, torch.Tensor]
 
@@ -79,6 +86,19 @@ class PseudoGradientAggregator:
         if self._name == "centered_clipping_momentum":
             call["center"] = self._center
         return call
+
+
+def mix_parameters(x: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
+                   index_of: Callable[[str], int], clip_tau: float, max_norm: float | None) -> Params:
+    """The W1 parameter mix m_i: the plain weighted mix (renormalised over what arrived), or with
+    ``clip_tau > 0`` clipped gossip, x_i + sum_j w_ij clip(x_j - x_i, tau), where a neighbour that
+    did not arrive (or was rejected) simply leaves its weight on x_i."""
+    if clip_tau <= 0:
+        mixed, _report = mix(me, {me: x, **{index_of(s): v for s, v in arrived.items()}}, weights)
+        return mixed
+    neighbours = [Contribution(sender=s, vector=flatten(v)) for s, v in arrived.items()]
+    row = {s: float(weights[me, index_of(s)]) for s in arrived}
+    return unflatten(clipped_gossip(flatten(x), neighbours, row, tau=clip_tau, max_norm=max_norm), x)
 
 
 def parse_attack(spec: str) -> Callable[[Params], Params]:

@@ -5,7 +5,10 @@ Manifest layout (run config TOML)::
     [model]             ModelConfig keys (d_model, n_layers, n_heads, context, ...)
     [data]              source = "builtin:pydoc" | PATH, heldout_fraction
     [hyper]             rounds (0: until stopped), batch_size, seed, num_shards, w1_grace_s,
-                        w2_deadline_s, eval_batches, max_norm
+                        w2_deadline_s, eval_batches, max_norm, w1_clip_tau (> 0: the parameter
+                        mix is clipped gossip: each neighbour's difference to our own parameters
+                        is clipped to this L2 radius, so a Byzantine neighbour moves us at most
+                        w_ij * tau per round)
     [hyper.diloco]      DilocoConfig keys (inner_steps, inner_lr, outer_lr, outer_momentum, ...)
     [hyper.mixing]      MixingPlan keys (w1, w2, w2_subset, k)
     [hyper.aggregator]  name = "centered_clipping" (default) | "mean" | ..., and its parameters
@@ -32,7 +35,7 @@ from protocols.models import ModelConfig
 from protocols.robust import AGGREGATORS
 
 _HYPER_KEYS = {"rounds": 0, "batch_size": 16, "seed": 0, "num_shards": 16, "w1_grace_s": 2.0,
-               "w2_deadline_s": 15.0, "eval_batches": 4, "max_norm": 1e4}
+               "w2_deadline_s": 15.0, "eval_batches": 4, "max_norm": 1e4, "w1_clip_tau": 0.0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +57,7 @@ class LearnerSettings:
     w2_deadline_s: float = 15.0
     eval_batches: int = 4
     max_norm: float = 1e4
+    w1_clip_tau: float = 0.0
 
 
 def learner_settings(config: RunConfig) -> LearnerSettings:

@@ -29,7 +29,7 @@ context = 32
 rounds = {rounds}
 batch_size = 16
 w1_grace_s = 1.0
-w2_deadline_s = 8.0
+w2_deadline_s = {w2_deadline_s}
 eval_batches = 2
 [hyper.diloco]
 inner_steps = 15
@@ -39,6 +39,8 @@ w1 = "global"
 w2 = "global"
 [hyper.aggregator]
 name = "{aggregator}"
+f = {f}
+{aggregator_extra}
 """
 
 
@@ -51,9 +53,10 @@ def start_learner(work: Path, ready: dict, index: int, attack: str | None = None
     return proc, peer_id
 
 
-def start_run(work: Path, *, name: str, learners: int, rounds: int, aggregator: str,
-              attacks: dict[int, str] | None = None) -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
-    (work / "run.toml").write_text(RUN.format(name=name, rounds=rounds, aggregator=aggregator))
+def start_run(work: Path, *, name: str, learners: int, rounds: int, aggregator: str, f: int = 0,
+              attacks: dict[int, str] | None = None, w2_deadline_s: float = 8.0, aggregator_extra: str = "") -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
+    (work / "run.toml").write_text(RUN.format(name=name, rounds=rounds, aggregator=aggregator, f=f,
+                                              w2_deadline_s=w2_deadline_s, aggregator_extra=aggregator_extra))
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
                             "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
     ready = orch.wait_ready()
@@ -92,12 +95,15 @@ def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_
 
 def test_sign_flipping_learner_does_not_stop_honest_learners(tmp_path: Path) -> None:
     orch, procs, _ids, _ready = start_run(tmp_path, name="byz", learners=4, rounds=4, aggregator="centered_clipping",
-                                 attacks={3: "sign_flip:10"})
+                                        f=1, attacks={3: "sign_flip:10"}, w2_deadline_s=30.0,
+                                        aggregator_extra="tau = 0.5")
     try:
         for proc in procs[:3]:
             events = rounds_of(proc, 4)
-            assert events[-1]["heldout_loss"] < events[0]["heldout_loss"] - 0.1
-            assert events[-1]["heldout_loss"] < 4.5
+            summary = [(e["round"], round(e["heldout_loss"], 3), e["pgrads_used"], e["timed_out"], e["note"])
+                       for e in events]
+            assert events[-1]["heldout_loss"] < events[0]["heldout_loss"] - 0.1, summary
+            assert events[-1]["heldout_loss"] < 4.5, summary
     finally:
         for proc in [*procs, orch]:
             proc.stop()
