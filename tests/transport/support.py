@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 
+from transport.errors import DecodeError
 from transport.frames import Frame, FrameType
 from transport.tcp import TcpConfig, TcpConnection, TcpServer, tcp_connect
 
@@ -144,3 +145,16 @@ class TcpNet:
 async def echo(frame: Frame, info) -> Frame:
     """A handler answering with the request's ``x`` header and its payload."""
     return Frame(FrameType.RESPONSE, {"echo": frame.header.get("x")}, bytes(frame.payload))
+
+
+OUTCOMES = ("decoded", "refused")
+
+
+def outcome(decode: Callable[[], object]) -> str:
+    """What a decoder did with some bytes: "decoded", or "refused" with a DecodeError. Any other
+    exception propagates and fails the calling test: that is the contract fuzz tests check."""
+    try:
+        decode()
+    except DecodeError:
+        return "refused"
+    return "decoded"
