@@ -28,7 +28,7 @@ import signal
 import statistics
 import traceback
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -189,6 +189,20 @@ async def async_command_loop(conn: Connection, on_go: Callable[[int], Awaitable[
         if command == "stop":
             return
         conn.send(("rep", await on_go(index)))
+
+
+async def serve_worker(conn: Connection, on_go: Callable[[int], Awaitable[Any]], *, ready: dict[str, Any],
+                       closers: Sequence[Any], done: Callable[[], dict[str, Any]] = dict) -> None:
+    """One async worker's life: announce ``ready``, answer "go" until "stop", close ``closers``
+    (those not None, in order, even on error), then report ``done()``."""
+    try:
+        conn.send(("ready", ready))
+        await async_command_loop(conn, on_go)
+    finally:
+        for resource in closers:
+            if resource is not None:
+                await resource.aclose()
+    conn.send(("done", done()))
 
 
 def make_tensor(size_bytes: int, seed: int) -> torch.Tensor:

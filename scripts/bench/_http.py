@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from scripts.bench._common import BenchError, async_command_loop, checksum, make_tensor
+from scripts.bench._common import BenchError, checksum, make_tensor, serve_worker
 from scripts.bench._wan import maybe_proxy
 from transport.http_client import HttpClient
 from transport.http_server import HttpServer, read_tensors
@@ -39,14 +39,8 @@ async def _receive(conn: Connection, params: dict[str, Any]) -> None:
     app.router.add_put(ROUTE, put)
     server = await HttpServer.create(app)
     proxy = await maybe_proxy(server.address, params)
-    try:
-        conn.send(("ready", {"address": (proxy or server).address}))
-        await async_command_loop(conn, _noop)
-    finally:
-        if proxy is not None:
-            await proxy.aclose()
-        await server.aclose()
-    conn.send(("done", {"read_and_decode_s": handle_s}))
+    await serve_worker(conn, _noop, ready={"address": (proxy or server).address}, closers=(proxy, server),
+                       done=lambda: {"read_and_decode_s": handle_s})
 
 
 async def _noop(index: int) -> dict[str, Any]:
@@ -73,12 +67,7 @@ async def _send(conn: Connection, params: dict[str, Any]) -> None:
             raise BenchError(f"HTTP receiver decoded a different tensor (crc {answer.get('checksum')})")
         return {"seconds": seconds}
 
-    try:
-        conn.send(("ready", {}))
-        await async_command_loop(conn, on_go)
-    finally:
-        await client.aclose()
-    conn.send(("done", {}))
+    await serve_worker(conn, on_go, ready={}, closers=(client,))
 
 
 def sender(conn: Connection, params: dict[str, Any]) -> None:

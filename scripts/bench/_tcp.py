@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy
 
-from scripts.bench._common import BenchError, async_command_loop, checksum, make_tensor
+from scripts.bench._common import BenchError, checksum, make_tensor, serve_worker
 from scripts.bench._wan import maybe_proxy
 from transport.codec import decode_tensors, encode_tensors
 from transport.frames import Frame, FrameType
@@ -38,14 +38,8 @@ async def _receive(conn: Connection, params: dict[str, Any]) -> None:
 
     server = await TcpServer.create(handler, payload_buffer=_reused_buffer(params))
     proxy = await maybe_proxy(server.address, params)
-    try:
-        conn.send(("ready", {"address": (proxy or server).address}))
-        await async_command_loop(conn, _noop)
-    finally:
-        if proxy is not None:
-            await proxy.aclose()
-        await server.aclose()
-    conn.send(("done", {"decode_s": decode_s}))
+    await serve_worker(conn, _noop, ready={"address": (proxy or server).address}, closers=(proxy, server),
+                       done=lambda: {"decode_s": decode_s})
 
 
 def _reused_buffer(params: dict[str, Any]) -> PayloadBufferHook | None:
@@ -87,12 +81,7 @@ async def _send(conn: Connection, params: dict[str, Any]) -> None:
             raise BenchError(f"TCP receiver decoded a different tensor (crc {reply.header.get('checksum')})")
         return {"seconds": seconds}
 
-    try:
-        conn.send(("ready", {}))
-        await async_command_loop(conn, on_go)
-    finally:
-        await client.aclose()
-    conn.send(("done", {}))
+    await serve_worker(conn, on_go, ready={}, closers=(client,))
 
 
 def sender(conn: Connection, params: dict[str, Any]) -> None:
