@@ -66,6 +66,8 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = time.monotonic()
         self._record_expiration = 0.0
+        self._announce = asyncio.Event()
+        self._view_refreshed = asyncio.Condition()
         self._closed = False
 
     @classmethod
@@ -91,7 +93,8 @@ class Daemon:
         try:
             ctx = RoleContext(identity=identity, config=config, manifest=manifest, membership=membership,
                               http_client=http_client, view=view, device=device, traffic=daemon.traffic,
-                              now=membership.now, http_config=http_config)
+                              now=membership.now, http_config=http_config, announce=daemon._announce.set,
+                              view_refreshed=daemon._view_refreshed)
             await daemon._start(ctx, role_factories)
         except BaseException:
             await daemon.aclose()
@@ -162,12 +165,17 @@ class Daemon:
     async def refresh_view(self) -> None:
         entries = await self.membership.get_all(peers_key(self.manifest.run_id))
         self.view.update(entries, now=self.membership.now())
+        async with self._view_refreshed:
+            self._view_refreshed.notify_all()
         log.debug("peer table refreshed: %d record(s) found, %d live, rejected so far %s", len(entries),
                   len(self.view.live(now=self.membership.now())), dict(self.view.rejected))
 
     async def _heartbeat_loop(self) -> None:
+        """Republish the record every heartbeat, and at once when a role announces a change."""
         while True:
-            await asyncio.sleep(self.manifest.config.heartbeat_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._announce.wait(), timeout=self.manifest.config.heartbeat_s)
+            self._announce.clear()
             try:
                 await self.publish_record()
             except TransportError as exc:

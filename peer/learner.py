@@ -8,12 +8,17 @@ pseudo-gradient d = x - y; send d (on the W2 subset) to the W2 neighbours and wa
 the local, never-shared momentum. Every contribution is accounted for in the round's ledger:
 arrived and used, rejected with a reason, or timed out. Peers are the live, admitted learners of
 the run (sorted by peer id, so everyone indexes them alike).
+
+Staying in step: round 0 waits until ``min_learners`` learners are live; a learner that joins
+mid-run, or finds itself ``catch_up_rounds`` away from the median round of its peers, downloads
+their state (verified against the digest they sign into their records) and goes on from there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,9 +36,10 @@ from peer.messaging import SignedMessenger
 from peer.roles import Role, RoleContext
 from peer.state_join import download_state
 from peer.statesync import StateSyncError
+from peer.view import LivePeer
 from protocols.diloco import DilocoReplica
 from protocols.mixing import neighbours
-from protocols.models import build_model, flat_parameters, generate, load_parameters
+from protocols.models import build_model, flat_parameters, generate
 from protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
 from transport.errors import TransportError
 from transport.safetensors_stream import save_file_atomic
@@ -111,19 +117,74 @@ class LearnerRole(Role):
     # -- joining --------------------------------------------------------------------------------
 
     async def _join_mid_run(self) -> None:
-        live = self.ctx.view.live(now=self.ctx.now())
-        if not any(p.record.state.get("version", 0) > 0 for p in live if p.record.peer_id != self.ctx.identity.peer_id):
+        others = self._other_learners()
+        if any(p.record.state.get("version", 0) > 0 for p in others):
+            await self._adopt_state(others, why="joined")
+
+    async def _wait_for_learners(self) -> None:
+        """Round 0 starts once ``min_learners`` learners (this one included) are live, so learners
+        started together begin in step instead of the first one racing ahead alone."""
+        wanted = self.settings.min_learners
+        while (have := len(self._learners())) < wanted:
+            log.info("waiting for learners before round 0: %d of %d live", have, wanted)
+            emit(self.ctx.config.events, "waiting", learners=have, wanted=wanted)
+            await self.ctx.until_view(lambda: len(self._learners()) >= wanted, timeout_s=10.0)
+
+    async def _catch_up(self) -> None:
+        """Get back in step when ``catch_up_rounds`` or more away from the median round of the
+        learners. Out of step, every message a learner sends or expects is for a round its peers
+        have left or not reached, and each of its rounds costs them a full W2 deadline.
+
+        Behind (a stalled host): adopt the swarm's state. Donors are the learners at or just past
+        the median, so one peer advertising a far-off round cannot pull anyone to it. Ahead (one
+        that raced on alone): wait for the others to come within reach, at most ``catch_up_rounds``
+        W2 deadlines, rather than throw its progress away; records lag the rounds they describe,
+        so peers can look further behind than they are, and the wait ends as soon as they do not.
+        """
+        target = self._out_of_step()
+        if target is None:
             return
+        if target < self.replica.round:
+            await self._wait_for_the_swarm(target)
+            return
+        band = range(target, target + self.settings.catch_up_rounds)
+        donors = [p for p in self._other_learners()
+                  if p.record.round in band and p.record.state.get("version") in band]
+        await self._adopt_state(donors, why=f"caught up ({target - self.replica.round} rounds behind the median "
+                                            f"of the learners)")
+
+    def _out_of_step(self) -> int | None:
+        return out_of_step(self.replica.round, [p.record.round for p in self._other_learners()],
+                           threshold=self.settings.catch_up_rounds)
+
+    async def _wait_for_the_swarm(self, target: int) -> None:
+        limit_s = self.settings.catch_up_rounds * self.settings.w2_deadline_s
+        log.info("%d rounds ahead of the median of the learners (round %d); waiting up to %.0f s for them",
+                 self.replica.round - target, target, limit_s)
+        emit(self.ctx.config.events, "ahead", round=self.replica.round, median=target, wait_s=limit_s)
+        def in_reach() -> bool:
+            target = self._out_of_step()
+            return target is None or target > self.replica.round
+
+        await self.ctx.until_view(in_reach, timeout_s=limit_s)
+
+    async def _adopt_state(self, donors: list[LivePeer], *, why: str) -> None:
         try:
-            version, tensors, report = await download_state(self.ctx.http_client, live,
+            version, tensors, report = await download_state(self.ctx.http_client, donors,
                                                             joiner_id=self.ctx.identity.peer_id)
         except StateSyncError as exc:
-            log.warning("could not download the run's state, starting from the initial model: %s", exc)
+            log.warning("could not download the run's state, going on from our own: %s", exc)
             return
-        load_parameters(self.replica.module, tensors)
-        self.replica.round = version
+        self.replica.adopt(tensors, version)
         self._snapshot = (version, flat_parameters(self.replica.module))
-        log.info("joined at round %d with state from %d donor(s)", version, len(report.shards_served))
+        self.ctx.announce()
+        emit(self.ctx.config.events, "adopted", round=version, donors=len(report.shards_served), why=why)
+        log.info("%s at round %d with state from %d donor(s)", why, version, len(report.shards_served))
+
+    def _other_learners(self) -> list[LivePeer]:
+        me = self.ctx.identity.peer_id
+        return [p for p in self.ctx.view.live(now=self.ctx.now())
+                if "learner" in p.record.roles and p.record.peer_id != me]
 
     # -- receiving ------------------------------------------------------------------------------
 
@@ -157,7 +218,12 @@ class LearnerRole(Role):
     # -- rounds ---------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        if self.replica.round == 0:
+            await self._wait_for_learners()
         while not self.settings.rounds or self.replica.round < self.settings.rounds:
+            await self._catch_up()
+            if self.settings.rounds and self.replica.round >= self.settings.rounds:
+                break
             ledger = await self._one_round()
             self.history.append(ledger)
             emit(self.ctx.config.events, "round", round=ledger.round, train_loss=ledger.train_loss,
@@ -185,6 +251,7 @@ class LearnerRole(Role):
         n2 = [learners[j] for j in neighbours(w2[me]) if j != me]
         x = self.replica.begin_round()
         self._snapshot = (t, x)
+        self.ctx.announce()  # the record's round and state version are t from now on
         sending = [asyncio.create_task(self._send_all("params", t, x, n1, ledger.params, ledger))]
         compute_started = time.monotonic()
         ledger.train_loss = await asyncio.to_thread(self._inner_phase)
@@ -272,6 +339,17 @@ class LearnerRole(Role):
         generator = torch.Generator().manual_seed(0)
         text = generate(self.replica.module, b"The ", max_new_bytes=160, temperature=0.7, generator=generator)
         return text.decode("utf-8", "replace")
+
+
+def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
+    """The round to adopt when ``mine`` is ``threshold`` or more away from the median round of all
+    the learners (this one included; the upper median, so a tie goes to the further-on half);
+    None when in step or alone. One peer advertising a far-off round moves this median by at most
+    one position."""
+    if not others:
+        return None
+    median = statistics.median_high([mine, *others])
+    return median if abs(median - mine) >= threshold else None
 
 
 def _write_checkpoint(directory: Path, filename: str, params: Mapping[str, torch.Tensor], run_id: str,

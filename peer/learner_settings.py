@@ -8,7 +8,10 @@ Manifest layout (run config TOML)::
                         w2_deadline_s, eval_batches, max_norm, w1_clip_tau (> 0: the parameter
                         mix is clipped gossip: each neighbour's difference to our own parameters
                         is clipped to this L2 radius, so a Byzantine neighbour moves us at most
-                        w_ij * tau per round)
+                        w_ij * tau per round), min_learners (round 0 starts once this many learners,
+                        this one included, are live: learners that start together stay in step),
+                        catch_up_rounds (a learner this many rounds behind the median of its peers
+                        downloads their state and jumps to their round)
     [hyper.diloco]      DilocoConfig keys (inner_steps, inner_lr, outer_lr, outer_momentum, ...)
     [hyper.mixing]      MixingPlan keys (w1, w2, w2_subset, k)
     [hyper.aggregator]  name = "centered_clipping" (default) | "mean" | ..., and its parameters
@@ -35,7 +38,8 @@ from protocols.models import ModelConfig
 from protocols.robust import AGGREGATORS
 
 _HYPER_KEYS = {"rounds": 0, "batch_size": 16, "seed": 0, "num_shards": 16, "w1_grace_s": 2.0,
-               "w2_deadline_s": 15.0, "eval_batches": 4, "max_norm": 1e4, "w1_clip_tau": 0.0}
+               "w2_deadline_s": 15.0, "eval_batches": 4, "max_norm": 1e4, "w1_clip_tau": 0.0,
+               "min_learners": 1, "catch_up_rounds": 3}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +62,14 @@ class LearnerSettings:
     eval_batches: int = 4
     max_norm: float = 1e4
     w1_clip_tau: float = 0.0
+    min_learners: int = 1
+    catch_up_rounds: int = 3
+
+    def __post_init__(self) -> None:
+        if self.min_learners < 1:
+            raise ConfigError(f"hyper.min_learners must be >= 1, got {self.min_learners}")
+        if self.catch_up_rounds < 1:
+            raise ConfigError(f"hyper.catch_up_rounds must be >= 1, got {self.catch_up_rounds}")
 
 
 def learner_settings(config: RunConfig) -> LearnerSettings:

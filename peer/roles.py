@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +50,17 @@ class RoleContext:
     traffic: Traffic
     now: Callable[[], float]
     http_config: HttpConfig
+    announce: Callable[[], None] = lambda: None  # republish this peer's record now (e.g. a new round)
+    view_refreshed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified after each refresh
+
+    async def until_view(self, predicate: Callable[[], bool], *, timeout_s: float) -> bool:
+        """Wait until ``predicate()`` holds after a view refresh (or already holds); False at the timeout."""
+        async with self.view_refreshed:
+            try:
+                await asyncio.wait_for(self.view_refreshed.wait_for(predicate), timeout=max(0.0, timeout_s))
+            except TimeoutError:
+                return predicate()
+        return True
 
 
 class Role:

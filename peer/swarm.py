@@ -72,6 +72,10 @@ class Swarm:
         self.finished: dict[str, dict[str, Any]] = {}
         if self.num_peers < 0:
             raise ConfigError("--peers must be >= 0")
+        min_learners = tomllib.loads(self.text).get("hyper", {}).get("min_learners", 1)
+        if "learner" in self.roles and isinstance(min_learners, int) and min_learners > self.num_peers:
+            raise ConfigError(f"hyper.min_learners = {min_learners} but this swarm starts {self.num_peers} learner(s), "
+                              f"so round 0 would never start; pass --peers {min_learners} or more")
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="gossamer-swarm-"))
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(maxsize=1024)
@@ -180,6 +184,13 @@ class Swarm:
             print(f"[{name}] ready: peer {event['peer_id'][:12]} http {event['http']} roles {event.get('roles')}", flush=True)
         elif kind == "peers":
             print(f"[{name}] sees {event['count']} peer(s)", flush=True)
+        elif kind == "waiting":
+            print(f"[{name}] waiting for learners before round 0: {event['learners']} of {event['wanted']} live", flush=True)
+        elif kind == "ahead":
+            print(f"[{name}] at round {event['round']}, ahead of the learners' median {event['median']}: "
+                  f"waiting up to {event['wait_s']:.0f} s for them", flush=True)
+        elif kind == "adopted":
+            print(f"[{name}] {event['why']}: now at round {event['round']} ({event['donors']} donor(s))", flush=True)
         elif kind not in ("exited", "stopped"):
             print(f"[{name}] {json.dumps(event)}", flush=True)
 

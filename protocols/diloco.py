@@ -241,6 +241,23 @@ class DilocoReplica:
         self._phase = "idle"
         self.round += 1
 
+    @torch.no_grad()
+    def adopt(self, params: Params, round: int) -> None:
+        """Take the swarm's parameters at ``round`` (joining, or catching up after falling behind).
+        The outer momentum, accumulated along this replica's own past, is reset; so is the inner
+        optimizer's state."""
+        self._expect("idle", "adopt")
+        if params.keys() != self._params.keys():
+            raise ProtocolError(f"adopt: parameters differ in {sorted(set(params) ^ set(self._params))}")
+        if isinstance(round, bool) or not isinstance(round, int) or round < 0:
+            raise ProtocolError(f"adopt: round must be a non-negative int, got {round!r}")
+        adopted = self._on_device(params)
+        for name, p in self._params.items():
+            p.copy_(adopted[name])
+        self.outer = OuterNesterov.from_config(self.config)
+        self.inner_optimizer.state.clear()
+        self.round = round
+
     def _on_device(self, params: Params) -> Params:
         out: Params = {}
         for name, p in self._params.items():

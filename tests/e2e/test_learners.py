@@ -1,7 +1,8 @@
 """Gossip-DiLoCo learners as real daemons through the CLI on 127.0.0.1: the held-out loss falls;
 a learner SIGKILLed mid-run is recorded as failed while the others finish their rounds; a learner
-that joins mid-run downloads the state and starts at the current round; a sign-flipping learner
-does not stop the honest ones under centered clipping."""
+that joins mid-run downloads the state and starts at the current round; a learner frozen for
+several rounds catches up with the swarm; a sign-flipping learner does not stop the honest ones
+under centered clipping."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ batch_size = 16
 w1_grace_s = 1.0
 w2_deadline_s = {w2_deadline_s}
 eval_batches = 2
+min_learners = {learners}
 [hyper.diloco]
 inner_steps = 15
 inner_lr = 0.005
@@ -55,7 +57,7 @@ def start_learner(work: Path, ready: dict, index: int, attack: str | None = None
 
 def start_run(work: Path, *, name: str, learners: int, rounds: int, aggregator: str, f: int = 0,
               attacks: dict[int, str] | None = None, w2_deadline_s: float = 8.0, aggregator_extra: str = "") -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
-    (work / "run.toml").write_text(RUN.format(name=name, rounds=rounds, aggregator=aggregator, f=f,
+    (work / "run.toml").write_text(RUN.format(name=name, learners=learners, rounds=rounds, aggregator=aggregator, f=f,
                                               w2_deadline_s=w2_deadline_s, aggregator_extra=aggregator_extra))
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
                             "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
@@ -93,17 +95,45 @@ def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_
             proc.stop()
 
 
+def test_a_stalled_learner_catches_up_instead_of_running_out_of_step(tmp_path: Path) -> None:
+    """A learner frozen (SIGSTOP) for several rounds drops out of the others' view and they go on
+    without it. Resumed, it is ``catch_up_rounds`` behind the median round, adopts the swarm's
+    state from the others and trains in step with them again."""
+    orch, procs, _ids, _ready = start_run(tmp_path, name="stall", learners=3, rounds=40, aggregator="mean",
+                                         w2_deadline_s=4.0)
+    try:
+        stalled = procs[2]
+        frozen_at = stalled.wait_event(lambda e: e["event"] == "round", timeout_s=200)["round"]
+        stalled.proc.send_signal(signal.SIGSTOP)
+        procs[0].wait_event(lambda e: e["event"] == "round" and e["round"] >= frozen_at + 5, timeout_s=200)
+        stalled.proc.send_signal(signal.SIGCONT)
+
+        adopted = stalled.wait_event(lambda e: e["event"] == "adopted", timeout_s=120)
+        assert "behind" in adopted["why"] and adopted["round"] >= frozen_at + 4, adopted
+        in_step = stalled.wait_event(lambda e: e["event"] == "round" and e["pgrads_used"] == 2, timeout_s=120)
+        assert in_step["round"] >= adopted["round"]
+        mixed_again = procs[0].wait_event(lambda e: e["event"] == "round" and e["pgrads_used"] == 2, timeout_s=120)
+        assert mixed_again["round"] >= adopted["round"]
+    finally:
+        for proc in [*procs, orch]:
+            proc.stop()
+
+
 def test_sign_flipping_learner_does_not_stop_honest_learners(tmp_path: Path) -> None:
+    """Under centered clipping the honest learners keep training: their train loss falls and their
+    held-out loss stays near the clean run's (3.3-3.9 nats in this set-up). With the mean instead,
+    the same attacker (x10 sign flip, one of four) pushed the held-out loss to 5.4 by round 2."""
     orch, procs, _ids, _ready = start_run(tmp_path, name="byz", learners=4, rounds=4, aggregator="centered_clipping",
                                         f=1, attacks={3: "sign_flip:10"}, w2_deadline_s=30.0,
                                         aggregator_extra="tau = 0.5")
     try:
         for proc in procs[:3]:
             events = rounds_of(proc, 4)
-            summary = [(e["round"], round(e["heldout_loss"], 3), e["pgrads_used"], e["timed_out"], e["note"])
-                       for e in events]
-            assert events[-1]["heldout_loss"] < events[0]["heldout_loss"] - 0.1, summary
-            assert events[-1]["heldout_loss"] < 4.5, summary
+            summary = [(e["round"], round(e["train_loss"], 3), round(e["heldout_loss"], 3), e["pgrads_used"],
+                        e["timed_out"], e["rejected"], e["note"]) for e in events]
+            assert all(e["pgrads_used"] == 3 for e in events[1:]), summary  # the attacker is clipped, not absent
+            assert events[-1]["train_loss"] < events[0]["train_loss"] - 0.5, summary
+            assert max(e["heldout_loss"] for e in events) < 4.2, summary
     finally:
         for proc in [*procs, orch]:
             proc.stop()

@@ -187,6 +187,59 @@ def test_finish_round_needs_every_parameter() -> None:
         replica.finish_round(x, partial)
 
 
+def run_one_round(replica: DilocoReplica, worker: int = 0) -> None:
+    x = replica.begin_round()
+    for step in range(replica.config.inner_steps):
+        replica.inner_step(*regression_batch(worker, replica.round, step), mse)
+    replica.finish_round(x, replica.end_inner())
+
+
+def test_adopt_takes_the_swarm_state_and_restarts_both_optimizers() -> None:
+    donor = DilocoReplica(make_mlp(seed=1), DilocoConfig(inner_steps=2))
+    replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=2))
+    for _ in range(3):
+        run_one_round(donor, worker=1)
+    run_one_round(replica)
+
+    replica.adopt(donor.parameters_snapshot(), donor.round)
+
+    assert replica.round == 3 and replica.phase == "idle"
+    assert all(torch.equal(replica.parameters_snapshot()[n], t) for n, t in donor.parameters_snapshot().items())
+    assert all(float(u.abs().sum()) == 0 for u in replica.outer.state_dict().values())
+    assert not replica.inner_optimizer.state
+    # a fresh replica adopting the same state continues exactly like this one
+    fresh = DilocoReplica(make_mlp(seed=2), DilocoConfig(inner_steps=2))
+    fresh.adopt(donor.parameters_snapshot(), donor.round)
+    run_one_round(replica)
+    run_one_round(fresh)
+    assert all(torch.equal(replica.parameters_snapshot()[n], t) for n, t in fresh.parameters_snapshot().items())
+
+
+@pytest.mark.parametrize("bad", ["missing", "shape", "round"])
+def test_adopt_refuses_bad_state_without_touching_the_replica(bad: str) -> None:
+    replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=1))
+    before = replica.parameters_snapshot()
+    params, round = DilocoReplica(make_mlp(seed=1)).parameters_snapshot(), 4
+    if bad == "missing":
+        params.pop("2.bias")
+    elif bad == "shape":
+        params["2.bias"] = torch.zeros(3)
+    else:
+        round = -1
+
+    with pytest.raises(ProtocolError, match=r"adopt|shape"):
+        replica.adopt(params, round)
+
+    assert replica.round == 0 and all(torch.equal(before[n], t) for n, t in replica.parameters_snapshot().items())
+
+
+def test_adopt_is_refused_during_a_round() -> None:
+    replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=1))
+    x = replica.begin_round()
+    with pytest.raises(ProtocolError, match="adopt"):
+        replica.adopt(x, 1)
+
+
 def test_non_finite_loss_raises_and_leaves_parameters_untouched() -> None:
     replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=1))
     before = replica.parameters_snapshot()
