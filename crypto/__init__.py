@@ -8,6 +8,8 @@ Primitives below, recipes above; the rest of gossamer uses the recipes:
 - ``envelope``   signed envelopes (sender, recipient, run id, round, timestamp, nonce, payload
                  digest) and the replay guard that checks them.
 - ``channel``    X25519 + HKDF + ChaCha20-Poly1305 per-frame channel encryption.
+- ``sharing``    additive secret sharing in Z_2^64 with 16 fractional bits: fixed point, masks
+                 from a ChaCha20 keystream, share-wise affine ops and local truncation (TL++).
 
 Time and randomness are parameters (``seal(..., now=..., nonce=...)``), so everything is
 testable without sleeping.
@@ -16,6 +18,8 @@ Exceptions::
 
     CryptoError
      ├── IdentityError       an identity file is missing, malformed or readable by others
+     ├── SharingError        a value outside the fixed-point range, a bad party, or a product
+                             whose truncation could fail with more than the allowed probability
      └── VerificationError   one opaque error for every failed check (bad signature, tampered
                              byte, wrong recipient, replay, stale or future timestamp)
 """
