@@ -1,4 +1,4 @@
-"""The ``gossamer`` command: identity, peer, orchestrator, token, status, swarm.
+"""The ``gossamer`` command: identity, peer, orchestrator, helper, serve, generate, token, status, swarm.
 
 Errors the user can act on (bad flags, unreachable bootstrap peers, a port in use, a manifest
 that does not verify) end as one ``error: ...`` line and exit code 2, never as a traceback.
@@ -11,15 +11,20 @@ import logging
 import secrets
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from crypto.errors import CryptoError
 from crypto.identity import Identity
 from crypto.tokens import issue_join_token
+from peer.ar_pipeline import ArStageRole
+from peer.block_server import BlockServerRole
 from peer.config import DEFAULT_IDENTITY, build_peer_config, load_toml_options
 from peer.errors import PeerError
 from peer.flags import add_peer_flags, peer_options
+from peer.generate_cmd import GenerateOptions, run_generate
 from peer.manifest import load_run_config, make_run_id
+from peer.registry import ROLE_FACTORIES
 from peer.service import run_daemon
 from peer.status_cmd import run_status
 from peer.swarm import SwarmOptions, run_swarm
@@ -40,6 +45,30 @@ def build_parser() -> argparse.ArgumentParser:
     orch = sub.add_parser("orchestrator", help="host a run: sign its manifest, publish it, bootstrap peers")
     orch.add_argument("-c", "--config", type=Path, required=True, help="run config TOML")
     add_peer_flags(orch, skip=("run", "manifest"))
+
+    helper = sub.add_parser("helper", help="host the second server of a TL++ secure-mode run (a peer with role helper)")
+    helper.add_argument("-c", "--config", type=Path, help="TOML file with the same options as the flags")
+    add_peer_flags(helper)
+
+    serve = sub.add_parser("serve", help="serve blocks of a BlockTrain run over TCP (a block server)")
+    serve.add_argument("-c", "--config", type=Path, help="TOML file with the same options as the flags")
+    add_peer_flags(serve, skip=("roles",))
+    serve.add_argument("--blocks", type=int, nargs="+", default=None, help="blocks to serve (default: all)")
+    serve.add_argument("--ar_stages", "--ar-stages", type=int, nargs="+", default=None,
+                       help="also serve these stages of the matched autoregressive pipeline (the baseline)")
+
+    gen = sub.add_parser("generate", help="generate text through a BlockTrain run's block servers")
+    gen.add_argument("prompt", help="text to continue")
+    gen.add_argument("--run", required=True)
+    gen.add_argument("--initial_peers", "--initial-peers", nargs="+", required=True)
+    gen.add_argument("--new_bytes", "--new-bytes", type=int, default=64, help="bytes to generate")
+    gen.add_argument("--traversals", type=int, default=4, help="refinement traversals per segment")
+    gen.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the noise and of the sampling")
+    gen.add_argument("--timeout_s", "--timeout-s", type=float, default=30.0)
+    gen.add_argument("--baseline", choices=["ar"], default="", help="use the matched autoregressive pipeline")
+    gen.add_argument("--device", default="cpu", help="where the client reads out the logits")
+    gen.add_argument("--json", action="store_true", help="print a JSON summary instead of the text")
 
     token = sub.add_parser("token", help="issue a join token for an allowlist run (owner only)")
     token.add_argument("-c", "--config", type=Path, required=True, help="the run config TOML")
@@ -82,11 +111,23 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "peer":
         file_options = load_toml_options(args.config) if args.config else {}
         return run_daemon(build_peer_config(file_options, peer_options(args)))
+    if args.command == "helper":
+        options = peer_options(args)
+        options["roles"] = ["helper", *(r for r in options.get("roles") or [] if r != "helper")]
+        return run_daemon(build_peer_config(load_toml_options(args.config) if args.config else {}, options))
     if args.command == "orchestrator":
         run_config = load_run_config(args.config)
         options = peer_options(args)
-        options["roles"] = ["orchestrator", *(options.get("roles") or [])]
+        options["roles"] = ["orchestrator", *orchestrator_roles(run_config.protocol),
+                            *(options.get("roles") or [])]
         return run_daemon(build_peer_config(run_config.peer, options), run_config=run_config)
+    if args.command == "serve":
+        return _serve_blocks(args)
+    if args.command == "generate":
+        return run_generate(GenerateOptions(
+            run=args.run, initial_peers=tuple(args.initial_peers), prompt=args.prompt,
+            new_bytes=args.new_bytes, traversals=args.traversals, temperature=args.temperature, seed=args.seed,
+            timeout_s=args.timeout_s, baseline=args.baseline, device=args.device, as_json=args.json))
     if args.command == "token":
         return _token(args)
     if args.command == "status":
@@ -94,6 +135,22 @@ def _dispatch(args: argparse.Namespace) -> int:
                           as_json=args.json)
     return run_swarm(SwarmOptions(config=args.config, preset=args.preset, peers=args.peers,
                                   duration_s=args.duration_s, workdir=args.workdir))
+
+
+def orchestrator_roles(protocol: str) -> list[str]:
+    """Roles the orchestrator takes besides ``orchestrator`` for a run of ``protocol``."""
+    return {"blocktrain": ["block-coordinator"], "tlpp": ["tlpp-server"]}.get(protocol, [])
+
+
+def _serve_blocks(args: argparse.Namespace) -> int:
+    """``gossamer serve``: a daemon with the block-server role (and ar-stage with --ar_stages)."""
+    file_options = load_toml_options(args.config) if args.config else {}
+    options = peer_options(args)
+    options["roles"] = ["block-server", *(["ar-stage"] if args.ar_stages else [])]
+    blocks = tuple(args.blocks) if args.blocks else None
+    factories = {**ROLE_FACTORIES, "block-server": partial(BlockServerRole, blocks=blocks),
+                 "ar-stage": partial(ArStageRole, stages=tuple(args.ar_stages or ()))}
+    return run_daemon(build_peer_config(file_options, options), role_factories=factories)
 
 
 def _identity(args: argparse.Namespace) -> int:

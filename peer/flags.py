@@ -12,7 +12,7 @@ from peer.config import PeerConfig
 _HELP = {
     "identity_path": "Ed25519 identity file (created, mode 0600, if missing)",
     "run": "run id to join, NAME@OWNERPREFIX (the orchestrator prints it)",
-    "roles": "roles this peer takes, e.g. learner (space or comma separated)",
+    "roles": "roles this peer takes, e.g. learner or node (space or comma separated)",
     "initial_peers": "multiaddrs of running peers, as printed by them (/ip4/.../tcp/.../p2p/...)",
     "new_swarm": "start a new network instead of joining one",
     "host_maddrs": "multiaddrs the DHT node listens on (default /ip4/0.0.0.0/tcp/0)",
@@ -23,7 +23,7 @@ _HELP = {
     "http_port": "HTTP port (0: chosen by the OS)",
     "tcp_port": "TCP port (0: chosen by the OS)",
     "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:N",
-    "data": "dataset: builtin:pydoc or a local file",
+    "data": "dataset: builtin:pydoc or a local file; TL++ nodes: builtin:digits[:shard=K/N|:class=C] or FILE.npz",
     "join_token": "owner-signed join token for allowlist runs",
     "manifest": "use this manifest file instead of fetching it from the DHT (still verified)",
     "checkpoint_dir": "where checkpoints are written (default ~/.gossamer/checkpoints)",

@@ -155,7 +155,7 @@ class OrchestratorRole(Role):
 
 
 KNOWN_ROLES = ("learner", "block-worker", "block-server", "block-coordinator", "expert-host", "cp-shard",
-               "node", "orchestrator", "helper")
+               "node", "orchestrator", "helper", "tlpp-server", "ar-stage")
 
 
 def build_roles(names: tuple[str, ...], ctx: RoleContext, factories: Mapping[str, RoleFactory]) -> list[Role]:

@@ -12,27 +12,34 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 
 from peer.config import PeerConfig
 from peer.daemon import Daemon
 from peer.events import emit
 from peer.localproc import child_pids
 from peer.manifest import RunConfig
+from peer.registry import ROLE_FACTORIES
+from peer.roles import RoleFactory
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 20.0
 
 
-def run_daemon(config: PeerConfig, *, run_config: RunConfig | None = None) -> int:
-    """Run one daemon until SIGINT/SIGTERM; returns the process exit code."""
+def run_daemon(config: PeerConfig, *, run_config: RunConfig | None = None,
+               role_factories: Mapping[str, RoleFactory] = ROLE_FACTORIES) -> int:
+    """Run one daemon until SIGINT/SIGTERM; returns the process exit code. ``role_factories``: the
+    roles it may take (``gossamer serve`` binds its ``--blocks`` into the block-server factory)."""
     logging.getLogger().setLevel(config.log_level.upper())
-    return asyncio.run(_serve(config, run_config))
+    return asyncio.run(_serve(config, run_config, role_factories))
 
 
-async def _serve(config: PeerConfig, run_config: RunConfig | None) -> int:
+async def _serve(config: PeerConfig, run_config: RunConfig | None,
+                 role_factories: Mapping[str, RoleFactory]) -> int:
     stop = asyncio.Event()
     _install_signal_handlers(stop)
-    creating = asyncio.create_task(Daemon.create(config, run_config=run_config))
+    creating = asyncio.create_task(Daemon.create(config, run_config=run_config,
+                                                 role_factories=role_factories))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({creating, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not creating.done():

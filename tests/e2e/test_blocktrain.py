@@ -1,0 +1,249 @@
+"""BlockTrain through the CLI, every peer a real process on 127.0.0.1: an orchestrator (which is the
+block coordinator) and three block workers train every block to the target version while a
+SIGKILLed worker's block is reassigned; then ``gossamer serve`` processes serve the trained blocks
+and ``gossamer generate`` produces, across three of them, exactly the text one process produces
+from the same checkpoints; a traversal equals the in-process one bit for bit; malformed frames are
+refused by a server that keeps serving; a hung host is routed around (same text), and with no host
+left for a block the client fails naming it.
+
+The tests share one run and go in order (train, then serve); the file stays well under two
+minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from crypto.identity import Identity
+from peer.block_host import METHOD
+from peer.generate_cmd import GenerateOptions, NetworkGenerator
+from peer.hop_pool import HopPool
+from peer.localproc import LOOPBACK, GossamerProcess, gossamer
+from peer.traversal_wire import Hop, parse_answer, request_frame
+from protocols.blocktrain import BlockTrainConfig, build_stack, denoise_step, generate, initial_noise
+from transport.codec import encode_tensors
+from transport.errors import RemoteError
+from transport.frames import Frame, FrameType
+from transport.safetensors_stream import load_file
+from transport.tcp import TcpConfig, tcp_connect
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+MODEL = {"d_model": 32, "n_heads": 2, "context": 32, "num_blocks": 3}
+VERSIONS = 6
+RUN = f"""
+[run]
+name = "bt-e2e"
+protocol = "blocktrain"
+heartbeat_s = 1.0
+[model]
+d_model = 32
+n_heads = 2
+context = 32
+num_blocks = 3
+[hyper]
+versions = {VERSIONS}
+local_steps = 5
+batch_size = 8
+lr = 0.003
+deadline_s = 8.0
+eval_batches = 2
+traversal_timeout_s = 4.0
+"""
+
+
+class Run:
+    """The processes of the shared run and what they announced."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        (work / "run.toml").write_text(RUN)
+        self.orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events",
+                                     *LOOPBACK, "--threads", "1", "--identity_path", str(work / "owner.pem"),
+                                     "--checkpoint_dir", str(work / "ckpt")], log_path=work / "orch.log")
+        self.ready = self.orch.wait_ready()
+        self.procs: dict[str, GossamerProcess] = {}
+        self.ids: dict[str, str] = {}
+        self.tcp: dict[str, str] = {}
+
+    def join(self, args: list[str]) -> list[str]:
+        return ["--run", self.ready["run_id"], "--initial_peers", *self.ready["maddrs"]]
+
+    def start(self, name: str, command: list[str]) -> GossamerProcess:
+        self.ids[name] = Identity.create(self.work / f"{name}.pem").peer_id
+        identity = str(self.work / f"{name}.pem")
+        self.procs[name] = GossamerProcess([command[0], *self.join([]), *command[1:], "--events", *LOOPBACK,
+                                            "--threads", "1", "--identity_path", identity],
+                                           log_path=self.work / f"{name}.log")
+        return self.procs[name]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the process and its p2pd child (they share a process group)."""
+        os.killpg(self.procs[name].proc.pid, signal.SIGKILL)
+        self.procs[name].stop()
+
+    def generate(self, *extra: str) -> tuple[int, dict | None, str]:
+        result = gossamer(["generate", *self.join([]), "--json", "--new_bytes", "48", "--traversals", "3",
+                           "--seed", "5", "--temperature", "0.8", *(extra or ("--timeout_s", "20")), "The "],
+                          timeout_s=90)
+        return result.returncode, json.loads(result.stdout) if result.returncode == 0 else None, result.stderr
+
+    def stop(self) -> None:
+        for proc in [*self.procs.values(), self.orch]:
+            if proc.proc.poll() is None:
+                os.kill(proc.proc.pid, signal.SIGCONT)
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    shared = Run(tmp_path_factory.mktemp("blocktrain"))
+    try:
+        yield shared
+    finally:
+        shared.stop()
+
+
+def trained_stack(run: Run) -> torch.nn.Module:
+    stack = build_stack(BlockTrainConfig(**MODEL), seed=0, device="cpu")
+    directory = run.work / "ckpt" / "bt-e2e-blocktrain"
+    for k in range(MODEL["num_blocks"]):
+        tensors, metadata = load_file(directory / f"block{k}.safetensors")
+        stack.load_block_state(k, tensors)
+        assert int(metadata["version"]) >= VERSIONS
+    stack.load_embedding_state(load_file(directory / "embedding.safetensors")[0])
+    return stack
+
+
+def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run: Run) -> None:
+    for i in range(3):
+        run.start(f"w{i}", ["peer", "--roles", "block-worker"])
+    for i in range(3):
+        run.procs[f"w{i}"].wait_ready()
+    closed, assignment = set(), {}
+    while len(closed) < 3:  # every block has closed a version with all three workers up
+        event = run.orch.wait_event(lambda e: e["event"] in ("version", "assignment"), timeout_s=60)
+        assignment = event["assignment"] if event["event"] == "assignment" else assignment
+        closed |= {event["block"]} if event["event"] == "version" else set()
+    victim = run.ids["w0"]
+    orphan = assignment[victim]
+
+    run.kill("w0")
+    survivors = {run.ids["w1"], run.ids["w2"]}
+    covered = run.orch.wait_event(lambda e: e["event"] == "assignment" and victim not in e["assignment"]
+                                  and orphan in e["assignment"].values(), timeout_s=60)
+    after = run.orch.wait_event(lambda e: e["event"] == "version" and e["block"] == orphan, timeout_s=60)
+    finished = run.orch.wait_event(lambda e: e["event"] == "finished", timeout_s=90)
+
+    assert set(covered["assignment"]) <= survivors
+    assert set(after["used"]) <= survivors and victim in after["timed_out"], after
+    assert min(finished["versions"]) >= VERSIONS
+    assert finished["heldout_ce"] < finished["initial_heldout_ce"] - 0.05, finished
+    assert len(list((run.work / "ckpt" / "bt-e2e-blocktrain").glob("block*.safetensors"))) == 3
+
+
+def test_three_servers_generate_the_text_one_process_generates(run: Run) -> None:
+    if "finished" not in run.orch.latest:
+        run.orch.wait_event(lambda e: e["event"] == "finished", timeout_s=90)
+    for name, blocks in (("s2", "2"), ("s1", "1"), ("s1b", "1"), ("s0", "0")):
+        run.start(name, ["serve", "--blocks", blocks])
+    for name in ("s2", "s1", "s1b", "s0"):
+        run.tcp[name] = run.procs[name].wait_ready()["tcp"]
+        run.procs[name].wait_event(lambda e: e["event"] == "serving", timeout_s=60)
+
+    code, result, stderr = run.generate()
+
+    assert code == 0, stderr
+    expected = generate(trained_stack(run), b"The ", new_bytes=48, traversals=3,
+                        generator=torch.Generator().manual_seed(5), temperature=0.8)
+    assert bytes.fromhex(result["text_hex"]) == expected and result["new_bytes"] == 48
+    assert [hop[1] for hop in result["route"]] == [[2], [1], [0]] and result["retries"] == 0
+    run.first_result = result
+
+
+async def test_a_traversal_across_the_server_processes_equals_the_in_process_one(run: Run) -> None:
+    stack = trained_stack(run)
+    context = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(9))
+    z = initial_noise(stack.config, (2, 32), generator=torch.Generator().manual_seed(9), device="cpu")
+    route = (Hop(run.tcp["s2"], (2,)), Hop(run.tcp["s1"], (1,)), Hop(run.tcp["s0"], (0,)))
+    pool = HopPool()
+    try:
+        answer = parse_answer(await pool.call(METHOD, run_id=run.ready["run_id"], request_id="e2e",
+                                              route=route, tensors={"z": z, "context": context},
+                                              budget_s=10.0))
+    finally:
+        await pool.aclose()
+
+    local = z
+    for k in (2, 1, 0):
+        local = denoise_step(stack, k, context, local)
+    assert isinstance(answer, dict) and torch.equal(answer["z"], local)
+
+
+async def test_malformed_frames_are_refused_and_the_server_keeps_serving(run: Run) -> None:
+    host, port = run.tcp["s0"].rsplit(":", 1)
+    good = {"z": torch.zeros(1, 4, 32), "context": torch.zeros(1, 4, dtype=torch.long)}
+    bad = [({**good, "z": torch.zeros(1, 4, 31)}, "z has shape (1, 4, 31)"),
+           ({**good, "z": torch.zeros(1, 4, 32, dtype=torch.float16)},
+            "tensor 'z' must be 3-D torch.float32"),
+           ({**good, "z": torch.full((1, 4, 32), float("inf"))}, "z holds NaN or Inf")]
+    connection = await tcp_connect(host, int(port), config=TcpConfig())
+    try:
+        messages = []
+        for tensors, _ in bad:
+            with pytest.raises(RemoteError) as refused:
+                await connection.request(request_frame(METHOD, run_id=run.ready["run_id"], request_id="bad",
+                                                       route=(Hop(run.tcp["s0"], (0,)),), budget_s=5.0,
+                                                       tensors=tensors))
+            messages.append(str(refused.value))
+        entries, buffers = encode_tensors(good)
+        with pytest.raises(RemoteError) as garbled:
+            header = {"method": METHOD, "run": run.ready["run_id"], "request": "x", "budget_s": 5.0,
+                      "route": "nowhere", "tensors": entries}
+            await connection.request(Frame(FrameType.REQUEST, header, buffers))
+        answer = parse_answer(await connection.request(request_frame(
+            METHOD, run_id=run.ready["run_id"], request_id="ok", route=(Hop(run.tcp["s0"], (0,)),),
+            budget_s=5.0, tensors=good)))
+    finally:
+        await connection.aclose()
+
+    assert all(expected in message for (_, expected), message in zip(bad, messages, strict=True)), messages
+    assert "field 'route' must be a list" in str(garbled.value)
+    assert isinstance(answer, dict) and answer["z"].shape == (1, 4, 32)
+    assert run.procs["s0"].proc.poll() is None
+
+
+def test_serve_refuses_a_block_the_run_does_not_have(run: Run) -> None:
+    result = gossamer(["serve", *run.join([]), "--blocks", "7", *LOOPBACK, "--identity_path",
+                       str(run.work / "bad.pem")], timeout_s=60)
+
+    assert result.returncode == 2, result.stderr
+    assert "error: --blocks [7]: the run has blocks 0..2" in result.stderr
+
+
+async def test_a_hung_host_is_routed_around_and_with_none_left_generate_names_the_block(run: Run) -> None:
+    used = next(addr for addr, blocks in run.first_result["route"] if blocks == [1])
+    hung = next(name for name in ("s1", "s1b") if run.tcp[name] == used)
+    other = "s1b" if hung == "s1" else "s1"
+    client = await NetworkGenerator.create(GenerateOptions(
+        run=run.ready["run_id"], initial_peers=tuple(run.ready["maddrs"]), prompt="The ", new_bytes=48,
+        traversals=3, seed=5, temperature=0.8, timeout_s=20.0))  # it knows the hosts: the same route
+    try:
+        os.kill(run.procs[hung].proc.pid, signal.SIGSTOP)  # it hangs; its record stays live for up to a TTL
+        result = await client.generate()
+    finally:
+        await client.aclose()
+    run.kill(hung)
+    run.kill(other)
+    gone_code, _, gone_stderr = run.generate("--timeout_s", "5")
+
+    assert result["text_hex"] == run.first_result["text_hex"]  # the retry resent the same noise
+    assert result["retries"] >= 1 and "TransportTimeout" in result["failures"][used], result["failures"]
+    assert [addr for addr, blocks in result["route"] if blocks == [1]] == [run.tcp[other]]
+    assert gone_code == 2 and "error: no live host serves unit 1" in gone_stderr, gone_stderr

@@ -1,0 +1,138 @@
+"""TL++ through the CLI on 127.0.0.1: ``gossamer orchestrator``, ``gossamer helper`` and
+``gossamer peer --roles node --data ...`` as separate processes. Base mode trains (the loss falls)
+and goes on when a node is SIGKILLed mid-run (the ledger records it); secure mode trains, the
+servers' share logs show that neither ever received both shares of any tensor, and a SIGKILLed
+helper stops secure training with a clear error instead of a hang."""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from peer.localproc import LOOPBACK, GossamerProcess
+from peer.tlpp_wire import SHARE_LOG_ENV
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+RUN = """
+[run]
+name = "{name}"
+protocol = "tlpp"
+heartbeat_s = 1.0
+[model]
+cut = 3
+[hyper]
+mode = "{mode}"
+batch_size = 32
+optimizer = "adam"
+lr = 0.01
+steps = {steps}
+eval_every = 20
+min_nodes = 3
+node_timeout_s = 10.0
+helper_timeout_s = 5.0
+helper_wait_s = 2.0
+"""
+
+
+def start(work: Path, monkeypatch: pytest.MonkeyPatch, name: str, args: list[str],
+          share_log: Path | None = None) -> GossamerProcess:
+    if share_log is not None:
+        monkeypatch.setenv(SHARE_LOG_ENV, str(share_log))
+    proc = GossamerProcess([*args, "--events", *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"{name}.pem"),
+                            "--checkpoint_dir", str(work / "ckpt")], log_path=work / f"{name}.log")
+    monkeypatch.delenv(SHARE_LOG_ENV, raising=False)
+    return proc
+
+
+def start_run(work: Path, monkeypatch: pytest.MonkeyPatch, *, mode: str, steps: int,
+              share_logs: bool = False) -> tuple[GossamerProcess, dict, list[GossamerProcess]]:
+    (work / "run.toml").write_text(RUN.format(name=f"tl-{mode}", mode=mode, steps=steps))
+    orch = start(work, monkeypatch, "orch", ["orchestrator", "-c", str(work / "run.toml"), "--new_swarm"],
+                 work / "orch-shares.jsonl" if share_logs else None)
+    ready = orch.wait_ready()
+    join = ["--run", ready["run_id"], "--initial_peers", *ready["maddrs"]]
+    procs = []
+    if mode == "secure":
+        procs.append(start(work, monkeypatch, "helper", ["helper", *join], work / "helper-shares.jsonl"))
+    procs += [start(work, monkeypatch, f"node{i}", ["peer", *join, "--roles", "node",
+                                                   "--data", f"builtin:digits:shard={i}/3"]) for i in range(3)]
+    for proc in procs:
+        proc.wait_ready()
+    return orch, ready, procs
+
+
+def step_event(proc: GossamerProcess, at_least: int, timeout_s: float = 90) -> dict:
+    return proc.wait_event(lambda e: e["event"] == "tlpp_step" and e["step"] >= at_least, timeout_s=timeout_s)
+
+
+def http_get(address: str, path: str) -> str:
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
+        return response.read().decode()
+
+
+def test_base_mode_trains_and_goes_on_when_a_node_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    orch, ready, nodes = start_run(tmp_path, monkeypatch, mode="base", steps=60)
+    try:
+        first = step_event(orch, 0)
+        killed_id = nodes[2].latest["ready"]["peer_id"]
+        before = step_event(orch, 5)
+        nodes[2].stop(signal.SIGKILL)
+        steps = [orch.wait_event(lambda e: e["event"] in ("tlpp_step", "tlpp_finished"), timeout_s=90)]
+        while steps[-1]["event"] != "tlpp_finished":
+            steps.append(orch.wait_event(lambda e: e["event"] in ("tlpp_step", "tlpp_finished"), timeout_s=90))
+        finished, steps = steps[-1], steps[:-1]
+        dropped = [e for e in steps if e["dropped"]]
+        assert dropped, "the killed node must show up as dropped in a step's ledger"
+        gone = set(dropped[0]["dropped"])
+        assert gone == {killed_id} and killed_id in before["answered"], dropped[0]
+        assert all(e["applied"] for e in steps), "every step after the kill still applies a gradient"
+        assert all(set(e["answered"]).isdisjoint(gone) and len(e["answered"]) == 2 for e in steps[-5:])
+        assert finished["step"] == 60 and Path(finished["checkpoint"]).is_file()
+        assert finished["test_loss"] < first["loss"] - 0.3, (first["loss"], finished["test_loss"])
+        metrics = http_get(ready["http"], "/metrics")
+        assert 'gossamer_bytes_sent_total{kind="tlpp_forward"}' in metrics, metrics[-2000:]
+        assert 'gossamer_bytes_received_total{kind="tlpp_backward"}' in metrics
+    finally:
+        for proc in [*nodes, orch]:
+            proc.stop()
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_secure_mode_trains_no_server_sees_both_shares_and_a_dead_helper_stops_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    orch, ready, procs = start_run(tmp_path, monkeypatch, mode="secure", steps=1000, share_logs=True)
+    helper = procs[0]
+    try:
+        first = step_event(orch, 0)
+        evaluation = orch.wait_event(lambda e: e["event"] == "tlpp_eval" and e["step"] >= 40, timeout_s=90)
+        assert evaluation["loss"] < first["loss"] - 0.3, (first["loss"], evaluation)
+        helper.stop(signal.SIGKILL)
+        error = orch.wait_event(lambda e: e["event"] == "tlpp_error", timeout_s=40)
+        assert error["kind"] == "HelperFailed" and "helper" in error["message"], error
+        status = json.loads(http_get(ready["http"], "/status"))["role_status"]["tlpp-server"]
+        assert status["error"] == error["message"] and not status["finished"]
+        assert Path(error["checkpoint"]).is_file()
+    finally:
+        for proc in [*procs, orch]:
+            proc.stop()
+    at_orchestrator = read_log(tmp_path / "orch-shares.jsonl")
+    at_helper = read_log(tmp_path / "helper-shares.jsonl")
+    assert at_orchestrator and at_helper
+    assert {e["share_index"] for e in at_orchestrator} == {0}, "the orchestrator only ever received share 0"
+    assert {e["share_index"] for e in at_helper} == {1}, "the helper only ever received share 1"
+    for log in (at_orchestrator, at_helper):
+        seen: dict[tuple, set[int]] = {}
+        for e in log:
+            seen.setdefault((e["step"], e["node"], e["tensor"]), set()).add(e["share_index"])
+        assert all(len(indices) == 1 for indices in seen.values())
+    held = {(e["step"], e["node"], e["tensor"]) for e in at_orchestrator}
+    assert {(e["step"], e["node"], e["tensor"]) for e in at_helper} >= held
+    assert {e["tensor"] for e in at_orchestrator} >= {"act", "grad:3.0.weight", "grad:0.0.weight"}
