@@ -6,10 +6,9 @@ the client draws the initial noise from its generator, one remote traversal runs
 across the hosts of a route, and the client reads the logits out with E. ``generate`` follows
 ``protocols.blocktrain.generate`` step for step (segments of up to context // 2 new bytes, each
 refined by ``traversals`` traversals; traversal i commits byte i, drafts the rest by argmax, and
-the last one samples them), drawing from the generator in the same order, so with the same
-weights and seed the text is the same as generating in one process (the end-to-end test checks
-it byte for byte; the protocol's ``generate`` takes no traversal function, so the loop is
-mirrored here and must change with it). ``ArClient.generate`` follows ``protocols.models.generate``: one
+the last one samples them), driving the protocol's ``generation_steps`` with remote traversals, so with the same weights and
+seed the text is the same as generating in one process (the end-to-end test checks it byte for
+byte). ``ArClient.generate`` follows ``protocols.models.generate``: one
 traversal of the stages per byte, on the last ``context`` bytes.
 """
 
@@ -20,7 +19,7 @@ import torch
 from peer.block_stack import partial_stack
 from peer.errors import ConfigError
 from peer.traversal_client import RemoteRoute, TraversalFailed
-from protocols.blocktrain import PLACEHOLDER_BYTE, BlockTrainConfig, initial_noise, readout
+from protocols.blocktrain import BlockTrainConfig, generation_steps, initial_noise, readout
 
 
 def draw(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
@@ -70,25 +69,14 @@ class BlockTrainClient:
         check_request(prompt, new_bytes, temperature)
         if traversals < 1:
             raise ConfigError(f"traversals must be >= 1, got {traversals}")
-        context, device = self.config.context, self.stack.embed.weight.device
-        sequence = bytearray(prompt)
-        span = max(1, context // 2)
-        while len(sequence) < len(prompt) + new_bytes:
-            count = min(span, len(prompt) + new_bytes - len(sequence))
-            prefix = list(sequence[-(context - count + 1):])
-            window = torch.tensor([prefix + [PLACEHOLDER_BYTE] * count], dtype=torch.long, device=device)
-            rounds = min(traversals, count)
-            for committed in range(rounds):
-                logits = (await self.traverse(window[:, :-1], generator=generator))[0, len(prefix) - 1:]
-                first = logits[committed:committed + 1]
-                window[0, len(prefix) + committed] = draw(first, temperature, generator)[0]
-                rest = logits[committed + 1:]
-                if rest.shape[0]:  # drafts: the argmax, except in the last traversal, which samples them
-                    last = committed == rounds - 1
-                    window[0, len(prefix) + committed + 1:] = draw(rest, temperature, generator) if last \
-                        else rest.argmax(-1)
-            sequence += bytes(window[0, len(prefix):].tolist())
-        return bytes(sequence[len(prompt):])
+        steps = generation_steps(self.config, prompt, new_bytes=new_bytes, traversals=traversals,
+                                 generator=generator, temperature=temperature, device=self.stack.embed.weight.device)
+        try:
+            window = next(steps)
+            while True:
+                window = steps.send(await self.traverse(window, generator=generator))
+        except StopIteration as done:
+            return done.value
 
 
 class ArClient:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -544,6 +544,48 @@ def update_segment(
         window[0, start + committed + 1 :] = _draw(rest, temperature, generator) if last else rest.argmax(-1)
 
 
+def generation_steps(
+    config: BlockTrainConfig,
+    prompt: bytes,
+    *,
+    new_bytes: int,
+    traversals: int,
+    generator: torch.Generator,
+    temperature: float = 1.0,
+    device: torch.device | str = "cpu",
+) -> Generator[torch.Tensor, torch.Tensor, bytes]:
+    """Generation without the traversals (sans-I/O): yields each context window [1, T] to traverse,
+    takes that traversal's logits [1, T, vocab] back through ``send``, and returns the new bytes.
+
+    Whoever runs the traversals drives it: ``generate`` in one process, ``peer.remote_generate``
+    through block servers, so the segment loop (see the module doc) exists once and both draw from
+    ``generator`` in the same order (a traversal draws its initial noise, then ``update_segment``).
+    ``temperature == 0`` is greedy. BlockTrainError for a bad request, at the first ``next``.
+    """
+    if config.vocab != 256:
+        raise BlockTrainError(f"vocab: generate needs a byte vocabulary (256), got {config.vocab}")
+    if not isinstance(prompt, bytes | bytearray) or not prompt:
+        raise BlockTrainError("prompt: must be at least one byte")
+    if not isinstance(new_bytes, int) or isinstance(new_bytes, bool) or new_bytes < 0:
+        raise BlockTrainError(f"new_bytes: must be a non-negative integer, got {new_bytes!r}")
+    _positive_int("traversals", traversals)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
+        raise BlockTrainError(f"temperature: must be a number >= 0, got {temperature!r}")
+    sequence = bytearray(prompt)
+    span = max(1, config.context // 2)
+    while len(sequence) < len(prompt) + new_bytes:
+        count = min(span, len(prompt) + new_bytes - len(sequence))
+        prefix = list(sequence[-(config.context - count + 1) :])
+        window = torch.tensor([prefix + [PLACEHOLDER_BYTE] * count], dtype=torch.long, device=device)
+        rounds = min(traversals, count)
+        for committed in range(rounds):
+            logits = (yield window[:, :-1])[0, len(prefix) - 1 :]
+            update_segment(window, logits, start=len(prefix), committed=committed, last=committed == rounds - 1,
+                           temperature=temperature, generator=generator)
+        sequence += bytes(window[0, len(prefix) :].tolist())
+    return bytes(sequence[len(prompt) :])
+
+
 @torch.no_grad()
 def generate(
     stack: BlockStack,
@@ -554,31 +596,13 @@ def generate(
     generator: torch.Generator,
     temperature: float = 1.0,
 ) -> bytes:
-    """Continue ``prompt`` by ``new_bytes`` bytes, ``traversals`` traversals per segment (see module doc).
-
-    ``temperature == 0`` is greedy; otherwise bytes are drawn from ``generator``.
-    """
-    config = stack.config
-    if config.vocab != 256:
-        raise BlockTrainError(f"vocab: generate needs a byte vocabulary (256), got {config.vocab}")
-    if not isinstance(prompt, bytes | bytearray) or not prompt:
-        raise BlockTrainError("prompt: must be at least one byte")
-    if not isinstance(new_bytes, int) or isinstance(new_bytes, bool) or new_bytes < 0:
-        raise BlockTrainError(f"new_bytes: must be a non-negative integer, got {new_bytes!r}")
-    _positive_int("traversals", traversals)
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
-        raise BlockTrainError(f"temperature: must be a number >= 0, got {temperature!r}")
-    device = stack.embed.weight.device
-    sequence = bytearray(prompt)
-    span = max(1, config.context // 2)
-    while len(sequence) < len(prompt) + new_bytes:
-        count = min(span, len(prompt) + new_bytes - len(sequence))
-        prefix = list(sequence[-(config.context - count + 1) :])
-        window = torch.tensor([prefix + [PLACEHOLDER_BYTE] * count], dtype=torch.long, device=device)
-        rounds = min(traversals, count)
-        for committed in range(rounds):
-            logits = traverse(stack, window[:, :-1], generator=generator)[0, len(prefix) - 1 :]
-            update_segment(window, logits, start=len(prefix), committed=committed, last=committed == rounds - 1,
-                           temperature=temperature, generator=generator)
-        sequence += bytes(window[0, len(prefix) :].tolist())
-    return bytes(sequence[len(prompt) :])
+    """Continue ``prompt`` by ``new_bytes`` bytes, ``traversals`` traversals per segment, in one
+    process (``generation_steps`` driven by ``traverse``)."""
+    steps = generation_steps(stack.config, prompt, new_bytes=new_bytes, traversals=traversals, generator=generator,
+                             temperature=temperature, device=stack.embed.weight.device)
+    try:
+        window = next(steps)
+        while True:
+            window = steps.send(traverse(stack, window, generator=generator))
+    except StopIteration as done:
+        return done.value
