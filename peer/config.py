@@ -43,6 +43,8 @@ class PeerConfig:
         threads: torch CPU threads for this process (0: torch's default); use 1 when several
             peers share one host.
         attack: for experiments and tests only: make this learner Byzantine (e.g. ``sign_flip:10``).
+        share_log: TL++ servers (orchestrator, helper): append one JSON line per secret share
+            received to this file ("": off); an audit aid that shows which shares each server held.
         join_timeout_s: how long to wait for the run's manifest to appear in the DHT.
         events: write machine-readable JSON event lines to stdout (used by ``gossamer swarm``).
         log_level: python logging level name.
@@ -67,6 +69,7 @@ class PeerConfig:
     checkpoint_dir: Path = Path("~/.gossamer/checkpoints")
     threads: int = 0
     attack: str = ""
+    share_log: str = ""
     join_timeout_s: float = 30.0
     events: bool = False
     log_level: str = "INFO"

@@ -29,6 +29,7 @@ _HELP = {
     "checkpoint_dir": "where checkpoints are written (default ~/.gossamer/checkpoints)",
     "threads": "torch CPU threads (0: torch default; 1 when several peers share a host)",
     "attack": "experiments/tests only: make this learner Byzantine, e.g. sign_flip:10",
+    "share_log": "TL++ servers: append one JSON line per secret share received to this file (audit aid)",
     "join_timeout_s": "seconds to wait for the run's manifest to appear",
     "events": "print machine-readable JSON events on stdout",
     "log_level": "DEBUG, INFO, WARNING or ERROR",

@@ -16,7 +16,7 @@ manifest owner) with what is computed share-wise on them:
 
 It accepts share 1 (``party`` = 1) only, from live peers with the ``node`` role, each tensor once
 per step, for at most ``MAX_STEPS_HELD`` steps; shares of steps before the orchestrator's latest
-``logits`` request are refused and dropped. With ``GOSSAMER_SHARE_LOG`` set it logs one line per
+``logits`` request are refused and dropped. With ``--share_log`` it logs one line per
 share tensor it accepts (``peer.tlpp_wire``).
 """
 
@@ -127,7 +127,7 @@ class TlppHelperRole(Role):
         self._linear = nn.Linear(served.in_features, served.out_features, bias=False)
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self.store = ShareStore()
-        self.share_log = ShareLog.from_env()
+        self.share_log = ShareLog(ctx.config.share_log or None)
         self._server = SecureLinkServer(identity=ctx.identity, run_id=ctx.manifest.run_id, method=HELPER_METHOD,
                                         authorize=self._authorize, handler=self._handle, traffic=ctx.traffic)
         self.shares_received = 0

@@ -74,7 +74,7 @@ class TlppServerRole(Role):
         self.optimizer = _optimizer(self.model, settings)
         self.links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
         self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side, server_side=server_side,
-                                 links=self.links, share_log=ShareLog.from_env(), device=ctx.device)
+                                 links=self.links, share_log=ShareLog(ctx.config.share_log or None), device=ctx.device)
         self.history: deque[StepLedger] = deque(maxlen=64)
         self.step = 0
         self.last_eval: dict[str, float] | None = None

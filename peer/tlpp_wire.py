@@ -13,8 +13,8 @@ Methods (TCP) and ops, by who serves them::
                                   ping      from the orchestrator: is the helper there
 
 Every share carries ``party`` in its fields; the orchestrator accepts only party 0 and the helper
-only party 1, so neither server ever takes both shares of a tensor. With the environment variable
-``GOSSAMER_SHARE_LOG=PATH`` set, each server appends one JSON line per share tensor it accepts,
+only party 1, so neither server ever takes both shares of a tensor. With ``--share_log PATH``
+(``PeerConfig.share_log``), each server appends one JSON line per share tensor it accepts,
 ``{"step", "node", "tensor", "share_index"}`` (a debugging and audit aid; the end-to-end test reads
 it to check that no server ever held both shares of anything).
 """
@@ -36,7 +36,6 @@ FORWARD, BACKWARD = "forward", "backward"
 SHARE, LOGITS, SUM, PING = "share", "logits", "sum", "ping"
 ACT = "act"
 GRAD_PREFIX = "grad:"
-SHARE_LOG_ENV = "GOSSAMER_SHARE_LOG"
 MAX_INDICES = 1 << 16
 
 
@@ -45,10 +44,6 @@ class ShareLog:
 
     def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = Path(path).expanduser() if path else None
-
-    @classmethod
-    def from_env(cls) -> ShareLog:
-        return cls(os.environ.get(SHARE_LOG_ENV) or None)
 
     def record(self, *, step: int, node: str, tensors: list[str], share_index: int) -> None:
         if self.path is None:

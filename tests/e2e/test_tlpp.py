@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from peer.localproc import LOOPBACK, GossamerProcess
-from peer.tlpp_wire import SHARE_LOG_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -39,27 +38,24 @@ helper_wait_s = 2.0
 """
 
 
-def start(work: Path, monkeypatch: pytest.MonkeyPatch, name: str, args: list[str],
+def start(work: Path, name: str, args: list[str],
           share_log: Path | None = None) -> GossamerProcess:
-    if share_log is not None:
-        monkeypatch.setenv(SHARE_LOG_ENV, str(share_log))
-    proc = GossamerProcess([*args, "--events", *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"{name}.pem"),
-                            "--checkpoint_dir", str(work / "ckpt")], log_path=work / f"{name}.log")
-    monkeypatch.delenv(SHARE_LOG_ENV, raising=False)
-    return proc
+    return GossamerProcess([*args, "--events", *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"{name}.pem"),
+                            "--checkpoint_dir", str(work / "ckpt"), *(["--share_log", str(share_log)] if share_log else [])],
+                           log_path=work / f"{name}.log")
 
 
-def start_run(work: Path, monkeypatch: pytest.MonkeyPatch, *, mode: str, steps: int,
+def start_run(work: Path, *, mode: str, steps: int,
               share_logs: bool = False) -> tuple[GossamerProcess, dict, list[GossamerProcess]]:
     (work / "run.toml").write_text(RUN.format(name=f"tl-{mode}", mode=mode, steps=steps))
-    orch = start(work, monkeypatch, "orch", ["orchestrator", "-c", str(work / "run.toml"), "--new_swarm"],
+    orch = start(work, "orch", ["orchestrator", "-c", str(work / "run.toml"), "--new_swarm"],
                  work / "orch-shares.jsonl" if share_logs else None)
     ready = orch.wait_ready()
     join = ["--run", ready["run_id"], "--initial_peers", *ready["maddrs"]]
     procs = []
     if mode == "secure":
-        procs.append(start(work, monkeypatch, "helper", ["helper", *join], work / "helper-shares.jsonl"))
-    procs += [start(work, monkeypatch, f"node{i}", ["peer", *join, "--roles", "node",
+        procs.append(start(work, "helper", ["helper", *join], work / "helper-shares.jsonl"))
+    procs += [start(work, f"node{i}", ["peer", *join, "--roles", "node",
                                                    "--data", f"builtin:digits:shard={i}/3"]) for i in range(3)]
     for proc in procs:
         proc.wait_ready()
@@ -75,8 +71,8 @@ def http_get(address: str, path: str) -> str:
         return response.read().decode()
 
 
-def test_base_mode_trains_and_goes_on_when_a_node_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    orch, ready, nodes = start_run(tmp_path, monkeypatch, mode="base", steps=60)
+def test_base_mode_trains_and_goes_on_when_a_node_is_killed(tmp_path: Path) -> None:
+    orch, ready, nodes = start_run(tmp_path, mode="base", steps=60)
     try:
         first = step_event(orch, 0)
         killed_id = nodes[2].latest["ready"]["peer_id"]
@@ -107,8 +103,8 @@ def read_log(path: Path) -> list[dict]:
 
 
 def test_secure_mode_trains_no_server_sees_both_shares_and_a_dead_helper_stops_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    orch, ready, procs = start_run(tmp_path, monkeypatch, mode="secure", steps=1000, share_logs=True)
+        tmp_path: Path) -> None:
+    orch, ready, procs = start_run(tmp_path, mode="secure", steps=1000, share_logs=True)
     helper = procs[0]
     try:
         first = step_event(orch, 0)
