@@ -163,8 +163,8 @@ class Daemon:
                                     seal_record(self.identity, record), expiration_time=self._record_expiration)
 
     async def refresh_view(self) -> None:
-        entries = await self.membership.get_all(peers_key(self.manifest.run_id))
-        self.view.update(entries, now=self.membership.now())
+        entries, withdrawn = await self.membership.get_entries(peers_key(self.manifest.run_id))
+        self.view.update(entries, now=self.membership.now(), withdrawn=withdrawn)
         async with self._view_refreshed:
             self._view_refreshed.notify_all()
         log.debug("peer table refreshed: %d record(s) found, %d live, rejected so far %s", len(entries),

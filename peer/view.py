@@ -8,6 +8,7 @@ refused (counted per reason for ``/metrics``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from peer.admission import Admission
@@ -31,9 +32,21 @@ class PeerView:
         self.rejected: Counter[str] = Counter()
         self.last_rejections: dict[str, str] = {}
 
-    def update(self, entries: dict[str, tuple[bytes, float]], *, now: float) -> None:
-        """Replace the table with the records in ``entries`` that verify and are admitted."""
+    def update(self, entries: dict[str, tuple[bytes, float]], *, now: float,
+               withdrawn: Iterable[str] | None = None) -> None:
+        """Rebuild the table from the records in ``entries`` that verify and are admitted.
+
+        With ``withdrawn`` given (the subkeys the read found withdrawn), a peer whose record is
+        missing from ``entries`` but has not expired and was not withdrawn stays: a DHT read comes
+        back partial while a node holding some records does not answer (a frozen host), and the
+        table would flap. A killed peer still leaves within the TTL; a clean exit at once. Without
+        ``withdrawn`` (a one-off read) the table is exactly what ``entries`` holds.
+        """
+        gone = set(withdrawn) if withdrawn is not None else None
         fresh: dict[str, LivePeer] = {}
+        if gone is not None:
+            fresh = {peer_id: peer for peer_id, peer in self._peers.items()
+                     if peer_id not in gone and now - peer.last_seen <= self._ttl_s}
         for subkey, (blob, _expiration) in entries.items():
             try:
                 record = open_record(blob, subkey=subkey, now=now, ttl_s=self._ttl_s)
@@ -41,7 +54,9 @@ class PeerView:
             except RecordRejected as exc:
                 self._reject(subkey, exc)
                 continue
-            fresh[record.peer_id] = LivePeer(record=record, last_seen=record.timestamp)
+            known = fresh.get(record.peer_id)
+            if known is None or known.last_seen <= record.timestamp:
+                fresh[record.peer_id] = LivePeer(record=record, last_seen=record.timestamp)
         self._peers = fresh
 
     def _reject(self, subkey: str, exc: RecordRejected) -> None:

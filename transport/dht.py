@@ -165,9 +165,20 @@ class DhtMembership:
 
     async def get_all(self, key: str) -> dict[str, tuple[bytes, float]]:
         """Every live record under ``key``: subkey -> (value, expiration time)."""
+        records, _withdrawn = await self.get_entries(key)
+        return records
+
+    async def get_entries(self, key: str) -> tuple[dict[str, tuple[bytes, float]], set[str]]:
+        """``get_all``'s records, and the subkeys found withdrawn (an unexpired tombstone).
+
+        A read can come back partial (a DHT node that stopped answering held some subkeys), so a
+        subkey missing from the records is not proof that it is gone; a withdrawn one is.
+        """
         dht_key = _dht_key(key)
         found = await self._call("get", lambda: self._node.get(dht_key, latest=True))
-        return _live_records(found, now=self.now(), max_value_bytes=self._config.max_value_bytes)
+        now = self.now()
+        records = _live_records(found, now=now, max_value_bytes=self._config.max_value_bytes)
+        return records, _withdrawn_subkeys(found, now=now)
 
     async def aclose(self) -> None:
         """Shut the DHT node down and make sure p2pd has exited. Safe to call more than once."""
@@ -225,6 +236,15 @@ def _live_records(found: Any, *, now: float, max_value_bytes: int) -> dict[str, 
         if isinstance(expiration, int | float) and expiration > now:
             records[subkey] = (value, float(expiration))
     return records
+
+
+def _withdrawn_subkeys(found: Any, *, now: float) -> set[str]:
+    """The str subkeys holding an unexpired tombstone (``b""``)."""
+    if not isinstance(found, ValueWithExpiration) or not isinstance(found.value, dict):
+        return set()
+    return {subkey for subkey, item in found.value.items()
+            if isinstance(subkey, str) and isinstance(item, ValueWithExpiration) and item.value == b""
+            and isinstance(item.expiration_time, int | float) and item.expiration_time > now}
 
 
 def _check_maddrs(field: str, values: tuple[str, ...], form: str) -> None:

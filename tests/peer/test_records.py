@@ -89,3 +89,40 @@ def test_expired_join_token_is_not_admitted() -> None:
     with pytest.raises(RecordRejected) as info:
         admission.check(make_record(late, join_token=token), now=NOW)
     assert info.value.reason == "policy"
+
+
+def test_a_partial_read_does_not_drop_unexpired_peers_but_a_withdrawal_or_expiry_does() -> None:
+    owner, a, b = (Identity.generate() for _ in range(3))
+    view = PeerView(Admission(build_manifest(owner, RunConfig(name="r"), now=NOW)), ttl_s=TTL)
+    both = {p.peer_id: (seal_record(p, make_record(p)), NOW + TTL) for p in (a, b)}
+    view.update(both, now=NOW + 1, withdrawn=set())
+
+    view.update({a.peer_id: both[a.peer_id]}, now=NOW + 2, withdrawn=set())  # b's holder did not answer
+    assert {p.record.peer_id for p in view.live(now=NOW + 2)} == {a.peer_id, b.peer_id}
+
+    view.update({a.peer_id: both[a.peer_id]}, now=NOW + 3, withdrawn={b.peer_id})  # b left cleanly
+    assert {p.record.peer_id for p in view.live(now=NOW + 3)} == {a.peer_id}
+
+    view.update(both, now=NOW + 4, withdrawn=set())
+    view.update({}, now=NOW + TTL + 1, withdrawn=set())  # nobody refreshed: both expire
+    assert view.live(now=NOW + TTL + 1) == []
+
+
+def test_a_one_off_read_is_exactly_what_it_found() -> None:
+    owner, a, b = (Identity.generate() for _ in range(3))
+    view = PeerView(Admission(build_manifest(owner, RunConfig(name="r"), now=NOW)), ttl_s=TTL)
+    view.update({p.peer_id: (seal_record(p, make_record(p)), NOW + TTL) for p in (a, b)}, now=NOW + 1)
+
+    view.update({a.peer_id: (seal_record(a, make_record(a)), NOW + TTL)}, now=NOW + 2)
+
+    assert {p.record.peer_id for p in view.live(now=NOW + 2)} == {a.peer_id}
+
+
+def test_an_older_record_does_not_replace_a_newer_one() -> None:
+    owner, a = Identity.generate(), Identity.generate()
+    view = PeerView(Admission(build_manifest(owner, RunConfig(name="r"), now=NOW)), ttl_s=TTL)
+    view.update({a.peer_id: (seal_record(a, make_record(a, round=5, timestamp=NOW + 2)), NOW + TTL)}, now=NOW + 2,
+                withdrawn=set())
+    view.update({a.peer_id: (seal_record(a, make_record(a, round=4, timestamp=NOW + 1)), NOW + TTL)}, now=NOW + 3,
+                withdrawn=set())
+    assert view.get(a.peer_id).record.round == 5

@@ -92,6 +92,7 @@ async def test_withdraw_hides_subkey_from_other_nodes(swarm: list[DhtMembership]
     assert (withdrawn, too_early) == (True, False)
     assert await second.get_all(KEY) == {"staying": (b"hi", now + 30)}
     assert await third.get_all(KEY) == {"staying": (b"hi", now + 30)}
+    assert await second.get_entries(KEY) == ({"staying": (b"hi", now + 30)}, {"leaving"})
 
 
 async def test_client_mode_node_stores_and_reads_through_the_swarm(swarm: list[DhtMembership]) -> None:
