@@ -154,8 +154,6 @@ class ArStageRole(Role):
         if not stages or any(not 0 <= s < num_stages for s in stages):
             raise ConfigError(f"--ar_stages {list(stages)}: the run's AR pipeline has stages "
                               f"0..{num_stages - 1}")
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         held = build_stages(self.model_config, tuple(sorted(set(stages))), num_stages, seed=settings.seed,
                             device=ctx.device)
         self.pool = HopPool()

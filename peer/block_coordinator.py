@@ -58,8 +58,6 @@ class BlockCoordinatorRole(Role):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.settings = blocktrain_settings(ctx.manifest.config)
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         config = self.settings.model
         self.stack = build_stack(config, seed=self.settings.seed, device=ctx.device)
         run_name = ctx.manifest.config.name

@@ -18,8 +18,6 @@ import asyncio
 import logging
 from typing import Any
 
-import torch
-
 from peer.block_fetch import fetch_block, find_coordinator, live_coordinator
 from peer.block_host import EMBEDDING_METHOD, METHOD, BlockHost
 from peer.block_stack import partial_stack
@@ -47,8 +45,6 @@ class BlockServerRole(Role):
     def __init__(self, ctx: RoleContext, *, blocks: tuple[int, ...] | None = None) -> None:
         super().__init__(ctx)
         self.settings = blocktrain_settings(ctx.manifest.config)
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         num_blocks = self.settings.model.num_blocks
         chosen = tuple(range(num_blocks)) if blocks is None else tuple(dict.fromkeys(blocks))
         if not chosen or any(not 0 <= k < num_blocks for k in chosen):

@@ -50,8 +50,6 @@ class BlockWorkerRole(Role):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.settings = blocktrain_settings(ctx.manifest.config)
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         config = self.settings.model
         train = split_text(load_text(ctx.config.data or self.settings.data_source),
                            heldout_fraction=self.settings.heldout_fraction).train

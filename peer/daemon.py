@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from crypto.errors import IdentityError
@@ -76,6 +77,8 @@ class Daemon:
         """Start a daemon; ``role_factories`` is the registry of roles it may take (plugins extend it)."""
         identity = load_identity(config)
         device = resolve_device(config.device)
+        if config.threads:
+            torch.set_num_threads(config.threads)  # once for every role of this process
         async with contextlib.AsyncExitStack() as stack:
             membership = await start_membership(config)
             stack.push_async_callback(membership.aclose)

@@ -56,8 +56,6 @@ class LearnerRole(Role):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.settings = learner_settings(ctx.manifest.config)
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         split = split_text(load_text(ctx.config.data or self.settings.data_source),
                            heldout_fraction=self.settings.heldout_fraction)
         self.shard_index = int(ctx.identity.peer_id[:8], 16) % self.settings.num_shards

@@ -111,8 +111,6 @@ class TlppHelperRole(Role):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.settings = tlpp_settings(ctx.manifest.config)
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         if not self.settings.secure:
             raise ConfigError(f"run {ctx.manifest.run_id} trains in base mode; a helper only takes part in secure mode "
                               "(hyper.mode = \"secure\")")

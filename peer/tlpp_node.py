@@ -56,8 +56,6 @@ class TlppNodeRole(Role):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.settings = tlpp_settings(ctx.manifest.config)
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         source = ctx.config.data or default_node_source(ctx.identity.peer_id, self.settings.num_shards)
         self.data = load_data(source, test_fraction=self.settings.test_fraction, split_seed=self.settings.split_seed)
         self.model = self.settings.build_model(ctx.device)

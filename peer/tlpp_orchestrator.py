@@ -61,8 +61,6 @@ class TlppServerRole(Role):
         if ctx.manifest.owner_public_key != ctx.identity.public_key:
             raise ConfigError("the tlpp-server role needs the run owner's identity (the key that signed the manifest)")
         self.settings = settings = tlpp_settings(ctx.manifest.config)
-        if ctx.config.threads:
-            torch.set_num_threads(ctx.config.threads)
         self.model = settings.build_model(ctx.device)
         node_side, server_side = settings.split(self.model)
         if settings.secure:
