@@ -10,9 +10,11 @@ manifest owner) with what is computed share-wise on them:
   the bias is party 0's to add). It waits up to ``helper_wait_s`` for shares still on their way
   and answers which nodes it used, leaving out a node whose share never came or does not match
   the size the orchestrator holds.
-- ``sum`` {nodes}: the sum of its gradient shares over the named nodes (``server_sum``); only the
-  orchestrator can add its own summed share and reconstruct the sum, never a single node's part.
-- ``ping``: so the orchestrator can tell a dead helper from a dead node.
+- ``sum`` {nodes}: the sum of its flat gradient shares over the named nodes (``server_sum``),
+  waiting likewise and answering which nodes it summed (a node whose push failed is left out);
+  only the orchestrator can add its own summed share and reconstruct the sum, never a single
+  node's part.
+- ``ping``: is the helper there (an empty round trip).
 
 It accepts share 1 (``party`` = 1) only, from live peers with the ``node`` role, each tensor once
 per step, for at most ``MAX_STEPS_HELD`` steps; shares of steps before the orchestrator's latest
@@ -33,11 +35,11 @@ from crypto.sharing import SharingError
 from peer.errors import ConfigError
 from peer.roles import Role, RoleContext, TcpMethod
 from peer.secure_link import LinkMessage, RequestRefused, SecureLinkServer
-from peer.tlpp_secure import HELPER, PartyShare, server_logit_share, server_sum
+from peer.tlpp_secure import HELPER, PartyShare, gradient_layout, layout_numel, server_logit_share, server_sum
 from peer.tlpp_settings import tlpp_settings
 from peer.tlpp_wire import (
     ACT,
-    GRAD_PREFIX,
+    GRADS,
     HELPER_METHOD,
     LOGITS,
     PING,
@@ -46,6 +48,7 @@ from peer.tlpp_wire import (
     ShareLog,
     check_party,
     check_tensors,
+    flat_grads,
     node_list,
 )
 from protocols.traversal import TraversalError, affine_server
@@ -115,7 +118,7 @@ class TlppHelperRole(Role):
             raise ConfigError(f"run {ctx.manifest.run_id} trains in base mode; a helper only takes part in secure mode "
                               "(hyper.mode = \"secure\")")
         model = self.settings.build_model("cpu")
-        _, server_side = self.settings.split(model)
+        node_side, server_side = self.settings.split(model)
         try:
             served = affine_server(server_side)
         except TraversalError as exc:
@@ -123,7 +126,7 @@ class TlppHelperRole(Role):
         names = {id(p): name for name, p in model.named_parameters()}
         self.weight_name = names[id(served.weight)]
         self._linear = nn.Linear(served.in_features, served.out_features, bias=False)
-        self._params = {name: p.detach() for name, p in model.named_parameters()}
+        self._grads = flat_grads(layout_numel(gradient_layout(node_side, server_side)))
         self.store = ShareStore()
         self.share_log = ShareLog(ctx.config.share_log or None)
         self._server = SecureLinkServer(identity=ctx.identity, run_id=ctx.manifest.run_id, method=HELPER_METHOD,
@@ -180,8 +183,8 @@ class TlppHelperRole(Role):
                                      code="malformed")
             logged = [ACT]
         elif kind == "grad":
-            check_tensors(message.tensors, self._params, what="gradient shares", dtype=torch.int64)
-            logged = [GRAD_PREFIX + name for name in message.tensors]
+            check_tensors(message.tensors, self._grads, what="gradient shares")
+            logged = [GRADS]
         else:
             raise RequestRefused(f"share kind must be one of {KINDS}, got {kind!r}", code="malformed")
         await self.store.put(message.step, node, kind, message.tensors)
@@ -214,11 +217,11 @@ class TlppHelperRole(Role):
     async def _sum(self, message: LinkMessage) -> LinkMessage:
         nodes = node_list(message.fields.get("nodes"), "sum: nodes")
         shares = await self.store.collect(message.step, nodes, "grad", timeout_s=self.settings.helper_wait_s)
-        missing = sorted(set(nodes) - set(shares))
-        if missing:
-            raise RequestRefused(f"sum: no gradient shares of step {message.step} from {[n[:12] for n in missing]}",
-                                 code="missing")
-        summed = server_sum([{name: PartyShare(HELPER, t) for name, t in shares[n].items()} for n in nodes])
+        used = [n for n in nodes if n in shares]
+        if not used:
+            self.store.discard(message.step)
+            return LinkMessage(SUM, message.step, {"nodes": []})
+        summed = server_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])
         self.store.discard(message.step)
         self.sums_served += 1
-        return LinkMessage(SUM, message.step, {}, {name: share.ring for name, share in summed.items()})
+        return LinkMessage(SUM, message.step, {"nodes": used}, {GRADS: summed.ring})

@@ -7,16 +7,21 @@ and answers only the run's orchestrator (the manifest owner's key), over ``peer.
   orchestrator sends them when the node's cached version is stale; a node asked to run a version
   it does not hold refuses with code "stale"), run the node side on the named samples and answer
   the cut activations and labels. Secure mode: check |A| <= max_abs, split A into two additive
-  shares (``peer.tlpp_secure.node_share_activations``), push share 1 to the helper the request
-  names (a live ``helper`` of the run, authenticated by its signed record) and only then answer
-  share 0 to the orchestrator.
+  shares (``peer.tlpp_secure.node_share_activations``), start pushing share 1 to the helper the
+  request names and answer share 0 to the orchestrator at once.
 - ``backward`` {step}: for the step of the last forward, recompute the forward and
   backpropagate. Base mode: the cut-gradient slice in, the node-side gradients out. Secure mode:
   its own logit-gradient slice g_i in; the node-side and server-weight gradients, scaled by the
-  public grad_scale and shared (``node_gradient_shares``), share 1 to the helper, share 0 back.
+  public grad_scale, flattened into one vector and shared (``node_gradient_shares``); share 1
+  pushed to the helper, share 0 answered at once.
 
-A helper that cannot be reached makes the request fail with code "helper", so the orchestrator
-can tell a helper failure from a node failure. Requests are handled one at a time.
+**Pushes run beside the answer.** The helper waits (bounded, ``helper_wait_s``) for the shares an
+orchestrator request names and answers which nodes it used, so the push need not finish before
+the answer: a node whose push fails (the helper is not a live helper of the run, cannot be
+reached or refuses) is simply absent from the helper's answer and the orchestrator leaves it out
+of that phase. The failure is logged here; a helper that is really gone fails the orchestrator's
+own request to it. Pushes to the helper go in order over one link; requests are handled one at a
+time.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from peer.tlpp_wire import (
     ACT,
     BACKWARD,
     FORWARD,
+    GRADS,
     HELPER_METHOD,
     NODE_METHOD,
     SHARE,
@@ -66,6 +72,8 @@ class TlppNodeRole(Role):
         self._server = SecureLinkServer(identity=ctx.identity, run_id=ctx.manifest.run_id, method=NODE_METHOD,
                                         authorize=self._authorize, handler=self._handle, traffic=ctx.traffic)
         self._lock = asyncio.Lock()
+        self._pushes: set[asyncio.Task[None]] = set()
+        self.pushes_failed = 0
         self._pending: tuple[int, torch.Tensor] | None = None
         self.version = -1
         self.steps_served = 0
@@ -79,6 +87,10 @@ class TlppNodeRole(Role):
         return self._server.tcp_methods()
 
     async def aclose(self) -> None:
+        pushes = list(self._pushes)
+        for task in pushes:
+            task.cancel()
+        await asyncio.gather(*pushes, return_exceptions=True)
         await self._links.aclose()
 
     @property
@@ -88,7 +100,7 @@ class TlppNodeRole(Role):
     def status(self) -> dict[str, Any]:
         return {"assignment": {"tlpp_samples": len(self.data)}, "data": self.data.source, "samples": len(self.data),
                 "mode": self.settings.mode, "weights_version": self.version, "steps_served": self.steps_served,
-                "last_step": self.last_step}
+                "pushes_failed": self.pushes_failed, "last_step": self.last_step}
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -110,6 +122,7 @@ class TlppNodeRole(Role):
         if fields.get("mode") != self.settings.mode:
             raise RequestRefused(f"mode {fields.get('mode')!r} does not match the run's {self.settings.mode!r}")
         indices = check_indices(fields.get("indices"), len(self.data))
+        helper = _helper_named(fields) if self.settings.secure else ""
         self._load_weights(fields.get("version"), message.tensors)
         self._pending = None
         x, y = self.data.x[indices].to(self.ctx.device), self.data.y[indices]
@@ -122,7 +135,7 @@ class TlppNodeRole(Role):
                     node_share_activations, self.node_side, x, max_abs=self.settings.max_abs, masks=self._masks)
             except SharingError as exc:
                 raise RequestRefused(str(exc), code="range") from exc
-            await self._to_helper(fields.get("helper"), message.step, "act", {ACT: to_helper.ring})
+            self._push(helper, message.step, "act", {ACT: to_helper.ring})
             reply = LinkMessage(FORWARD, message.step, {"party": 0}, {ACT: to_orchestrator.ring, "labels": y})
         self._pending = (message.step, x)
         self.last_step = message.step
@@ -165,6 +178,7 @@ class TlppNodeRole(Role):
 
     async def _secure_backward(self, message: LinkMessage, x: torch.Tensor) -> LinkMessage:
         logit_grad, scale = message.tensors.get("logit_grad"), message.fields.get("grad_scale")
+        helper = _helper_named(message.fields)
         if logit_grad is None or set(message.tensors) != {"logit_grad"} or not logit_grad.is_floating_point():
             raise RequestRefused("backward needs exactly one float tensor 'logit_grad'", code="malformed")
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale <= 1e6:
@@ -172,16 +186,24 @@ class TlppNodeRole(Role):
         to_orchestrator, to_helper = await asyncio.to_thread(
             node_gradient_shares, self.node_side, self.server_side, x, logit_grad.to(self.ctx.device),
             masks=self._masks, grad_scale=float(scale))
-        await self._to_helper(message.fields.get("helper"), message.step, "grad",
-                              {name: share.ring for name, share in to_helper.items()})
-        return LinkMessage(BACKWARD, message.step, {"party": 0},
-                           {name: share.ring for name, share in to_orchestrator.items()})
+        self._push(helper, message.step, "grad", {GRADS: to_helper.ring})
+        return LinkMessage(BACKWARD, message.step, {"party": 0}, {GRADS: to_orchestrator.ring})
 
-    async def _to_helper(self, helper: object, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
+    def _push(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
+        """Start pushing share 1 to ``helper`` beside the answer (see the module docstring)."""
+        task = asyncio.create_task(self._to_helper(helper, step, kind, tensors), name=f"tlpp-push-{kind}-{step}")
+        self._pushes.add(task)
+        task.add_done_callback(self._pushed)
+
+    def _pushed(self, task: asyncio.Task[None]) -> None:
+        self._pushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.pushes_failed += 1
+            log.warning("TL++ node: %s", task.exception())
+
+    async def _to_helper(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         """Push share 1 to the named helper; RequestRefused(code="helper") when it cannot be done."""
-        if not isinstance(helper, str) or not helper:
-            raise RequestRefused("secure mode: the request names no helper", code="malformed")
-        timeout_s = min(self.settings.helper_timeout_s, self.settings.node_timeout_s / 2)
+        timeout_s = self.settings.helper_timeout_s
 
         def is_helper() -> bool:
             live = self.ctx.view.get(helper)
@@ -193,4 +215,12 @@ class TlppNodeRole(Role):
             await self._links.request(helper, HELPER_METHOD, LinkMessage(SHARE, step, {"kind": kind, "party": 1},
                                                                          tensors), timeout_s=timeout_s)
         except (SecureLinkError, RequestRefused) as exc:
-            raise RequestRefused(f"helper {helper[:12]} did not take the shares: {exc}", code="helper") from exc
+            raise RequestRefused(f"helper {helper[:12]} did not take the {kind} shares of step {step}: {exc}",
+                                 code="helper") from exc
+
+
+def _helper_named(fields: dict[str, object]) -> str:
+    helper = fields.get("helper")
+    if not isinstance(helper, str) or not helper:
+        raise RequestRefused("secure mode: the request names no helper", code="malformed")
+    return helper

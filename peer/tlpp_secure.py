@@ -17,10 +17,11 @@ virtual batch, the "clean arrangement" of DESIGN.md:
    sends each node its own slice g_i (``orchestrator_logit_gradients``). A reconstructed logit
    beyond the guard's bound can only be a failed truncation: the step is refused, not applied.
 5. node i: dW_i = g_i^T A_i, db_i = sum of g_i's rows, node-side gradients by backpropagating
-   dA_i = g_i W; shares all of them (scaled by a public ``grad_scale``, the batch size, for
-   fixed-point precision) to both servers (``node_gradient_shares``).
-6. each server sums the shares it holds over the nodes (``server_sum``); helper -> its summed
-   share; orchestrator reconstructs ONLY the sums (``orchestrator_gradients``).
+   dA_i = g_i W; flattens all of them into one vector (``gradient_layout`` order: sorted names,
+   known to every party from the model) and shares it (scaled by a public ``grad_scale``, the
+   batch size, for fixed-point precision) to both servers (``node_gradient_shares``).
+6. each server sums the flat shares it holds over the nodes (``server_sum``); helper -> its summed
+   share; orchestrator reconstructs ONLY the sum and unflattens it (``orchestrator_gradients``).
 
 Who knows what (semi-honest, non-colluding orchestrator and helper):
 
@@ -51,6 +52,7 @@ Truncation can fail (garbage, not noise) with probability bounded per virtual ba
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -70,6 +72,7 @@ from crypto.sharing import (
 from protocols.traversal import affine_server, logit_gradient
 
 ORCHESTRATOR, HELPER = 0, 1
+GradLayout = tuple[tuple[str, torch.Size], ...]
 
 
 @dataclass(frozen=True)
@@ -112,12 +115,48 @@ def node_share_activations(node_side: nn.Module, x: Tensor, *, max_abs: float,
     return PartyShare(ORCHESTRATOR, s0), PartyShare(HELPER, s1)
 
 
+def gradient_layout(node_side: nn.Module, server_side: nn.Module) -> GradLayout:
+    """Names (the full model's) and shapes of every gradient a node shares, sorted by name: its
+    trainable node-side parameters and the affine server's weight (and bias). Every party derives
+    it from the model, so the gradient shares travel as ONE flat vector in this order."""
+    linear = affine_server(server_side)
+    names = {id(p): name for name, p in server_side.named_parameters()}
+    named = [(n, p.shape) for n, p in node_side.named_parameters() if p.requires_grad]
+    named += [(names[id(p)], p.shape) for p in (linear.weight, linear.bias) if p is not None]
+    return tuple(sorted(named))
+
+
+def layout_numel(layout: GradLayout) -> int:
+    """Length of the flat gradient vector of ``layout``."""
+    return sum(math.prod(shape) for _, shape in layout)
+
+
+def flatten_grads(grads: Mapping[str, Tensor], layout: GradLayout) -> Tensor:
+    """``grads`` as one vector in ``layout``'s order; SharingError unless names and shapes match."""
+    if set(grads) != {name for name, _ in layout}:
+        raise SharingError(f"flatten_grads: gradients {sorted(grads)} do not match the layout "
+                           f"{[name for name, _ in layout]}")
+    for name, shape in layout:
+        if grads[name].shape != shape:
+            raise SharingError(f"flatten_grads: {name!r} is {tuple(grads[name].shape)}, expected {tuple(shape)}")
+    return torch.cat([grads[name].reshape(-1) for name, _ in layout])
+
+
+def unflatten_grads(vector: Tensor, layout: GradLayout) -> dict[str, Tensor]:
+    """The inverse of ``flatten_grads``: tensors by name from one vector in ``layout``'s order."""
+    if vector.dim() != 1 or vector.numel() != layout_numel(layout):
+        raise SharingError(f"unflatten_grads: vector of shape {tuple(vector.shape)}, expected "
+                           f"({layout_numel(layout)},)")
+    parts = torch.split(vector, [math.prod(shape) for _, shape in layout])
+    return {name: part.reshape(shape) for (name, shape), part in zip(layout, parts, strict=True)}
+
+
 def node_gradient_shares(node_side: nn.Module, server_side: nn.Module, x: Tensor, logit_grad: Tensor, *,
-                         masks: MaskStream, grad_scale: float = 1.0,
-                         ) -> tuple[dict[str, PartyShare], dict[str, PartyShare]]:
+                         masks: MaskStream, grad_scale: float = 1.0) -> tuple[PartyShare, PartyShare]:
     """Step 5 on node i: from its own g_i, A_i and W, the server-weight gradients (g_i^T A_i,
-    sum g_i) and its node-side gradients (backprop of g_i W), all times ``grad_scale``, shared.
-    Returns (to the orchestrator, to the helper), keyed by the full model's parameter names."""
+    sum g_i) and its node-side gradients (backprop of g_i W), all times ``grad_scale``, flattened
+    in ``gradient_layout`` order and shared with one ``share_float`` call (one message per server,
+    one keystream draw). Returns (to the orchestrator, to the helper)."""
     linear = affine_server(server_side)
     names = {id(p): name for name, p in server_side.named_parameters()}
     node_named = [(n, p) for n, p in node_side.named_parameters() if p.requires_grad]
@@ -134,11 +173,9 @@ def node_gradient_shares(node_side: nn.Module, server_side: nn.Module, x: Tensor
     grads[names[id(linear.weight)]] = g.T @ a.detach()
     if linear.bias is not None:
         grads[names[id(linear.bias)]] = g.sum(dim=0)
-    to_orchestrator, to_helper = {}, {}
-    for name, grad in grads.items():
-        s0, s1 = share_float(grad * grad_scale, masks)
-        to_orchestrator[name], to_helper[name] = PartyShare(ORCHESTRATOR, s0), PartyShare(HELPER, s1)
-    return to_orchestrator, to_helper
+    flat = flatten_grads(grads, gradient_layout(node_side, server_side))
+    s0, s1 = share_float(flat * grad_scale, masks)
+    return PartyShare(ORCHESTRATOR, s0), PartyShare(HELPER, s1)
 
 
 # --- servers --------------------------------------------------------------------------------------------
@@ -157,17 +194,12 @@ def server_logit_share(shares: Mapping[str, PartyShare], server_side: nn.Module,
     return PartyShare(party, out)
 
 
-def server_sum(shares: Sequence[Mapping[str, PartyShare]]) -> dict[str, PartyShare]:
-    """Step 6 on one server: the sum over nodes of its own gradient shares, name by name."""
+def server_sum(shares: Sequence[PartyShare]) -> PartyShare:
+    """Step 6 on one server: the sum over nodes of its own flat gradient shares."""
     if not shares:
         raise SharingError("server_sum: no node's shares")
-    party = _one_party([s for node in shares for s in node.values()], "server_sum")
-    names = set(shares[0])
-    for i, node in enumerate(shares):
-        if set(node) != names:
-            raise SharingError(f"server_sum: node {i} sent gradients {sorted(node)}, "
-                               f"expected {sorted(names)}")
-    return {name: PartyShare(party, sum_shares([node[name].ring for node in shares])) for name in shares[0]}
+    party = _one_party(shares, "server_sum")
+    return PartyShare(party, sum_shares([s.ring for s in shares]))
 
 
 # --- orchestrator -------------------------------------------------------------------------------------------
@@ -211,16 +243,12 @@ def orchestrator_logit_gradients(own: PartyShare, helper: PartyShare, labels: Ma
                      logit_grads=dict(zip(nodes, slices, strict=True)))
 
 
-def orchestrator_gradients(own: Mapping[str, PartyShare], helper: Mapping[str, PartyShare], *,
+def orchestrator_gradients(own: PartyShare, helper: PartyShare, *, layout: GradLayout,
                            grad_scale: float = 1.0) -> dict[str, Tensor]:
-    """Step 6's end: the summed gradients, reconstructed from the two servers' summed shares."""
-    if set(own) != set(helper):
-        raise SharingError(f"orchestrator_gradients: names differ: {sorted(set(own) ^ set(helper))}")
-    out = {}
-    for name in own:
-        _pair(own[name], helper[name], f"orchestrator_gradients[{name!r}]")
-        out[name] = reconstruct_float(own[name].ring, helper[name].ring) / grad_scale
-    return out
+    """Step 6's end: the summed gradients, reconstructed from the two servers' summed flat shares
+    and unflattened by name with ``layout`` (``gradient_layout``)."""
+    _pair(own, helper, "orchestrator_gradients")
+    return unflatten_grads(reconstruct_float(own.ring, helper.ring) / grad_scale, layout)
 
 
 # --- one whole virtual batch in one process -----------------------------------------------------------------
@@ -266,11 +294,6 @@ def _ring(share: PartyShare, ledger: ByteLedger, sender: str, receiver: str) -> 
     return PartyShare(share.party, ledger.send(sender, receiver, share.ring))
 
 
-def _ring_dict(shares: Mapping[str, PartyShare], ledger: ByteLedger, sender: str, receiver: str):
-    received = ledger.send(sender, receiver, {k: s.ring for k, s in shares.items()})
-    return {k: PartyShare(shares[k].party, v) for k, v in received.items()}
-
-
 def secure_step(node_side: nn.Module, server_side: nn.Module, xs: Mapping[str, Tensor],
                 labels: Mapping[str, Tensor], *, max_abs: float, max_failure: float = 1e-6,
                 masks: Mapping[str, MaskStream] | None = None) -> SecureStep:
@@ -303,10 +326,11 @@ def secure_step(node_side: nn.Module, server_side: nn.Module, xs: Mapping[str, T
     for n in nodes:
         g = ledger.send("orchestrator", n, step.logit_grads[n].to(xs[n].dtype))
         s0, s1 = node_gradient_shares(*local[n], xs[n], g, masks=masks[n], grad_scale=grad_scale)
-        orch_shares.append(_ring_dict(s0, ledger, n, "orchestrator"))
-        help_shares.append(_ring_dict(s1, ledger, n, "helper"))
-    helper_sum = _ring_dict(server_sum(help_shares), ledger, "helper", "orchestrator")
-    grads = orchestrator_gradients(server_sum(orch_shares), helper_sum, grad_scale=grad_scale)
+        orch_shares.append(_ring(s0, ledger, n, "orchestrator"))
+        help_shares.append(_ring(s1, ledger, n, "helper"))
+    helper_sum = _ring(server_sum(help_shares), ledger, "helper", "orchestrator")
+    grads = orchestrator_gradients(server_sum(orch_shares), helper_sum,
+                                   layout=gradient_layout(node_side, server_side), grad_scale=grad_scale)
     dtype = next(node_side.parameters()).dtype
     return SecureStep(loss=step.loss, correct=step.correct, count=step.count, logits=step.logits,
                       grads={k: v.to(dtype) for k, v in grads.items()}, ledger=ledger)

@@ -11,12 +11,17 @@ Base mode (the traversal-learning step of ``protocols.traversal``):
 
 Secure mode (``peer.tlpp_secure``; the helper is party 1):
 
-1. ``forward``: each node pushes share 1 of A_i to the helper, then answers share 0 and y_i;
-2. ``logits`` to the helper with W: its logit share over the nodes that answered; the
-   orchestrator adds its own (bias on party 0), reconstructs the logits, the loss and g;
+1. ``forward``: each node pushes share 1 of A_i to the helper and, without waiting for that
+   push, answers share 0 and y_i;
+2. ``logits`` to the helper with W: its logit share over the nodes that answered whose share it
+   holds (it waits, bounded, for pushes on their way, and says which nodes it used; the others
+   are dropped); the orchestrator adds its own (bias on party 0), reconstructs the logits, the
+   loss and g;
 3. ``backward`` with each node's own g_i: each pushes share 1 of its gradients (node side and
-   W, b) to the helper and answers share 0;
-4. ``sum`` to the helper: its summed share; the orchestrator reconstructs only the sum.
+   W, b, as one flat vector) to the helper and answers share 0;
+4. ``sum`` to the helper: its summed share over the nodes that completed whose gradient share it
+   holds, and which those are (a node whose push failed is dropped); the orchestrator sums its own
+   shares of the same nodes and reconstructs only the sum.
 
 **Dropped nodes.** A node that fails or times out in step 1 is left out of the batch: the loss
 and gradients are those of the samples of the nodes that answered (the mean over them). A node
@@ -25,13 +30,14 @@ gradient: the summed gradients of the nodes that completed (each slice carrying 
 batch mean, n_F = samples forwarded) are multiplied by n_F / n_K (n_K = samples of the nodes that
 completed), and in base mode the server gradients are recomputed over those nodes' samples. Every
 sample of the server side depends only on its own activation row, so this is exactly the gradient
-of the mean loss over the completed nodes' samples: a smaller batch, never a biased one. A step
-with no completed node applies nothing. The ledger lists who answered, who was dropped in which
+of the mean loss over the completed nodes' samples: a smaller batch, never a biased one. In
+secure mode a node whose share the helper does not hold counts as failed in that phase (step 2:
+left out of the batch; step 4: left out of the gradient, normalised the same way). A step with no
+completed node applies nothing. The ledger lists who answered, who was dropped in which
 phase and why.
 
-**The helper.** Any failure of a request to the helper (unreachable, timeout, refusal), or a
-node reporting that it could not reach the helper while the helper does not answer a ping,
-raises ``HelperFailed``: secure training stops with that error rather than going on without the
+**The helper.** Any failure of a request to the helper (unreachable, timeout, refusal) raises
+``HelperFailed``: secure training stops with that error rather than going on without the
 second server. Every remote await has the timeout of the settings.
 """
 
@@ -54,6 +60,8 @@ from peer.tlpp_secure import (
     HELPER,
     ORCHESTRATOR,
     PartyShare,
+    gradient_layout,
+    layout_numel,
     logit_bound,
     orchestrator_gradients,
     orchestrator_logit_gradients,
@@ -65,15 +73,15 @@ from peer.tlpp_wire import (
     ACT,
     BACKWARD,
     FORWARD,
-    GRAD_PREFIX,
+    GRADS,
     HELPER_METHOD,
     LOGITS,
     NODE_METHOD,
-    PING,
     SUM,
     ShareLog,
     check_party,
     check_tensors,
+    flat_grads,
 )
 from protocols.traversal import VirtualBatch, affine_server, server_step, sum_grads
 
@@ -143,6 +151,8 @@ class StepDriver:
         if settings.secure:
             linear = affine_server(server_side)
             self._server_weight = linear.weight
+            self._layout = gradient_layout(node_side, server_side)
+            self._grads = flat_grads(layout_numel(self._layout))
 
     async def run(self, batch: VirtualBatch, ledger: StepLedger, helper: str | None) -> dict[str, Tensor] | None:
         """The step's summed gradients by parameter name, or None when nothing can be applied."""
@@ -173,18 +183,15 @@ class StepDriver:
         nodes = sorted(plan)
         results = await asyncio.gather(*(self._forward_one(step, n, plan[n], helper) for n in nodes),
                                        return_exceptions=True)
-        forwarded, helper_trouble = {}, False
+        forwarded = {}
         for node, result in zip(nodes, results, strict=True):
             if isinstance(result, _Forwarded):
                 forwarded[node] = result
             elif isinstance(result, SecureLinkError | RequestRefused):
                 self._cached.pop(node, None)
                 ledger.dropped[node] = f"forward: {result}"[:300]
-                helper_trouble |= getattr(result, "code", "") == "helper"
             else:
                 raise result
-        if helper_trouble and helper is not None:
-            await self._ping(step, helper)
         return forwarded
 
     async def _forward_one(self, step: int, node: str, indices: list[int], helper: str | None) -> _Forwarded:
@@ -220,7 +227,7 @@ class StepDriver:
         server = await asyncio.to_thread(server_step, self.server_side, acts, labels)
         ledger.loss, ledger.accuracy = server.loss, server.correct / server.count
         messages = {n: LinkMessage(BACKWARD, ledger.step, {}, {"cut_grad": server.cut_grads[n]}) for n in forwarded}
-        grads = await self._backward_all(ledger, messages, self._check_base_grads, helper=None)
+        grads = await self._backward_all(ledger, messages, self._check_base_grads)
         if not grads:
             ledger.note = "no node completed the backward pass"
             return None
@@ -245,8 +252,7 @@ class StepDriver:
         reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {
             "nodes": sorted(forwarded), "sizes": {n: f.act.shape[0] for n, f in forwarded.items()}},
             {"weight": weight.detach().cpu()}))
-        used = sorted(n for n in reply.fields.get("nodes", []) if n in forwarded) if isinstance(
-            reply.fields.get("nodes"), list) else []
+        used = _used(reply, forwarded)
         for node in sorted(set(forwarded) - set(used)):
             ledger.dropped[node] = "logits: the helper holds no matching activation share"
         if not used:
@@ -272,15 +278,22 @@ class StepDriver:
         scale = float(logit_step.count)
         messages = {n: LinkMessage(BACKWARD, ledger.step, {"grad_scale": scale, "helper": helper},
                                    {"logit_grad": logit_step.logit_grads[n].to(torch.float32)}) for n in used}
-        shares = await self._backward_all(ledger, messages, self._check_grad_shares, helper=helper)
+        shares = await self._backward_all(ledger, messages, self._check_grad_shares)
         if not shares:
             ledger.note = "no node completed the backward pass"
             return None
-        kept = sorted(shares)
-        helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": kept}))
-        check_tensors(helper_sum.tensors, self._params, what="the helper's summed share", dtype=torch.int64)
-        own_sum = server_sum([{k: PartyShare(ORCHESTRATOR, t) for k, t in shares[n].items()} for n in kept])
-        grads = orchestrator_gradients(own_sum, {k: PartyShare(HELPER, t) for k, t in helper_sum.tensors.items()},
+        helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
+        kept = _used(helper_sum, shares)
+        for node in sorted(set(shares) - set(kept)):
+            ledger.dropped[node] = "sum: the helper holds no gradient share"
+        ledger.answered = kept
+        ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
+        if not kept:
+            ledger.note = "the helper holds no gradient share of any node that completed the backward pass"
+            return None
+        check_tensors(helper_sum.tensors, self._grads, what="the helper's summed share")
+        own_sum = server_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in kept])
+        grads = orchestrator_gradients(own_sum, PartyShare(HELPER, helper_sum.tensors[GRADS]), layout=self._layout,
                                        grad_scale=scale)
         completed = sum(forwarded[n].act.shape[0] for n in kept)
         factor = rows / completed
@@ -288,18 +301,17 @@ class StepDriver:
 
     def _check_grad_shares(self, step: int, node: str, reply: LinkMessage) -> dict[str, Tensor]:
         check_party(reply.fields, ORCHESTRATOR, what=f"gradient shares of node {node[:12]}")
-        check_tensors(reply.tensors, self._params, what=f"gradient shares of node {node[:12]}", dtype=torch.int64)
-        self.share_log.record(step=step, node=node, tensors=[GRAD_PREFIX + k for k in reply.tensors],
-                              share_index=ORCHESTRATOR)
+        check_tensors(reply.tensors, self._grads, what=f"gradient shares of node {node[:12]}")
+        self.share_log.record(step=step, node=node, tensors=[GRADS], share_index=ORCHESTRATOR)
         return reply.tensors
 
     # -- phase 3 and the remote calls ---------------------------------------------------------
 
-    async def _backward_all(self, ledger: StepLedger, messages: Mapping[str, LinkMessage], check: Checker, *,
-                            helper: str | None) -> dict[str, dict[str, Tensor]]:
+    async def _backward_all(self, ledger: StepLedger, messages: Mapping[str, LinkMessage],
+                            check: Checker) -> dict[str, dict[str, Tensor]]:
         nodes = sorted(messages)
         results = await asyncio.gather(*(self._node(n, messages[n]) for n in nodes), return_exceptions=True)
-        done, helper_trouble = {}, False
+        done = {}
         for node, result in zip(nodes, results, strict=True):
             try:
                 if isinstance(result, BaseException):
@@ -308,9 +320,6 @@ class StepDriver:
             except (SecureLinkError, RequestRefused) as exc:
                 self._cached.pop(node, None)
                 ledger.dropped[node] = f"backward: {exc}"[:300]
-                helper_trouble |= getattr(exc, "code", "") == "helper"
-        if helper_trouble and helper is not None:
-            await self._ping(ledger.step, helper)
         ledger.answered = sorted(done)
         ledger.samples = sum(ledger.planned.get(n, 0) for n in done)
         return done
@@ -325,9 +334,11 @@ class StepDriver:
             raise HelperFailed(f"the helper {helper[:12]} failed during {message.op!r} of step {message.step}: {exc}; "
                                "secure training cannot go on without it") from exc
 
-    async def _ping(self, step: int, helper: str) -> None:
-        """Nodes could not reach the helper: find out whether it is gone (HelperFailed) or not."""
-        await self._helper(helper, LinkMessage(PING, step))
+
+def _used(reply: LinkMessage, asked: Mapping[str, object]) -> list[str]:
+    """The nodes the helper's answer says it used, of those it was asked about (sorted)."""
+    nodes = reply.fields.get("nodes")
+    return sorted(n for n in nodes if isinstance(n, str) and n in asked) if isinstance(nodes, list) else []
 
 
 def grads_finite(grads: Mapping[str, Tensor]) -> bool:

@@ -5,18 +5,21 @@ Methods (TCP) and ops, by who serves them::
     data node  (``tlpp-node``)    forward   {indices, version, mode, helper} + weights when stale
                                             -> base: {act, labels}; secure: {act: share 0, labels}
                                   backward  base: {cut_grad} -> node-side gradients
-                                            secure: {logit_grad}, grad_scale -> gradient shares 0
-    helper     (``tlpp-helper``)  share     from a node: {act} or gradients, share 1 (party 1)
+                                            secure: {logit_grad}, grad_scale -> {grads: share 0}
+    helper     (``tlpp-helper``)  share     from a node: {act} or {grads}, share 1 (party 1)
                                   logits    from the orchestrator: {weight}, nodes, sizes
                                             -> its logit share over those nodes, and which it used
-                                  sum       from the orchestrator: nodes -> its summed gradient share
+                                  sum       from the orchestrator: nodes -> {grads: its summed share}
+                                            over the nodes whose shares it holds, and which
                                   ping      from the orchestrator: is the helper there
 
 Every share carries ``party`` in its fields; the orchestrator accepts only party 0 and the helper
-only party 1, so neither server ever takes both shares of a tensor. With ``--share_log PATH``
-(``PeerConfig.share_log``), each server appends one JSON line per share tensor it accepts,
-``{"step", "node", "tensor", "share_index"}`` (a debugging and audit aid; the end-to-end test reads
-it to check that no server ever held both shares of anything).
+only party 1, so neither server ever takes both shares of a tensor. A node's gradients travel
+as ONE flat int64 vector ``grads`` (``peer.tlpp_secure.gradient_layout`` order, whose length both
+servers know from the model): one tensor to encode and check per message, not one per parameter.
+With ``--share_log PATH`` (``PeerConfig.share_log``), each server appends one JSON line per share
+tensor it accepts, ``{"step", "node", "tensor", "share_index"}`` (a debugging and audit aid; the
+end-to-end test reads it to check that no server ever held both shares of anything).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ HELPER_METHOD = "tlpp-helper"
 FORWARD, BACKWARD = "forward", "backward"
 SHARE, LOGITS, SUM, PING = "share", "logits", "sum", "ping"
 ACT = "act"
-GRAD_PREFIX = "grad:"
+GRADS = "grads"
 MAX_INDICES = 1 << 16
 
 
@@ -67,6 +70,11 @@ def check_tensors(received: Mapping[str, torch.Tensor], expected: Mapping[str, t
         if tensor.shape != expected[name].shape or tensor.dtype != want:
             raise RequestRefused(f"{what}: {name!r} is {tuple(tensor.shape)} {tensor.dtype}, expected "
                                  f"{tuple(expected[name].shape)} {want}", code="malformed")
+
+
+def flat_grads(numel: int) -> dict[str, torch.Tensor]:
+    """What a message of flat gradient shares must hold (for ``check_tensors``): ``grads``, int64 [numel]."""
+    return {GRADS: torch.empty(numel, dtype=torch.int64)}
 
 
 def check_party(fields: Mapping[str, object], party: int, *, what: str) -> None:

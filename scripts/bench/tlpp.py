@@ -255,7 +255,9 @@ def secure_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch
             helper_sum = tlpp_secure.server_sum([pair[1] for pair in shares])
         with watch.span("orchestrator"):
             grads = tlpp_secure.orchestrator_gradients(tlpp_secure.server_sum([pair[0] for pair in shares]),
-                                                       helper_sum, grad_scale=scale)
+                                                       helper_sum, grad_scale=scale,
+                                                       layout=tlpp_secure.gradient_layout(p.node_side,
+                                                                                          p.server_side))
             apply(p, grads)
 
 

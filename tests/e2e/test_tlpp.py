@@ -129,6 +129,9 @@ def test_secure_mode_trains_no_server_sees_both_shares_and_a_dead_helper_stops_i
         for e in log:
             seen.setdefault((e["step"], e["node"], e["tensor"]), set()).add(e["share_index"])
         assert all(len(indices) == 1 for indices in seen.values())
-    held = {(e["step"], e["node"], e["tensor"]) for e in at_orchestrator}
+    # nodes push share 1 beside their answer, so only the steps before the one the helper died in
+    # are complete at both servers
+    last = max(e["step"] for e in at_orchestrator)
+    held = {(e["step"], e["node"], e["tensor"]) for e in at_orchestrator if e["step"] < last}
     assert {(e["step"], e["node"], e["tensor"]) for e in at_helper} >= held
-    assert {e["tensor"] for e in at_orchestrator} >= {"act", "grad:3.0.weight", "grad:0.0.weight"}
+    assert {e["tensor"] for e in at_orchestrator} == {"act", "grads"}  # gradient shares: one flat vector

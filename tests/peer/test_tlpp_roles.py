@@ -2,7 +2,8 @@
 (``tlpp_harness``): base mode reproduces centralized training on the same virtual batches, secure
 mode reproduces base mode to fixed-point precision, a node failing in either phase is dropped
 with its gradient normalised as documented and training goes on, a dead helper stops secure
-training with a clear error, and each server only ever accepts its own share."""
+training with a clear error, each server only ever accepts its own share, and a node whose
+push of share 1 to the helper failed is not counted as contributing."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import torch.nn.functional as F
 from crypto.identity import Identity
 from peer.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
 from peer.tlpp_data import load_data
+from peer.tlpp_secure import gradient_layout, layout_numel
+from peer.tlpp_settings import tlpp_settings
 from peer.tlpp_steps import StepLedger
-from peer.tlpp_wire import HELPER_METHOD, NODE_METHOD, SHARE, ShareLog
+from peer.tlpp_wire import GRADS, HELPER_METHOD, NODE_METHOD, SHARE, SUM, ShareLog
 from protocols.traversal import VirtualBatch, VirtualBatchScheduler, digits_cnn
 from tests.peer.tlpp_harness import Tlpp
 from transport.errors import RemoteError
@@ -224,4 +227,55 @@ async def test_a_replayed_share_frame_is_refused_by_the_helper(tmp_path: Path) -
             await conn.aclose()
         assert helper.shares_received == taken  # type: ignore[attr-defined]
     finally:
+        await net.aclose()
+
+
+
+async def test_a_node_whose_push_failed_is_not_counted_and_the_next_step_trains(tmp_path: Path) -> None:
+    """Nodes push share 1 beside their answer: when the helper refuses every push of step 0, the
+    nodes still answer the orchestrator, but the helper's logits answer names none of them, so no
+    node counts as contributing and nothing is applied; the failed pushes are counted on the nodes."""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
+                            helper=True)
+    driver, helper = net.orchestrator.driver, net.id_of("helper")
+    nodes = sorted(net.id_of(name) for name in ALL)
+    batch = VirtualBatch(epoch=0, index=0, order=tuple((n, i) for n in nodes for i in range(4)))
+    net.fail("helper", 0, SHARE)
+    try:
+        refused = StepLedger(step=0, epoch=0, index=0, mode="secure")
+        assert await driver.run(batch, refused, helper) is None
+        assert refused.dropped == {n: "logits: the helper holds no matching activation share" for n in nodes}
+        for name in sorted(ALL):
+            role = net.peers[name].role
+            await asyncio.gather(*role._pushes, return_exceptions=True)  # type: ignore[attr-defined]
+            assert role.pushes_failed == 1  # type: ignore[attr-defined]
+        applied = StepLedger(step=1, epoch=0, index=0, mode="secure")
+        grads = await driver.run(batch, applied, helper)
+        assert grads is not None and applied.answered == nodes and not applied.dropped and applied.samples == 12
+    finally:
+        await net.aclose()
+
+
+async def test_the_helper_sums_only_the_gradient_shares_it_holds_and_says_which(tmp_path: Path) -> None:
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
+                            helper=True)
+    settings = tlpp_settings(net.manifest.config)
+    numel = layout_numel(gradient_layout(*settings.split(settings.build_model("cpu"))))
+    as_node = SecureLinks(identity=net.identities["node0"], run_id=net.manifest.run_id, view=net.view)
+    as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)
+    share = torch.randint(-2 ** 62, 2 ** 62, (numel,), dtype=torch.int64)
+    helper, asked = net.id_of("helper"), [net.id_of("node0"), net.id_of("node1")]
+    try:
+        with pytest.raises(RequestRefused, match="gradient shares: 'grads' is"):
+            await as_node.request(helper, HELPER_METHOD, LinkMessage(SHARE, 0, {"kind": "grad", "party": 1},
+                                                                     {GRADS: share[1:]}), timeout_s=5.0)
+        await as_node.request(helper, HELPER_METHOD, LinkMessage(SHARE, 0, {"kind": "grad", "party": 1},
+                                                                 {GRADS: share}), timeout_s=5.0)
+        summed = await as_owner.request(helper, HELPER_METHOD, LinkMessage(SUM, 0, {"nodes": asked}), timeout_s=5.0)
+        assert summed.fields["nodes"] == [net.id_of("node0")] and torch.equal(summed.tensors[GRADS], share)
+        none = await as_owner.request(helper, HELPER_METHOD, LinkMessage(SUM, 1, {"nodes": asked}), timeout_s=5.0)
+        assert none.fields["nodes"] == [] and not none.tensors
+    finally:
+        for links in (as_node, as_owner):
+            await links.aclose()
         await net.aclose()

@@ -10,6 +10,8 @@ from peer.tlpp_secure import (
     HELPER,
     ORCHESTRATOR,
     PartyShare,
+    flatten_grads,
+    gradient_layout,
     logit_bound,
     node_gradient_shares,
     node_share_activations,
@@ -18,6 +20,7 @@ from peer.tlpp_secure import (
     secure_step,
     server_logit_share,
     server_sum,
+    unflatten_grads,
 )
 from protocols.traversal import (
     TraversalError,
@@ -112,7 +115,7 @@ def test_helper_inputs_do_not_depend_on_the_data() -> None:
     g1, g2 = torch.rand(4, 10) - 0.5, torch.rand(4, 10) - 0.5
     _, gh1 = node_gradient_shares(node_side, server_side, x1, g1, masks=MaskStream(key=bytes(32)))
     _, gh2 = node_gradient_shares(node_side, server_side, x2, g2, masks=MaskStream(key=bytes(32)))
-    assert all(torch.equal(gh1[name].ring, gh2[name].ring) for name in gh1)
+    assert torch.equal(gh1.ring, gh2.ring)
 
 
 def test_single_shares_look_uniform() -> None:
@@ -134,14 +137,18 @@ def test_servers_refuse_shares_of_two_parties() -> None:
     with pytest.raises(SharingError, match="parties"):
         server_logit_share({"a": o, "b": h}, server_side, max_abs=MAX_ABS, max_failure=1e-4)
     go, gh = node_gradient_shares(node_side, server_side, x, torch.zeros(2, 10), masks=MaskStream())
+    layout = gradient_layout(node_side, server_side)
     with pytest.raises(SharingError, match="parties"):
         server_sum([go, gh])
-    with pytest.raises(SharingError, match="expected"):
-        server_sum([go, {k: v for k, v in go.items() if k != "3.0.bias"}])
+    with pytest.raises(SharingError, match="shape"):
+        server_sum([go, PartyShare(ORCHESTRATOR, go.ring[:-1])])
     with pytest.raises(SharingError, match="parties 1 and 0"):
         orchestrator_logit_gradients(h, o, {"a": torch.tensor([0, 1])}, bound=1e9)
     with pytest.raises(SharingError, match="parties"):
-        orchestrator_gradients(gh, go)
+        orchestrator_gradients(gh, go, layout=layout)
+    with pytest.raises(SharingError, match="expected"):
+        orchestrator_gradients(PartyShare(ORCHESTRATOR, go.ring[:-1]), PartyShare(HELPER, gh.ring[:-1]),
+                               layout=layout)
 
 
 def test_server_sum_reconstructs_only_the_sum() -> None:
@@ -149,9 +156,31 @@ def test_server_sum_reconstructs_only_the_sum() -> None:
     xs, _ = _batch({"a": 3, "b": 2})
     gs = {"a": torch.rand(3, 10), "b": torch.rand(2, 10)}
     pairs = [node_gradient_shares(node_side, server_side, xs[n], gs[n], masks=MaskStream()) for n in xs]
-    total = orchestrator_gradients(server_sum([p[0] for p in pairs]), server_sum([p[1] for p in pairs]))
+    total = orchestrator_gradients(server_sum([p[0] for p in pairs]), server_sum([p[1] for p in pairs]),
+                                   layout=gradient_layout(node_side, server_side))
     expected = (gs["a"].sum(0) + gs["b"].sum(0)).double()
     torch.testing.assert_close(total["3.0.bias"], expected, rtol=0, atol=1e-4)
+
+
+def test_gradients_travel_as_one_flat_vector_in_sorted_name_order() -> None:
+    model = digits_cnn(seed=5)
+    node_side, server_side = split_model(model, 3)
+    layout = gradient_layout(node_side, server_side)
+    assert [name for name, _ in layout] == sorted(n for n, _ in model.named_parameters())
+    grads = {name: torch.rand(shape) for name, shape in layout}
+    flat = flatten_grads(grads, layout)
+    assert flat.shape == (sum(p.numel() for p in model.parameters()),)
+    back = unflatten_grads(flat, layout)
+    assert all(torch.equal(back[name], grads[name]) for name in grads)
+    with pytest.raises(SharingError, match="do not match the layout"):
+        flatten_grads({k: v for k, v in grads.items() if k != "3.0.bias"}, layout)
+    with pytest.raises(SharingError, match=r"'3\.0\.bias' is"):
+        flatten_grads({**grads, "3.0.bias": torch.zeros(3)}, layout)
+    with pytest.raises(SharingError, match="unflatten_grads"):
+        unflatten_grads(flat[1:], layout)
+    x, g = torch.rand(3, 1, 8, 8), torch.rand(3, 10) - 0.5
+    own, theirs = node_gradient_shares(node_side, server_side, x, g, masks=MaskStream())
+    assert own.ring.shape == theirs.ring.shape == flat.shape and own.ring.dtype == torch.int64
 
 
 # --- guards and refusals ------------------------------------------------------------------------------------
