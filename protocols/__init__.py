@@ -4,6 +4,7 @@ no global RNG; ``now`` and generators are parameters. Imports nothing of gossame
 Map of the package:
 
 - ``errors``     ProtocolError > InvalidSetting, NotEnoughUpdates.
+- ``tables``     manifest tables into settings dataclasses, unknown keys refused.
 - ``models``     the byte-level causal transformer LM every text protocol reuses;
 - ``text_data``  built-in text (``builtin:pydoc``) and local files, fixed held-out split, per-peer
                  shards, batch sampling and held-out evaluation.

@@ -67,6 +67,7 @@ from torch import nn
 
 from protocols.errors import ProtocolError
 from protocols.models import INIT_STD, ModelConfig, _Block
+from protocols.tables import table_kwargs
 
 EMBEDDINGS = ("frozen", "averaged")
 PLACEHOLDER_BYTE = 0x20
@@ -127,13 +128,7 @@ class BlockTrainConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BlockTrainConfig:
         """Build from a manifest table (any subset of the fields); unknown keys are refused."""
-        if not isinstance(d, Mapping):
-            raise BlockTrainError(f"blocktrain: expected a table, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(str(key) for key in d if key not in known)
-        if unknown:
-            raise BlockTrainError(f"blocktrain: unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**dict(d))
+        return cls(**table_kwargs(cls, d, what="blocktrain", error=BlockTrainError))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (the inverse of ``from_dict``)."""

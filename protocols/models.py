@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protocols.errors import InvalidSetting
+from protocols.tables import table_kwargs
 from protocols.text_data import (
     BatchSampler,
     TextSplit,
@@ -94,13 +95,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> ModelConfig:
         """Build from a subset of the field names (e.g. a manifest table); unknown keys are refused."""
-        if not isinstance(table, Mapping):
-            raise InvalidSetting(f"model: expected a table, got {type(table).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(str(key) for key in table if key not in known)
-        if unknown:
-            raise InvalidSetting(f"model: unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**dict(table))
+        return cls(**table_kwargs(cls, table, what="model", error=InvalidSetting))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (the inverse of ``from_dict``)."""
