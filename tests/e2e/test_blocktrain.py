@@ -126,11 +126,14 @@ def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run:
         run.start(f"w{i}", ["peer", "--roles", "block-worker"])
     for i in range(3):
         run.procs[f"w{i}"].wait_ready()
+    everyone = {run.ids[f"w{i}"] for i in range(3)}
     closed, assignment = set(), {}
-    while len(closed) < 3:  # every block has closed a version with all three workers up
+    while len(closed) < 3:  # every block has closed a version since all three workers were assigned
         event = run.orch.wait_event(lambda e: e["event"] in ("version", "assignment"), timeout_s=60)
-        assignment = event["assignment"] if event["event"] == "assignment" else assignment
-        closed |= {event["block"]} if event["event"] == "version" else set()
+        if event["event"] == "assignment":
+            assignment = event["assignment"]
+        elif everyone <= set(assignment):
+            closed.add(event["block"])
     victim = run.ids["w0"]
     orphan = assignment[victim]
 
