@@ -87,7 +87,6 @@ class BlockCoordinatorRole(Role):
         self._moved = asyncio.Condition()  # notified after every step
         self.polls_waiting = 0  # long polls of workers waiting for a version to close
         self.poll_waiting = asyncio.Event()  # set while polls_waiting > 0
-        self._task: asyncio.Task[None] | None = None
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -108,12 +107,6 @@ class BlockCoordinatorRole(Role):
 
     def _published_versions(self) -> list[int]:
         return [block.version for block in self.published]
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     @property
     def round(self) -> int:

@@ -53,7 +53,6 @@ class BlockServerRole(Role):
         self.versions: dict[int, int] = {}
         self.pool = HopPool()
         self.host: BlockHost | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return {METHOD: self._traverse, EMBEDDING_METHOD: self._embedding}
@@ -62,10 +61,7 @@ class BlockServerRole(Role):
         self._task = asyncio.create_task(self._serve(), name="block-server")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self.stop_task()
         await self.pool.aclose()
 
     def status(self) -> dict[str, Any]:

@@ -66,18 +66,11 @@ class BlockWorkerRole(Role):
         self.updates = {"sent": 0, "accepted": 0, "refused": 0}
         self.last_reason: str | None = None
         self.finished = False
-        self._task: asyncio.Task[None] | None = None
 
     # -- role interface -------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="block-worker")
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     @property
     def round(self) -> int:

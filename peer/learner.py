@@ -74,7 +74,6 @@ class LearnerRole(Role):
         self.inbox = Inbox()
         self.history = LedgerHistory()
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
-        self._task: asyncio.Task[None] | None = None
         self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
         self.finished = False
         self.checkpoint_path = ""
@@ -87,12 +86,6 @@ class LearnerRole(Role):
     async def start(self) -> None:
         await self._join_mid_run()
         self._task = asyncio.create_task(self._run(), name="learner-rounds")
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     @property
     def round(self) -> int:

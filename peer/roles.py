@@ -70,6 +70,7 @@ class Role:
 
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
+        self._task: asyncio.Task[None] | None = None  # the role's main loop, if it has one
 
     def routes(self) -> list[web.RouteDef]:
         return []
@@ -81,7 +82,14 @@ class Role:
         return None
 
     async def aclose(self) -> None:
-        return None
+        await self.stop_task()
+
+    async def stop_task(self) -> None:
+        """Cancel the role's main loop (``self._task``) and wait until it has ended."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
 
     @property
     def round(self) -> int:
@@ -116,7 +124,6 @@ class OrchestratorRole(Role):
         super().__init__(ctx)
         if ctx.manifest.owner_public_key != ctx.identity.public_key:
             raise ConfigError("the orchestrator role needs the run owner's identity (the key that signed the manifest)")
-        self._task: asyncio.Task[None] | None = None
         self.publications = 0
 
     def routes(self) -> list[web.RouteDef]:
@@ -142,12 +149,6 @@ class OrchestratorRole(Role):
                 await self.publish_once()
             except TransportError as exc:
                 log.warning("could not republish the manifest: %s", exc)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     def status(self) -> dict[str, Any]:
         return {"run_id": self.ctx.manifest.run_id, "protocol": self.ctx.manifest.config.protocol,

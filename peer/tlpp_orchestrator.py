@@ -80,7 +80,6 @@ class TlppServerRole(Role):
         self.error = ""
         self.checkpoint_path = ""
         self.done = asyncio.Event()  # set when training finished or stopped
-        self._task: asyncio.Task[None] | None = None
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -88,10 +87,7 @@ class TlppServerRole(Role):
         self._task = asyncio.create_task(self._run(), name="tlpp-server")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self.stop_task()
         await self.links.aclose()
 
     @property

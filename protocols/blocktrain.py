@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protocols.errors import ProtocolError
-from protocols.models import INIT_STD, ModelConfig, _Block
+from protocols.models import ModelConfig, _Block, init_transformer_weights
 from protocols.tables import table_kwargs
 
 EMBEDDINGS = ("frozen", "averaged")
@@ -297,19 +297,10 @@ def _load_checked(own: dict[str, nn.Parameter], state: Mapping[str, torch.Tensor
 
 
 def _initialise(stack: BlockStack, generator: torch.Generator) -> None:
-    residual_std = INIT_STD / math.sqrt(2 * stack.config.layers_per_block)
     embed = stack.embed.weight
     nn.init.normal_(embed, mean=0.0, std=1.0, generator=generator)
     embed.mul_(stack.config.sigma_data / embed.norm(dim=1, keepdim=True))
-    for name, module in stack.blocks.named_modules():
-        if isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Linear | nn.Embedding):
-            std = residual_std if name.endswith(".proj") else INIT_STD
-            nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
+    init_transformer_weights(stack.blocks, n_layers=stack.config.layers_per_block, generator=generator)
     for block in stack.blocks:
         nn.init.zeros_(block.z_in.weight)  # a fresh block reads context only and learns how much z to trust
         nn.init.zeros_(block.gain.weight)

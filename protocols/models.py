@@ -48,6 +48,7 @@ __all__ = [
     "evaluate",
     "flat_parameters",
     "generate",
+    "init_transformer_weights",
     "load_parameters",
     "load_text",
     "next_byte_loss",
@@ -182,8 +183,14 @@ class ByteTransformer(nn.Module):
 
 
 def _initialise(model: ByteTransformer, generator: torch.Generator) -> None:
-    residual_std = INIT_STD / math.sqrt(2 * model.config.n_layers)
-    for name, module in model.named_modules():
+    init_transformer_weights(model, n_layers=model.config.n_layers, generator=generator)
+
+
+def init_transformer_weights(root: nn.Module, *, n_layers: int, generator: torch.Generator) -> None:
+    """GPT-2 style initialisation of every LayerNorm, Linear and Embedding under ``root``: N(0, 0.02),
+    residual projections (``*.proj``) scaled by 1/sqrt(2 n_layers), zero biases, unit norms."""
+    residual_std = INIT_STD / math.sqrt(2 * n_layers)
+    for name, module in root.named_modules():
         if isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
