@@ -129,9 +129,16 @@ def test_secure_mode_trains_no_server_sees_both_shares_and_a_dead_helper_stops_i
         for e in log:
             seen.setdefault((e["step"], e["node"], e["tensor"]), set()).add(e["share_index"])
         assert all(len(indices) == 1 for indices in seen.values())
-    # nodes push share 1 beside their answer, so only the steps before the one the helper died in
-    # are complete at both servers
+    # Nodes push share 1 beside their answer, so only the steps before the one the helper died in
+    # are complete at both servers; and a node whose push did not reach the helper (e.g. at step 0,
+    # before the node saw the helper in its view) is dropped from that step, so it has nothing there.
     last = max(e["step"] for e in at_orchestrator)
-    held = {(e["step"], e["node"], e["tensor"]) for e in at_orchestrator if e["step"] < last}
+    at_helper_by_step: dict[int, set[str]] = {}
+    for e in at_helper:
+        at_helper_by_step.setdefault(e["step"], set()).add(e["node"])
+    complete = {e["step"] for e in at_orchestrator if e["step"] < last}
+    assert all(at_helper_by_step.get(step) for step in complete if step > 0), "every complete step reached the helper"
+    held = {(e["step"], e["node"], e["tensor"]) for e in at_orchestrator
+            if e["step"] < last and e["node"] in at_helper_by_step.get(e["step"], set())}
     assert {(e["step"], e["node"], e["tensor"]) for e in at_helper} >= held
     assert {e["tensor"] for e in at_orchestrator} == {"act", "grads"}  # gradient shares: one flat vector
