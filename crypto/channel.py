@@ -27,9 +27,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from crypto.errors import CryptoError, VerificationError
-from crypto.identity import PUBLIC_KEY_BYTES, Identity
-from crypto.signed import canonical_bytes, open_body, seal_body
+from gossamer.crypto.errors import CryptoError, VerificationError
+from gossamer.crypto.identity import PUBLIC_KEY_BYTES, Identity
+from gossamer.crypto.signed import canonical_bytes, open_body, seal_body
 
 HELLO_DOMAIN = b"gossamer-channel-hello-v1\0"
 KDF_DOMAIN = b"gossamer-channel-keys-v1\0"

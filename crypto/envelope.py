@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from crypto.errors import VerificationError
-from crypto.identity import Identity, peer_id_of
-from crypto.signed import decode_body, seal_body, unwrap
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import Identity, peer_id_of
+from gossamer.crypto.signed import decode_body, seal_body, unwrap
 
 ENVELOPE_DOMAIN = b"gossamer-envelope-v1\0"
 NONCE_BYTES = 16

@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from crypto.errors import IdentityError, VerificationError
+from gossamer.crypto.errors import IdentityError, VerificationError
 
 PUBLIC_KEY_BYTES = 32
 PRIVATE_KEY_BYTES = 32

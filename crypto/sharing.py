@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from crypto.errors import CryptoError
+from gossamer.crypto.errors import CryptoError
 
 FRAC_BITS: int = 16
 SCALE: int = 1 << FRAC_BITS

@@ -18,8 +18,8 @@ from typing import Any
 
 import msgpack
 
-from crypto.errors import VerificationError
-from crypto.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, verify_signature
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, verify_signature
 
 SIGNED_DOMAIN = b"gossamer-signed-v1\0"
 MAX_DEPTH = 16

@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from crypto.errors import VerificationError
-from crypto.identity import PUBLIC_KEY_BYTES, Identity
-from crypto.signed import open_body, seal_body
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import PUBLIC_KEY_BYTES, Identity
+from gossamer.crypto.signed import open_body, seal_body
 
 TOKEN_DOMAIN = b"gossamer-join-token-v1\0"
 MAX_TOKEN_CHARS = 4096

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from peer.errors import ConfigError
+from gossamer.peer.errors import ConfigError
 
 DEFAULT_IDENTITY = Path("~/.gossamer/identity.pem")
 DEVICES = ("auto", "cpu", "cuda", "mps")

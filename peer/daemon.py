@@ -16,29 +16,29 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from crypto.errors import IdentityError
-from crypto.identity import Identity
-from peer.admission import Admission
-from peer.config import PeerConfig
-from peer.device import describe_device, resolve_device
-from peer.errors import StartupError
-from peer.events import emit
-from peer.http_api import daemon_routes
-from peer.joining import fetch_manifest, start_membership
-from peer.manifest import Manifest, RunConfig, build_manifest
-from peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
-from peer.records import PeerRecord, seal_record
-from peer.registry import ROLE_FACTORIES
-from peer.roles import Role, RoleContext, RoleFactory, build_roles, peers_key
-from peer.statesync import StateDonor
-from peer.view import PeerView
-from transport.dht import DhtMembership
-from transport.errors import TransportError
-from transport.frames import Frame
-from transport.http import HttpConfig
-from transport.http_client import HttpClient
-from transport.http_server import HttpServer
-from transport.tcp import HandlerError, TcpConfig, TcpServer
+from gossamer.crypto.errors import IdentityError
+from gossamer.crypto.identity import Identity
+from gossamer.peer.config import PeerConfig
+from gossamer.peer.device import describe_device, resolve_device
+from gossamer.peer.errors import StartupError
+from gossamer.peer.events import emit
+from gossamer.peer.http_api import daemon_routes
+from gossamer.peer.kit.statesync import StateDonor
+from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
+from gossamer.peer.role import Role, RoleContext, RoleFactory, build_roles, peers_key
+from gossamer.peer.roles import ROLE_FACTORIES
+from gossamer.peer.run.admission import Admission
+from gossamer.peer.run.joining import fetch_manifest, start_membership
+from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest
+from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.view import PeerView
+from gossamer.transport.dht import DhtMembership
+from gossamer.transport.errors import TransportError
+from gossamer.transport.frames import Frame
+from gossamer.transport.http import HttpConfig
+from gossamer.transport.http_client import HttpClient
+from gossamer.transport.http_server import HttpServer
+from gossamer.transport.tcp import HandlerError, TcpConfig, TcpServer
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"

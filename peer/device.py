@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from peer.errors import ConfigError
+from gossamer.peer.errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:

@@ -7,7 +7,7 @@
      ├── ManifestError      a run manifest that does not verify or does not match the run id
      ├── RecordRejected     a peer record that is unsigned, mis-signed, expired or not admitted
      ├── StartupError       the daemon could not start (port in use, DHT, bootstrap); actionable text
-     └── StateSyncError     (peer.statesync) a joiner could not get the run's state from any donor
+     └── StateSyncError     (peer.kit.statesync) a joiner could not get the run's state from any donor
 
 The CLI prints these as one-line ``error: ...`` messages (exit code 2), never as tracebacks.
 """

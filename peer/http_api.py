@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from peer.metrics import CONTENT_TYPE, PeerMetrics
+from gossamer.peer.metrics import CONTENT_TYPE, PeerMetrics
 
 
 def daemon_routes(status: Callable[[], dict[str, Any]], metrics: PeerMetrics) -> list[web.RouteDef]:

@@ -29,8 +29,8 @@ from types import MappingProxyType
 
 import torch
 
-from protocols.errors import InvalidSetting
-from protocols.robust_base import Contribution
+from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.robust_base import Contribution
 
 HUGE_WEIGHT = 1e9
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from protocols.errors import InvalidSetting, ProtocolError
+from gossamer.protocols.errors import InvalidSetting, ProtocolError
 
 Params = dict[str, torch.Tensor]
 

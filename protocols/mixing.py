@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from protocols.diloco import DilocoReplica, Params
-from protocols.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
+from gossamer.protocols.diloco import DilocoReplica, Params
+from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
 
 KINDS = ("global", "ring", "random_k", "none")
 

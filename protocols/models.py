@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protocols.errors import InvalidSetting
-from protocols.tables import table_kwargs
-from protocols.text_data import (
+from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.tables import table_kwargs
+from gossamer.protocols.text_data import (
     BatchSampler,
     TextSplit,
     evaluate,

@@ -41,9 +41,9 @@ from types import MappingProxyType
 
 import torch
 
-from protocols import robust_kernels as kernels
-from protocols.errors import InvalidSetting, NotEnoughUpdates
-from protocols.robust_base import (
+from gossamer.protocols import robust_kernels as kernels
+from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
+from gossamer.protocols.robust_base import (
     AggregateResult,
     Contribution,
     Failure,
@@ -53,7 +53,7 @@ from protocols.robust_base import (
     sanitize,
     unflatten,
 )
-from protocols.robust_clipping import (
+from gossamer.protocols.robust_clipping import (
     MomentumCenteredClipping,
     WorkerMomentum,
     centered_clipping,

@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 import torch
 
-from protocols.errors import InvalidSetting, NotEnoughUpdates
+from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
 
 
 @dataclass(frozen=True, eq=False)

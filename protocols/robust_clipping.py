@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from protocols.errors import InvalidSetting
-from protocols.robust_base import (
+from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.robust_base import (
     AggregateResult,
     Contribution,
     Failure,
@@ -33,7 +33,7 @@ from protocols.robust_base import (
     prepare,
     sanitize,
 )
-from protocols.robust_kernels import clipping_coefficients, combine, distances_to, median_and_gram
+from gossamer.protocols.robust_kernels import clipping_coefficients, combine, distances_to, median_and_gram
 
 
 def centered_clipping(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protocols.errors import InvalidSetting
+from gossamer.protocols.errors import InvalidSetting
 
 BUILTIN_PREFIX = "builtin:"
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from transport.errors import DecodeError, LimitExceeded, NonFiniteTensor
-from transport.header import pack_header, unpack_header
-from transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.errors import DecodeError, LimitExceeded, NonFiniteTensor
+from gossamer.transport.header import pack_header, unpack_header
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 
 if sys.byteorder != "little":
     raise ImportError("transport.codec sends raw little-endian bytes; big-endian hosts are not supported")

@@ -42,7 +42,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.multiaddr.exceptions import Error as MultiaddrError
 from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
 
-from transport.errors import DecodeError, TransportError, TransportTimeout
+from gossamer.transport.errors import DecodeError, TransportError, TransportTimeout
 
 logger = logging.getLogger(__name__)
 

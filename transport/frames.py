@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy
 
-from transport.errors import DecodeError, LimitExceeded
-from transport.header import pack_header, unpack_header
-from transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.errors import DecodeError, LimitExceeded
+from gossamer.transport.header import pack_header, unpack_header
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 
 PREFIX = struct.Struct("!4sBBIQ")
 PREFIX_BYTES = PREFIX.size

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgpack
 
-from transport.errors import DecodeError, LimitExceeded
-from transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.errors import DecodeError, LimitExceeded
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 
 
 def pack_header(obj: Any) -> bytes:

@@ -26,9 +26,9 @@ from typing import Any
 
 import aiohttp
 
-from transport.errors import ConnectionClosed, DecodeError, TransportTimeout
-from transport.frames import allocate_buffer
-from transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.errors import ConnectionClosed, DecodeError, TransportTimeout
+from gossamer.transport.frames import allocate_buffer
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 
 
 @dataclass(frozen=True, kw_only=True)

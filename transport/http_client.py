@@ -20,10 +20,16 @@ from typing import Any
 import aiohttp
 import torch
 
-from transport.errors import ConnectionClosed, LimitExceeded, RemoteError, TransportError, TransportTimeout
-from transport.http import HttpConfig, parse_json, read_exactly
-from transport.safetensors_stream import decode_safetensors, encode_safetensors
-from transport.tcp_client import ConnectFailed
+from gossamer.transport.errors import (
+    ConnectionClosed,
+    LimitExceeded,
+    RemoteError,
+    TransportError,
+    TransportTimeout,
+)
+from gossamer.transport.http import HttpConfig, parse_json, read_exactly
+from gossamer.transport.safetensors_stream import decode_safetensors, encode_safetensors
+from gossamer.transport.tcp_client import ConnectFailed
 
 MAX_ERROR_BODY_BYTES = 2048
 

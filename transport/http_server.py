@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable, Mapping
 import torch
 from aiohttp import web
 
-from transport.errors import DecodeError, TransportError, TransportTimeout
-from transport.http import HttpConfig, read_exactly
-from transport.limits import Limits
-from transport.safetensors_stream import decode_safetensors, encode_safetensors
+from gossamer.transport.errors import DecodeError, TransportError, TransportTimeout
+from gossamer.transport.http import HttpConfig, read_exactly
+from gossamer.transport.limits import Limits
+from gossamer.transport.safetensors_stream import decode_safetensors, encode_safetensors
 
 log = logging.getLogger(__name__)
 

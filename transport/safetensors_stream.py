@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from transport.codec import (
+from gossamer.transport.codec import (
     DTYPES,
     byte_tensor,
     check_finite,
@@ -37,9 +37,9 @@ from transport.codec import (
     view_tensor,
     writable_buffer,
 )
-from transport.errors import DecodeError, LimitExceeded
-from transport.header import check_depth
-from transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.errors import DecodeError, LimitExceeded
+from gossamer.transport.header import check_depth
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 
 ST_DTYPES: Mapping[str, str] = {
     "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64", "I8": "int8",

@@ -28,9 +28,9 @@ Foreign errors are translated here, once: refused or unreachable -> ``ConnectFai
 
 from __future__ import annotations
 
-from transport.tcp_client import ConnectFailed, TcpConnection, error_from_frame, tcp_connect
-from transport.tcp_server import ConnectionInfo, Handler, HandlerError, TcpServer
-from transport.tcp_stream import FrameStream, PayloadBufferHook, TcpConfig, TcpStats, error_frame
+from gossamer.transport.tcp_client import ConnectFailed, TcpConnection, error_from_frame, tcp_connect
+from gossamer.transport.tcp_server import ConnectionInfo, Handler, HandlerError, TcpServer
+from gossamer.transport.tcp_stream import FrameStream, PayloadBufferHook, TcpConfig, TcpStats, error_frame
 
 __all__ = [
     "ConnectFailed",

@@ -17,7 +17,7 @@ import logging
 import socket
 from dataclasses import replace
 
-from transport.errors import (
+from gossamer.transport.errors import (
     ConnectionClosed,
     DecodeError,
     Overloaded,
@@ -25,8 +25,14 @@ from transport.errors import (
     TransportError,
     TransportTimeout,
 )
-from transport.frames import Frame, FrameType
-from transport.tcp_stream import FrameStream, PayloadBufferHook, TcpConfig, TcpStats, configure_socket
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.tcp_stream import (
+    FrameStream,
+    PayloadBufferHook,
+    TcpConfig,
+    TcpStats,
+    configure_socket,
+)
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from transport.errors import DecodeError, TransportError, TransportTimeout
-from transport.frames import Frame, FrameType
-from transport.tcp_stream import (
+from gossamer.transport.errors import DecodeError, TransportError, TransportTimeout
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.tcp_stream import (
     FrameStream,
     PayloadBufferHook,
     TcpConfig,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from transport.errors import ConnectionClosed, TransportTimeout
-from transport.frames import (
+from gossamer.transport.errors import ConnectionClosed, TransportTimeout
+from gossamer.transport.frames import (
     PREFIX_BYTES,
     Frame,
     FrameType,
@@ -28,7 +28,7 @@ from transport.frames import (
     encode_frame,
     parse_prefix,
 )
-from transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 
 READ_AHEAD_BYTES = 64 * 1024
 """Size of the read-ahead buffer; reads of at least this size bypass it."""

@@ -29,8 +29,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from transport.errors import TransportError
-from transport.wan_link import DirectionCounters, InjectedReset, LinkProfile, Pipe
+from gossamer.transport.errors import TransportError
+from gossamer.transport.wan_link import DirectionCounters, InjectedReset, LinkProfile, Pipe
 
 __all__ = ["DirectionStats", "LinkProfile", "ProxyOptions", "WanProxy", "WanStats"]
 

@@ -17,8 +17,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-
-from scripts.bench._common import BenchError, command_loop, make_tensor
+from _common import BenchError, command_loop, make_tensor
 
 LOCALHOST = "/ip4/127.0.0.1/tcp/0"
 

@@ -13,13 +13,13 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from _common import BenchError, checksum, make_tensor, serve_worker
+from _wan import maybe_proxy
 from aiohttp import web
 
-from scripts.bench._common import BenchError, checksum, make_tensor, serve_worker
-from scripts.bench._wan import maybe_proxy
-from transport.http_client import HttpClient
-from transport.http_server import HttpServer, read_tensors
-from transport.limits import DEFAULT_LIMITS
+from gossamer.transport.http_client import HttpClient
+from gossamer.transport.http_server import HttpServer, read_tensors
+from gossamer.transport.limits import DEFAULT_LIMITS
 
 ROUTE = "/tensors"
 VERIFY_HEADER = "X-Bench-Verify"

@@ -12,7 +12,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from scripts.bench._common import checksum, command_loop, make_tensor
+from _common import checksum, command_loop, make_tensor
 
 ACK = b"\x01"
 

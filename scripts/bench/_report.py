@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from scripts.bench._common import MB, markdown_table
+from _common import MB, markdown_table
 
 LINK = "link"
 """Denominator name of the WAN rows: the emulated link's rate."""

@@ -16,12 +16,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy
+from _common import BenchError, checksum, make_tensor, serve_worker
+from _wan import maybe_proxy
 
-from scripts.bench._common import BenchError, checksum, make_tensor, serve_worker
-from scripts.bench._wan import maybe_proxy
-from transport.codec import decode_tensors, encode_tensors
-from transport.frames import Frame, FrameType
-from transport.tcp import ConnectionInfo, PayloadBufferHook, TcpServer, tcp_connect
+from gossamer.transport.codec import decode_tensors, encode_tensors
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.tcp import ConnectionInfo, PayloadBufferHook, TcpServer, tcp_connect
 
 REQUEST_TIMEOUT_S = 300.0
 

@@ -22,8 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scripts.bench import _hivemind, _http, _raw, _tcp
-from scripts.bench._common import (
+import _hivemind
+import _http
+import _raw
+import _tcp
+from _common import (
     MB,
     BenchError,
     Scenario,
@@ -32,8 +35,8 @@ from scripts.bench._common import (
     summarize,
     write_json,
 )
-from scripts.bench._report import TARGETS, compute_ratios, render_table
-from scripts.bench._wan import WAN_LATENCY_MS, WAN_MBIT_PER_S, link_rate_bytes_per_s
+from _report import TARGETS, compute_ratios, render_table
+from _wan import WAN_LATENCY_MS, WAN_MBIT_PER_S, link_rate_bytes_per_s
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "transport.json"
 HIVEMIND_MATCHMAKING_S = 1.0

@@ -23,14 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from _common import markdown_table, write_json
+
+from gossamer.protocols import robust
+from gossamer.protocols.robust import Contribution
+
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
-
-import torch  # noqa: E402
-
-from protocols import robust  # noqa: E402
-from protocols.robust import Contribution  # noqa: E402
-from scripts.bench._common import markdown_table, write_json  # noqa: E402
 
 FLOOR = "mean_floor"
 TARGETS = {"median": 8.0, "trimmed_mean": 8.0, "centered_clipping": 15.0, "centered_clipping_momentum": 15.0}

@@ -2,7 +2,7 @@
 pipeline, over three hosts behind emulated WAN links.
 
 Three host processes (spawned) each serve one BlockTrain block and one stage of the matched causal
-LM (``peer.ar_pipeline``: same width, heads and context, one layer per block, split into as many
+LM (``peer.roles.blocktrain.ar_stage``: same width, heads and context, one layer per block, split into as many
 stages as there are blocks), with the real ``BlockHost`` / ``ArStageHost`` behind a ``TcpServer``;
 a ``WanProxy`` in front of each host shapes every connection into it (``--latency_ms`` one way,
 ``--mbit`` each direction), so each hop of a traversal (client -> host 1 -> host 2 -> host 3, and
@@ -37,27 +37,26 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import torch
+from _common import markdown_table, write_json
+
+from gossamer.peer.roles.blocktrain.ar_stage import METHOD as AR_METHOD
+from gossamer.peer.roles.blocktrain.ar_stage import ArStageHost, build_stages, matched_model_config
+from gossamer.peer.roles.blocktrain.client import ArClient, BlockTrainClient
+from gossamer.peer.roles.blocktrain.host import METHOD as BLOCK_METHOD
+from gossamer.peer.roles.blocktrain.host import BlockHost
+from gossamer.peer.roles.blocktrain.stack import partial_stack
+from gossamer.peer.route.client import HostEntry, RemoteRoute
+from gossamer.peer.route.pool import HopPool
+from gossamer.peer.route.wire import Hop
+from gossamer.protocols.blocktrain import BlockTrainConfig, build_stack, generate
+from gossamer.protocols.models import build_model
+from gossamer.protocols.models import generate as ar_generate
+from gossamer.transport.frames import Frame
+from gossamer.transport.tcp import HandlerError, TcpServer
+from gossamer.transport.wan import LinkProfile, WanProxy
+
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
-
-import torch  # noqa: E402
-
-from peer.ar_pipeline import METHOD as AR_METHOD  # noqa: E402
-from peer.ar_pipeline import ArStageHost, build_stages, matched_model_config  # noqa: E402
-from peer.block_host import METHOD as BLOCK_METHOD  # noqa: E402
-from peer.block_host import BlockHost  # noqa: E402
-from peer.block_stack import partial_stack  # noqa: E402
-from peer.hop_pool import HopPool  # noqa: E402
-from peer.remote_generate import ArClient, BlockTrainClient  # noqa: E402
-from peer.traversal_client import HostEntry, RemoteRoute  # noqa: E402
-from peer.traversal_wire import Hop  # noqa: E402
-from protocols.blocktrain import BlockTrainConfig, build_stack, generate  # noqa: E402
-from protocols.models import build_model  # noqa: E402
-from protocols.models import generate as ar_generate  # noqa: E402
-from scripts.bench._common import markdown_table, write_json  # noqa: E402
-from transport.frames import Frame  # noqa: E402
-from transport.tcp import HandlerError, TcpServer  # noqa: E402
-from transport.wan import LinkProfile, WanProxy  # noqa: E402
 
 RUN_ID = "bench@0000000000000000"
 SEED = 0

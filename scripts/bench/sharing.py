@@ -24,13 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from _common import MB, markdown_table, write_json
+
+from gossamer.crypto.sharing import MaskStream, encode, reconstruct, share_float
+
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
-
-import torch  # noqa: E402
-
-from crypto.sharing import MaskStream, encode, reconstruct, share_float  # noqa: E402
-from scripts.bench._common import MB, markdown_table, write_json  # noqa: E402
 
 RAW = "raw_keystream"
 SHARE = "share_float"

@@ -24,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from gossamer.crypto.identity import Identity
+from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, child_pids, rss_bytes
 
-from crypto.identity import Identity  # noqa: E402
-from peer.localproc import LOOPBACK, GossamerProcess, child_pids, rss_bytes  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 IDLE_S = 5.0
 

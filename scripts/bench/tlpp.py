@@ -3,7 +3,7 @@ share generation and transfer.
 
 Four measurements in one run, all on one torch thread:
 
-1. **Whole step over the network.** Two in-process TL++ networks (``tests/peer/tlpp_harness.py``):
+1. **Whole step over the network.** Two in-process TL++ networks (``tests/peer/roles/tlpp/harness.py``):
    the real orchestrator, data node and (secure) helper roles, each node and the helper behind its
    own TcpServer on 127.0.0.1, every request over an encrypted link. Both networks have the same
    identities and data shards, hence the same virtual batches, and the same digits_cnn (cut 3,
@@ -15,7 +15,7 @@ Four measurements in one run, all on one torch thread:
    this thread: *compute* is the model math (forward and backward below and above the cut, the
    affine share ops ``server_logit_share`` / ``server_sum``, the optimizer step); *share
    generation* is every ``share_float`` (masks from ``MaskStream`` plus encoding) and every
-   ``reconstruct_float``, timed by wrapping the two names in ``peer.tlpp_secure`` while the party
+   ``reconstruct_float``, timed by wrapping the two names in ``peer.roles.tlpp.secure`` while the party
    functions run. *Transfer* = whole step - compute - share generation: tensor encoding,
    ChaCha20-Poly1305, framing, loopback sockets, the event loop and thread hops. The nodes of the
    network step compute concurrently (``asyncio.gather`` + ``to_thread``), so on a machine with
@@ -57,20 +57,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
+import sharing as sharing_bench
+import torch
+from _common import MB, BenchError, markdown_table, write_json
+from torch import Tensor, nn
 
-import torch  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-
-import peer.tlpp_secure as tlpp_secure  # noqa: E402
-from crypto.identity import Identity  # noqa: E402
-from crypto.sharing import MaskStream  # noqa: E402
-from peer.secure_link import LinkMessage, SecureLinks  # noqa: E402
-from peer.tlpp_data import NodeData  # noqa: E402
-from peer.tlpp_settings import TlppSettings  # noqa: E402
-from peer.tlpp_wire import HELPER_METHOD, PING  # noqa: E402
-from protocols.traversal import (  # noqa: E402
+import gossamer.peer.roles.tlpp.secure as tlpp_secure
+from gossamer.crypto.identity import Identity
+from gossamer.crypto.sharing import MaskStream
+from gossamer.peer.kit.secure_link import LinkMessage, SecureLinks
+from gossamer.peer.roles.tlpp.data import NodeData
+from gossamer.peer.roles.tlpp.settings import TlppSettings
+from gossamer.peer.roles.tlpp.wire import HELPER_METHOD, PING
+from gossamer.protocols.tlpp import (
     VirtualBatch,
     VirtualBatchScheduler,
     node_backward,
@@ -78,9 +77,9 @@ from protocols.traversal import (  # noqa: E402
     server_step,
     sum_grads,
 )
-from scripts.bench import sharing as sharing_bench  # noqa: E402
-from scripts.bench._common import MB, BenchError, markdown_table, write_json  # noqa: E402
-from tests.peer.tlpp_harness import Tlpp  # noqa: E402
+from tests.peer.roles.tlpp.harness import Tlpp
+
+_HERE = Path(__file__).resolve().parent
 
 MODES = ("base", "secure")
 NUM_NODES = 3
@@ -135,7 +134,7 @@ class Stopwatch:
 @contextmanager
 def timed_sharing(watch: Stopwatch) -> Iterator[None]:
     """While inside, every ``share_float`` / ``reconstruct_float`` the party functions of
-    ``peer.tlpp_secure`` call is timed into ``watch`` ("share", "reconstruct")."""
+    ``peer.roles.tlpp.secure`` call is timed into ``watch`` ("share", "reconstruct")."""
     share_float, reconstruct_float = tlpp_secure.share_float, tlpp_secure.reconstruct_float
 
     def timed_share(x: Tensor, masks: MaskStream) -> tuple[Tensor, Tensor]:
@@ -232,7 +231,7 @@ def base_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch: 
 
 def secure_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch: Stopwatch, *,
                  settings: TlppSettings) -> None:
-    """One secure-mode virtual batch through each party's functions (``peer.tlpp_secure``), timed by
+    """One secure-mode virtual batch through each party's functions (``peer.roles.tlpp.secure``), timed by
     party, with share generation and reconstruction timed inside."""
     guard = {"max_abs": settings.max_abs, "max_failure": settings.max_failure}
     with timed_sharing(watch):

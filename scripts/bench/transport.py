@@ -9,15 +9,8 @@ are measured side by side. See ``_transport_run`` for the rows and BENCHMARKS.md
 """
 
 import sys
-from pathlib import Path
 
-# Run as a script, this file's folder heads sys.path and its name would shadow the `transport`
-# package: drop the folder and import the helpers from the repository root instead. Spawned
-# worker processes inherit the corrected path.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
-
-from scripts.bench._transport_run import main  # noqa: E402
+from _transport_run import main
 
 if __name__ == "__main__":
     sys.exit(main())

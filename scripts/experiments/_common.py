@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from protocols.models import BatchSampler, ModelConfig, evaluate, load_text, shard, split_text
+from gossamer.protocols.models import BatchSampler, ModelConfig, evaluate, load_text, shard, split_text
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

@@ -30,14 +30,12 @@ import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.nn.functional as F
+from _common import markdown_table, model_config, set_up, write_results
 
-from protocols.blocktrain import (
+from gossamer.protocols.blocktrain import (
     BlockStack,
     BlockTrainConfig,
     band_edges,
@@ -48,9 +46,16 @@ from protocols.blocktrain import (
     heldout_ce,
     traverse,
 )
-from protocols.models import BatchSampler, build_model, evaluate, load_text, next_byte_loss, shard, split_text
-from protocols.models import generate as generate_e2e
-from scripts.experiments._common import markdown_table, model_config, set_up, write_results
+from gossamer.protocols.models import (
+    BatchSampler,
+    build_model,
+    evaluate,
+    load_text,
+    next_byte_loss,
+    shard,
+    split_text,
+)
+from gossamer.protocols.models import generate as generate_e2e
 
 WORKER_BLOCKS = (0, 0, 1, 1, 2, 3)
 """Six workers: the block each one trains (1.5 workers per block on average)."""

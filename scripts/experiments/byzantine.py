@@ -18,17 +18,15 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
+from _common import TextTask, markdown_table, model_config, set_up, write_results
 
-from protocols import attacks
-from protocols.diloco import DilocoConfig, DilocoReplica, Params
-from protocols.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
-from protocols.models import build_model, next_byte_loss
-from protocols.robust import (
+from gossamer.protocols import attacks
+from gossamer.protocols.diloco import DilocoConfig, DilocoReplica, Params
+from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
+from gossamer.protocols.models import build_model, next_byte_loss
+from gossamer.protocols.robust import (
     AggregateResult,
     Contribution,
     WorkerMomentum,
@@ -39,7 +37,6 @@ from protocols.robust import (
     sanitize,
     unflatten,
 )
-from scripts.experiments._common import TextTask, markdown_table, model_config, set_up, write_results
 
 ATTACKS = ("sign_flip", "alie", "ipm", "gaussian", "random_direction", "stale", "nan_update", "huge_weight",
            "label_flip")

@@ -17,16 +17,9 @@ import itertools
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
-
-from protocols.diloco import DilocoConfig, DilocoReplica
-from protocols.mixing import MixingPlan, mixing_weights, simulate_round
-from protocols.models import ByteTransformer, build_model, next_byte_loss, parameter_groups
-from scripts.experiments._common import (
+from _common import (
     TextTask,
     markdown_table,
     median_time_s,
@@ -35,6 +28,10 @@ from scripts.experiments._common import (
     set_up,
     write_results,
 )
+
+from gossamer.protocols.diloco import DilocoConfig, DilocoReplica
+from gossamer.protocols.mixing import MixingPlan, mixing_weights, simulate_round
+from gossamer.protocols.models import ByteTransformer, build_model, next_byte_loss, parameter_groups
 
 RTT_S = 0.1
 LINKS_MBIT = (100, 300)

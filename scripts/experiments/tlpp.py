@@ -2,7 +2,7 @@
 
 sklearn's digits (1,797 8x8 images scaled to [0, 1]); a stratified 20% test split (fixed seed);
 the training split divided ONE CLASS PER NODE over 10 data nodes (the extreme non-IID case of the
-traversal-learning paper). Model ``protocols.traversal.digits_cnn``. Arms, all with Adam, the same
+traversal-learning paper). Model ``protocols.tlpp.digits_cnn``. Arms, all with Adam, the same
 learning rate and the same sample budget (steps x batch size):
 
 - ``centralized``: one model on the same virtual batches (same order) as TL++;
@@ -15,7 +15,7 @@ learning rate and the same sample budget (steps x batch size):
   pass), hands its node-side weights to node 2, ... (each node keeps its own Adam state).
 
 Bytes are counted from the tensors handed between parties and compared with the formulas in
-``protocols.traversal``. ``--fashion`` runs the same arms on Fashion-MNIST from Debian's
+``protocols.tlpp``. ``--fashion`` runs the same arms on Fashion-MNIST from Debian's
 ``dataset-fashion-mnist`` files (resized to 8x8, a per-class subsample) when they are installed.
 Writes ``scripts/experiments/results/tlpp[_quick|_fashion].{json,md}``::
 
@@ -34,15 +34,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import markdown_table, set_up, write_results
 
-from crypto.sharing import SharingError
-from peer.tlpp_secure import ByteLedger, secure_step
-from protocols.traversal import (
+from gossamer.crypto.sharing import SharingError
+from gossamer.peer.roles.tlpp.secure import ByteLedger, secure_step
+from gossamer.protocols.tlpp import (
     VirtualBatchScheduler,
     affine_server,
     digits_cnn,
@@ -55,7 +54,6 @@ from protocols.traversal import (
     tlpp_secure_step_bytes,
     tlpp_step_bytes,
 )
-from scripts.experiments._common import markdown_table, set_up, write_results
 
 FASHION_DIRS = (Path("/usr/share/dataset-fashion-mnist"), Path("/usr/share/fashion-mnist"),
                 Path("/usr/share/datasets/fashion-mnist"))

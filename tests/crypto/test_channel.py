@@ -6,9 +6,9 @@ import msgpack
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from crypto.channel import MAX_COUNTER, ChannelHandshake, SecureChannel
-from crypto.errors import CryptoError, VerificationError
-from crypto.identity import Identity
+from gossamer.crypto.channel import MAX_COUNTER, ChannelHandshake, SecureChannel
+from gossamer.crypto.errors import CryptoError, VerificationError
+from gossamer.crypto.identity import Identity
 
 RUN = "tl@d75a9801"
 EPH_A = bytes(range(32))

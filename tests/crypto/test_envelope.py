@@ -7,7 +7,7 @@ import hashlib
 import msgpack
 import pytest
 
-from crypto.envelope import (
+from gossamer.crypto.envelope import (
     ENVELOPE_DOMAIN,
     Envelope,
     ReplayGuard,
@@ -15,9 +15,9 @@ from crypto.envelope import (
     payload_digest,
     seal,
 )
-from crypto.errors import VerificationError
-from crypto.identity import Identity
-from crypto.signed import SIGNED_DOMAIN, canonical_bytes, sign_object
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import Identity
+from gossamer.crypto.signed import SIGNED_DOMAIN, canonical_bytes, sign_object
 
 RUN = "demo@d75a9801"
 NOW = 1_700_000_000.0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from crypto.errors import IdentityError, VerificationError
-from crypto.identity import Identity, peer_id_of, verify_signature
+from gossamer.crypto.errors import IdentityError, VerificationError
+from gossamer.crypto.identity import Identity, peer_id_of, verify_signature
 
 TEST_1024_MESSAGE = (
     "08b8b2b733424243760fe426a4b54908632110a66c2f6591eabd3345e3e4eb98"

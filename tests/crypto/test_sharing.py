@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy import stats
 
-from crypto.errors import CryptoError
-from crypto.sharing import (
+from gossamer.crypto.errors import CryptoError
+from gossamer.crypto.sharing import (
     FRAC_BITS,
     MAX_ABS,
     SCALE,

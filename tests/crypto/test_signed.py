@@ -7,9 +7,9 @@ import math
 import msgpack
 import pytest
 
-from crypto.errors import VerificationError
-from crypto.identity import Identity
-from crypto.signed import SIGNED_DOMAIN, canonical_bytes, open_signed, sign_object
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import Identity
+from gossamer.crypto.signed import SIGNED_DOMAIN, canonical_bytes, open_signed, sign_object
 
 SEED = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
 RECORD = {

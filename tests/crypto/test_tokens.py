@@ -7,10 +7,16 @@ import base64
 import msgpack
 import pytest
 
-from crypto.errors import VerificationError
-from crypto.identity import Identity
-from crypto.signed import canonical_bytes, sign_object
-from crypto.tokens import MAX_TOKEN_CHARS, TOKEN_DOMAIN, JoinToken, issue_join_token, verify_join_token
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import Identity
+from gossamer.crypto.signed import canonical_bytes, sign_object
+from gossamer.crypto.tokens import (
+    MAX_TOKEN_CHARS,
+    TOKEN_DOMAIN,
+    JoinToken,
+    issue_join_token,
+    verify_join_token,
+)
 
 RUN = "demo@d75a9801"
 NOW = 1_700_000_000.0

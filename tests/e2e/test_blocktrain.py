@@ -20,18 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from crypto.identity import Identity
-from peer.block_host import METHOD
-from peer.generate_cmd import GenerateOptions, NetworkGenerator
-from peer.hop_pool import HopPool
-from peer.localproc import LOOPBACK, GossamerProcess, gossamer
-from peer.traversal_wire import Hop, parse_answer, request_frame
-from protocols.blocktrain import BlockTrainConfig, build_stack, denoise_step, generate, initial_noise
-from transport.codec import encode_tensors
-from transport.errors import RemoteError
-from transport.frames import Frame, FrameType
-from transport.safetensors_stream import load_file
-from transport.tcp import TcpConfig, tcp_connect
+from gossamer.crypto.identity import Identity
+from gossamer.peer.roles.blocktrain.commands import GenerateOptions, NetworkGenerator
+from gossamer.peer.roles.blocktrain.host import METHOD
+from gossamer.peer.route.pool import HopPool
+from gossamer.peer.route.wire import Hop, parse_answer, request_frame
+from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, gossamer
+from gossamer.protocols.blocktrain import BlockTrainConfig, build_stack, denoise_step, generate, initial_noise
+from gossamer.transport.codec import encode_tensors
+from gossamer.transport.errors import RemoteError
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.safetensors_stream import load_file
+from gossamer.transport.tcp import TcpConfig, tcp_connect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from crypto.identity import Identity
-from peer.localproc import LOOPBACK, GossamerProcess
+from gossamer.crypto.identity import Identity
+from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

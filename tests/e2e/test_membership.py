@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from crypto.identity import Identity
-from crypto.signed import sign_object
-from peer.localproc import LOOPBACK, GossamerProcess, alive, gossamer
-from peer.records import PeerRecord, seal_record
-from peer.roles import peers_key
-from transport.dht import DhtConfig, DhtMembership
+from gossamer.crypto.identity import Identity
+from gossamer.crypto.signed import sign_object
+from gossamer.peer.role import peers_key
+from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, alive, gossamer
+from gossamer.transport.dht import DhtConfig, DhtMembership
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -84,8 +84,8 @@ async def test_forged_unsigned_and_unadmitted_records_never_appear(swarm) -> Non
 
 
 async def _status_after_refresh(http_addr: str) -> dict:
-    from transport.http import HttpConfig
-    from transport.http_client import HttpClient
+    from gossamer.transport.http import HttpConfig
+    from gossamer.transport.http_client import HttpClient
     client = await HttpClient.create(config=HttpConfig())
     try:
         for _ in range(100):  # the view refreshes every 0.5 s; wait for one that saw the bad records

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.localproc import LOOPBACK, gossamer
+from gossamer.peer.testing.localproc import LOOPBACK, gossamer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from transport.safetensors_stream import load_file
+from gossamer.transport.safetensors_stream import load_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 
 def test_demo_preset_trains_and_exits_cleanly(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "peer.cli", "swarm", "--preset", "demo", "--workdir", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "gossamer.peer.cli", "swarm", "--preset", "demo", "--workdir", str(tmp_path)],
                             capture_output=True, text=True, timeout=400)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.localproc import LOOPBACK, GossamerProcess
+from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

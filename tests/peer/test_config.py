@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from peer.cli import build_parser
-from peer.config import build_peer_config, load_toml_options
-from peer.errors import ConfigError
-from peer.flags import peer_options
+from gossamer.peer.cli.flags import peer_options
+from gossamer.peer.cli.main import build_parser
+from gossamer.peer.config import build_peer_config, load_toml_options
+from gossamer.peer.errors import ConfigError
 
 
 def parse_peer(argv: list[str]) -> dict:

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from protocols import attacks
-from protocols.errors import InvalidSetting
-from protocols.robust import Contribution, coordinate_median, mean, sanitize
+from gossamer.protocols import attacks
+from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.robust import Contribution, coordinate_median, mean, sanitize
 
 
 def vectors(n: int, d: int = 50, seed: int = 0) -> list[torch.Tensor]:

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from protocols.diloco import DilocoConfig, DilocoReplica, OuterNesterov, pseudo_gradient
-from protocols.errors import InvalidSetting, ProtocolError
-from protocols.mixing import MixingPlan, simulate_round
+from gossamer.protocols.diloco import DilocoConfig, DilocoReplica, OuterNesterov, pseudo_gradient
+from gossamer.protocols.errors import InvalidSetting, ProtocolError
+from gossamer.protocols.mixing import MixingPlan, simulate_round
 
 IN_FEATURES = 4
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protocols.diloco import DilocoConfig, DilocoReplica
-from protocols.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
-from protocols.mixing import MixingPlan, mix, mixing_weights, neighbours, simulate_round
+from gossamer.protocols.diloco import DilocoConfig, DilocoReplica
+from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
+from gossamer.protocols.mixing import MixingPlan, mix, mixing_weights, neighbours, simulate_round
 from tests.protocols.test_diloco import make_mlp, mse, regression_batch
 
 

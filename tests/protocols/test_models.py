@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from protocols.errors import InvalidSetting
-from protocols.models import (
+from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.models import (
     ByteTransformer,
     ModelConfig,
     build_model,

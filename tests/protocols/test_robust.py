@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from protocols import robust_kernels as kernels
-from protocols.errors import InvalidSetting, NotEnoughUpdates
-from protocols.robust import (
+from gossamer.protocols import robust_kernels as kernels
+from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
+from gossamer.protocols.robust import (
     AGGREGATORS,
     Contribution,
     Failure,

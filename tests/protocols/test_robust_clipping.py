@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from protocols.errors import InvalidSetting
-from protocols.robust import (
+from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.robust import (
     AGGREGATORS,
     DEFAULT,
     Contribution,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocols.errors import InvalidSetting
-from protocols.models import ModelConfig, build_model
-from protocols.text_data import BatchSampler, evaluate, load_text, shard, split_text, train_steps
+from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.models import ModelConfig, build_model
+from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, shard, split_text, train_steps
 
 
 @pytest.fixture(scope="module")

@@ -27,5 +27,5 @@ async def net(no_leaks: None) -> AsyncIterator[TcpNet]:
 @pytest.fixture
 def server_log() -> Iterator[Callable[[str], LogWaiter]]:
     """``server_log(needle)`` returns a LogWaiter attached to the server's logger."""
-    with log_waiters("transport.tcp_server") as attach:
+    with log_waiters("gossamer.transport.tcp_server") as attach:
         yield attach

@@ -9,9 +9,9 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 
-from transport.errors import DecodeError
-from transport.frames import Frame, FrameType
-from transport.tcp import TcpConfig, TcpConnection, TcpServer, tcp_connect
+from gossamer.transport.errors import DecodeError
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.tcp import TcpConfig, TcpConnection, TcpServer, tcp_connect
 
 WAIT_S = 10.0
 """Upper bound on any wait in these tests; only reached when something is broken."""

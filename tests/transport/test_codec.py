@@ -13,8 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.transport.support import OUTCOMES, outcome
-from transport.codec import (
+from gossamer.transport.codec import (
     DTYPES,
     TensorSpec,
     decode_tensor_message,
@@ -23,9 +22,10 @@ from transport.codec import (
     encode_tensors,
     tensor_bytes,
 )
-from transport.errors import DecodeError, LimitExceeded, NonFiniteTensor
-from transport.header import pack_header
-from transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.errors import DecodeError, LimitExceeded, NonFiniteTensor
+from gossamer.transport.header import pack_header
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
+from tests.transport.support import OUTCOMES, outcome
 
 SHAPES = [(), (0,), (5,), (2, 3), (3, 0, 2), (2, 1, 2, 1)]
 DELETE = object()

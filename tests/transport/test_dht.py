@@ -10,8 +10,8 @@ import pytest
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
 
-from transport.dht import BootstrapFailed, DhtConfig, DhtMembership, DhtStartFailed
-from transport.errors import TransportError
+from gossamer.transport.dht import BootstrapFailed, DhtConfig, DhtMembership, DhtStartFailed
+from gossamer.transport.errors import TransportError
 
 KEY = "run/demo@ab12cd34/peers"
 MADE_UP_PEER_ID = "QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.transport.support import OUTCOMES, outcome
-from transport.errors import DecodeError, LimitExceeded
-from transport.frames import (
+from gossamer.transport.errors import DecodeError, LimitExceeded
+from gossamer.transport.frames import (
     MAGIC,
     PREFIX,
     PREFIX_BYTES,
@@ -23,8 +22,9 @@ from transport.frames import (
     encode_prefix,
     parse_prefix,
 )
-from transport.header import pack_header
-from transport.limits import Limits
+from gossamer.transport.header import pack_header
+from gossamer.transport.limits import Limits
+from tests.transport.support import OUTCOMES, outcome
 
 SMALL = Limits(max_header_bytes=4096, max_payload_bytes=1 << 16)
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gossamer.transport.errors import DecodeError, LimitExceeded
+from gossamer.transport.header import check_depth, pack_header, unpack_header
+from gossamer.transport.limits import Limits
 from tests.transport.support import OUTCOMES, outcome
-from transport.errors import DecodeError, LimitExceeded
-from transport.header import check_depth, pack_header, unpack_header
-from transport.limits import Limits
 
 SMALL = Limits(max_header_bytes=256, max_str_bytes=16, max_container_len=4, max_depth=3)
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from aiohttp import web
 
+from gossamer.transport.errors import ConnectionClosed, DecodeError, RemoteError, TransportTimeout
+from gossamer.transport.http import HttpConfig
+from gossamer.transport.http_client import HttpClient
+from gossamer.transport.http_server import HttpServer, read_body_into, read_tensors, stream_tensors
+from gossamer.transport.limits import Limits
+from gossamer.transport.tcp_client import ConnectFailed
 from tests.transport.support import WAIT_S, LeakCheck, RawClient
-from transport.errors import ConnectionClosed, DecodeError, RemoteError, TransportTimeout
-from transport.http import HttpConfig
-from transport.http_client import HttpClient
-from transport.http_server import HttpServer, read_body_into, read_tensors, stream_tensors
-from transport.limits import Limits
-from transport.tcp_client import ConnectFailed
 
 LIMITS = Limits(max_payload_bytes=256 << 20)
 CONFIG = HttpConfig(limits=LIMITS, max_body_bytes=256 << 20, header_timeout_s=10.0, idle_timeout_s=10.0,

@@ -18,17 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from tests.transport.support import OUTCOMES, outcome
-from transport.codec import DTYPES, tensor_bytes
-from transport.errors import DecodeError, LimitExceeded, NonFiniteTensor
-from transport.limits import Limits
-from transport.safetensors_stream import (
+from gossamer.transport.codec import DTYPES, tensor_bytes
+from gossamer.transport.errors import DecodeError, LimitExceeded, NonFiniteTensor
+from gossamer.transport.limits import Limits
+from gossamer.transport.safetensors_stream import (
     decode_safetensors,
     encode_safetensors,
     load_file,
     safetensors_header_length,
     save_file_atomic,
 )
+from tests.transport.support import OUTCOMES, outcome
 
 SHAPES = [(), (0,), (5,), (2, 3), (3, 0, 2)]
 

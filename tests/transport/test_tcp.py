@@ -8,12 +8,12 @@ import socket
 import pytest
 import torch
 
+from gossamer.transport.codec import decode_tensor_message, encode_tensor_message
+from gossamer.transport.errors import ConnectionClosed, RemoteError, TransportTimeout
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.header import pack_header
+from gossamer.transport.tcp import ConnectFailed, HandlerError, TcpConfig, TcpServer, tcp_connect
 from tests.transport.support import FAST, WAIT_S, TcpNet, echo
-from transport.codec import decode_tensor_message, encode_tensor_message
-from transport.errors import ConnectionClosed, RemoteError, TransportTimeout
-from transport.frames import Frame, FrameType
-from transport.header import pack_header
-from transport.tcp import ConnectFailed, HandlerError, TcpConfig, TcpServer, tcp_connect
 
 # --- fixtures and helpers -------------------------------------------------------------------
 

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from gossamer.transport.errors import ConnectionClosed, Overloaded
+from gossamer.transport.frames import MAGIC, PREFIX, Frame, FrameType, decode_frame, encode_frame
+from gossamer.transport.header import pack_header
+from gossamer.transport.limits import Limits
+from gossamer.transport.tcp import TcpConfig, tcp_connect
 from tests.transport.support import FAST, WAIT_S, TcpNet, echo
-from transport.errors import ConnectionClosed, Overloaded
-from transport.frames import MAGIC, PREFIX, Frame, FrameType, decode_frame, encode_frame
-from transport.header import pack_header
-from transport.limits import Limits
-from transport.tcp import TcpConfig, tcp_connect
 
 # --- hostile and broken peers ---------------------------------------------------------------
 

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from transport.errors import TransportError
-from transport.wan import LinkProfile, WanProxy
+from gossamer.transport.errors import TransportError
+from gossamer.transport.wan import LinkProfile, WanProxy
 
 TIMEOUT_S = 20.0
 

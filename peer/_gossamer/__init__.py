@@ -1,0 +1,53 @@
+"""gossamer: a decentralized, peer-to-peer training network.
+
+This folder is installed as the top-level package ``gossamer`` (``pyproject.toml`` maps it; the
+repository keeps its four layers as top-level folders, installed as ``gossamer.peer``,
+``gossamer.protocols``, ``gossamer.transport`` and ``gossamer.crypto``). Nothing else is
+installed at the top level.
+
+The public API (what a user may import; everything else may change between versions) is listed
+in ``PUBLIC_API`` and documented in ``docs/ARCHITECTURE.md``. Names are imported on first use,
+so ``import gossamer`` stays cheap (no torch, no hivemind).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+PUBLIC_API: dict[str, str] = {
+    # running peers
+    "main": "gossamer.peer.cli.main",
+    "Daemon": "gossamer.peer.daemon",
+    "PeerConfig": "gossamer.peer.config",
+    "build_peer_config": "gossamer.peer.config",
+    # runs and their protocols
+    "RunConfig": "gossamer.peer.run.manifest",
+    "load_run_config": "gossamer.peer.run.manifest",
+    "PLUGINS": "gossamer.peer.roles",
+    "ProtocolPlugin": "gossamer.peer.plugin",
+    "PluginRegistry": "gossamer.peer.plugin",
+    # protocol configs and the aggregators
+    "ModelConfig": "gossamer.protocols.models",
+    "DilocoConfig": "gossamer.protocols.diloco",
+    "MixingPlan": "gossamer.protocols.mixing",
+    "BlockTrainConfig": "gossamer.protocols.blocktrain",
+    "AGGREGATORS": "gossamer.protocols.robust",
+}
+
+__all__ = ["PUBLIC_API", "__version__", *PUBLIC_API]
+
+
+def __getattr__(name: str) -> Any:
+    module = PUBLIC_API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gossamer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

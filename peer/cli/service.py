@@ -1,0 +1,94 @@
+"""Running a daemon as a process: signals, the ready banner, and a clean (or forced) exit.
+
+SIGINT/SIGTERM start a clean shutdown (record withdrawn, sockets closed, ``p2pd`` gone); a second
+SIGINT/SIGTERM forces the exit after killing this process's children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+
+from gossamer.peer.config import PeerConfig
+from gossamer.peer.daemon import Daemon
+from gossamer.peer.events import emit
+from gossamer.peer.role import RoleFactory
+from gossamer.peer.roles import ROLE_FACTORIES
+from gossamer.peer.run.manifest import RunConfig
+from gossamer.peer.testing.localproc import child_pids
+
+log = logging.getLogger(__name__)
+SHUTDOWN_TIMEOUT_S = 20.0
+
+
+def run_daemon(config: PeerConfig, *, run_config: RunConfig | None = None,
+               role_factories: Mapping[str, RoleFactory] = ROLE_FACTORIES) -> int:
+    """Run one daemon until SIGINT/SIGTERM; returns the process exit code. ``role_factories``: the
+    roles it may take (``gossamer serve`` binds its ``--blocks`` into the block-server factory)."""
+    logging.getLogger().setLevel(config.log_level.upper())
+    return asyncio.run(_serve(config, run_config, role_factories))
+
+
+async def _serve(config: PeerConfig, run_config: RunConfig | None,
+                 role_factories: Mapping[str, RoleFactory]) -> int:
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    creating = asyncio.create_task(Daemon.create(config, run_config=run_config,
+                                                 role_factories=role_factories))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({creating, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not creating.done():
+        creating.cancel()
+        await asyncio.gather(creating, return_exceptions=True)
+        return 130
+    stopping.cancel()
+    daemon = creating.result()  # re-raises a start-up error for the CLI to print
+    _announce(daemon)
+    await stop.wait()
+    log.info("shutting down (press Ctrl+C again to force)")
+    try:
+        await asyncio.wait_for(daemon.aclose(), timeout=SHUTDOWN_TIMEOUT_S)
+    except TimeoutError:
+        log.error("clean shutdown took longer than %.0fs; forcing exit", SHUTDOWN_TIMEOUT_S)
+        force_exit(1)
+    emit(config.events, "stopped", peer_id=daemon.identity.peer_id)
+    return 0
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            force_exit(130)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+
+
+def _announce(daemon: Daemon) -> None:
+    status = daemon.status()
+    maddrs = status["addresses"]["dht"]
+    print(f"gossamer peer {daemon.identity.peer_id[:16]} is up in run {daemon.manifest.run_id}\n"
+          f"  http {status['addresses']['http']}  tcp {status['addresses']['tcp']}  roles {','.join(status['roles']) or '-'}\n"
+          f"  to join this network, pass:\n    --run {daemon.manifest.run_id} --initial_peers {' '.join(maddrs)}",
+          file=sys.stderr, flush=True)
+    emit(daemon.config.events, "ready", wall_time=time.time(), peer_id=daemon.identity.peer_id,
+         run_id=daemon.manifest.run_id, maddrs=maddrs,
+         http=status["addresses"]["http"], tcp=status["addresses"]["tcp"], roles=status["roles"])
+
+
+def force_exit(code: int) -> None:
+    """Kill our children (so no p2pd is left behind) and exit at once."""
+    for pid in child_pids(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(code)

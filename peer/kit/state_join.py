@@ -1,0 +1,41 @@
+"""Choosing donors for a joining peer and downloading the run's current state from them.
+
+Donors are live, admitted peers whose signed record advertises ``state = {version, digest}``.
+The joiner takes the highest version on offer and, at that version, the digest most donors
+advertise (ties broken by digest, so every joiner decides alike); only the donors that advertise
+exactly that pair are asked. Everything they send is verified against the digest by
+``peer.statesync.fetch_state``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from gossamer.peer.kit.statesync import Donor, StateFetchReport, StateSyncError, fetch_state
+from gossamer.peer.run.view import LivePeer
+from gossamer.transport.http_client import HttpClient
+
+
+def choose_donors(live: list[LivePeer], *, exclude: str = "") -> tuple[int, str, list[Donor]]:
+    """(version, digest, donors) to download from; StateSyncError when nobody offers state."""
+    offers = [(p.record.state.get("version"), p.record.state.get("digest"), p.record) for p in live
+              if p.record.peer_id != exclude and p.record.http_addr]
+    offers = [(v, d, r) for v, d, r in offers if isinstance(v, int) and isinstance(d, str) and len(d) == 64]
+    if not offers:
+        raise StateSyncError("no live peer offers the run's state to download", failures=())
+    version = max(v for v, _, _ in offers)
+    votes = Counter(d for v, d, _ in offers if v == version)
+    digest = min(votes, key=lambda d: (-votes[d], d))
+    donors = [Donor(peer_id=r.peer_id, http_addr=r.http_addr) for v, d, r in offers if (v, d) == (version, digest)]
+    return version, digest, sorted(donors, key=lambda donor: donor.peer_id)
+
+
+async def download_state(client: HttpClient, live: list[LivePeer], *, joiner_id: str,
+                         timeout_s: float = 120.0) -> tuple[int, dict[str, torch.Tensor], StateFetchReport]:
+    """Download and verify the current state from the live donors; returns (version, tensors, report)."""
+    version, digest, donors = choose_donors(live, exclude=joiner_id)
+    tensors, report = await fetch_state(client, donors, version=version, digest=digest, joiner_id=joiner_id,
+                                        timeout_s=timeout_s)
+    return version, tensors, report

@@ -1,0 +1,320 @@
+"""Role ``block-coordinator`` (taken by the orchestrator of a blocktrain run): the run's block
+checkpoints, the versions workers train against, and who trains which block.
+
+It builds the initial stack from the run seed (or resumes from its own checkpoints), then keeps
+one ``BlockVersions`` board: version v of block k is served over HTTP (safetensors, the block and
+E), workers PUT signed updates against it, and the version closes at its deadline or once every
+assigned worker was heard from; the average of the accepted updates becomes version v + 1, which
+is written atomically to ``<checkpoint_dir>/<run name>-blocktrain/`` (``peer.roles.blocktrain.checkpoints``)
+and only then served: GET and the versions in ``/blocktrain/state`` are always versions on disk.
+Stale or malformed updates are refused and written in the ledger of the version they were
+trained from. The assignment (``protocols.blocktrain.assignment``) is recomputed from the live
+block-workers whenever they or the versions change, so a crashed worker's block is covered again
+once its record expires.
+
+HTTP::
+
+    GET /blocktrain/state               JSON: versions, assignment, finished; with ``?block=k&after=v``
+                                        it answers once block k is past version v, the assignment
+                                        changed or the run finished (at most ``wait_s``, <= 30 s)
+    GET /blocktrain/block/{k}           safetensors: block.* and embed.*; metadata version, block
+    PUT /blocktrain/update/{k}/{base}   a signed update (``peer.kit.messaging`` envelope, round = base)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from gossamer.peer.events import emit
+from gossamer.peer.kit.messaging import SignedMessenger
+from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.roles.blocktrain.checkpoints import BlockCheckpoints, Version
+from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.stack import pack, unpack
+from gossamer.peer.roles.blocktrain.versions import BlockVersions
+from gossamer.protocols.blocktrain import build_stack, heldout_ce
+from gossamer.protocols.blocktrain.assignment import assign_blocks, coverage
+from gossamer.protocols.text_data import load_text, split_text
+from gossamer.transport.http_server import stream_tensors
+
+log = logging.getLogger(__name__)
+WORKER_ROLE = "block-worker"
+MAX_WAIT_S = 1.0
+MAX_POLL_S = 30.0
+
+
+class BlockCoordinatorRole(Role):
+    """See the module docstring."""
+
+    name = "block-coordinator"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.settings = blocktrain_settings(ctx.manifest.config)
+        config = self.settings.model
+        self.stack = build_stack(config, seed=self.settings.seed, device=ctx.device)
+        run_name = ctx.manifest.config.name
+        self.directory = Path(ctx.config.checkpoint_dir).expanduser() / f"{run_name}-blocktrain"
+        self.checkpoints = BlockCheckpoints(self.directory, ctx.manifest.run_id)
+        blocks = [_cpu(self.stack.block_state(k)) for k in range(config.num_blocks)]
+        self.board = BlockVersions(blocks, _cpu(self.stack.embedding_state()),
+                                   deadline_s=self.settings.deadline_s, max_norm=self.settings.max_norm,
+                                   now=time.monotonic(),
+                                   embedding_averaged=config.embedding == "averaged")
+        self.resumed = self._resume()
+        # what GET serves: versions that are on disk
+        self.published = [Version(v, dict(b))
+                          for v, b in zip(self.board.versions, self.board.blocks, strict=True)]
+        self.published_embedding = Version(self.board.embedding_version, dict(self.board.embedding))
+        self.heldout = bytes(split_text(load_text(ctx.config.data or self.settings.data_source),
+                                        heldout_fraction=self.settings.heldout_fraction).heldout.tolist())
+        self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id,
+                                         client=ctx.http_client, view=ctx.view, now=ctx.now,
+                                         limits=ctx.http_config.limits,
+                                         max_body_bytes=ctx.http_config.max_body_bytes)
+        self.assignment: dict[str, int] = {}
+        self.finished = False
+        self.heldout_ce: float | None = None
+        self.initial_heldout_ce: float | None = None
+        self._changed = asyncio.Event()
+        self._moved = asyncio.Condition()  # notified after every step
+        self.polls_waiting = 0  # long polls of workers waiting for a version to close
+        self.poll_waiting = asyncio.Event()  # set while polls_waiting > 0
+
+    # -- role interface -------------------------------------------------------------------------
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/blocktrain/state", self._serve_state),
+                web.get("/blocktrain/block/{k}", self._serve_block),
+                web.put("/blocktrain/update/{k}/{base}", self._receive_update)]
+
+    async def start(self) -> None:
+        await self.write_checkpoints()
+        self._task = asyncio.create_task(self._run(), name="block-coordinator")
+
+    async def write_checkpoints(self) -> None:
+        """Write every block's current version and E (at start: the initial or resumed versions)."""
+        for k in range(self.board.num_blocks):
+            await asyncio.to_thread(self.checkpoints.write_block, k, self.published[k])
+        await asyncio.to_thread(self.checkpoints.write_embedding, self.published_embedding)
+
+    def _published_versions(self) -> list[int]:
+        return [block.version for block in self.published]
+
+    @property
+    def round(self) -> int:
+        return min(self.board.versions)
+
+    def gauges(self) -> dict[str, float]:
+        gauges = {f"blocktrain_block{k}_version": float(v) for k, v in enumerate(self.board.versions)}
+        gauges["blocktrain_polls_waiting"] = float(self.polls_waiting)
+        if self.heldout_ce is not None:
+            gauges["blocktrain_heldout_ce"] = self.heldout_ce
+        return gauges
+
+    def status(self) -> dict[str, Any]:
+        return {"versions": list(self.board.versions), "assignment_by_worker": dict(self.assignment),
+                "finished": self.finished, "heldout_ce": self.heldout_ce, "checkpoints": str(self.directory),
+                "ledgers": self.board.ledgers.recent(6)}
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    async def _serve_state(self, request: web.Request) -> web.Response:
+        query = request.rel_url.query
+        if "block" in query:
+            k = _block_index(query["block"], self.board.num_blocks)
+            after = _number(query, "after", int)
+            wait_s = min(MAX_POLL_S, _number(query, "wait_s", float, 10.0))
+            before = dict(self.assignment)
+
+            def moved() -> bool:
+                return self.finished or self.published[k].version > after or self.assignment != before
+
+            self.polls_waiting += 1
+            self.poll_waiting.set()
+            try:
+                async with self._moved:
+                    await asyncio.wait_for(self._moved.wait_for(moved), timeout=max(0.0, wait_s))
+            except TimeoutError:
+                pass
+            finally:
+                self.polls_waiting -= 1
+                if not self.polls_waiting:
+                    self.poll_waiting.clear()
+        now = time.monotonic()
+        return web.json_response({"versions": self._published_versions(), "assignment": dict(self.assignment),
+                                  "finished": self.finished, "num_blocks": self.board.num_blocks,
+                                  "deadlines_in_s": [round(d - now, 3) for d in self.board.deadlines]})
+
+    async def _serve_block(self, request: web.Request) -> web.StreamResponse:
+        k = _block_index(request.match_info["k"], self.board.num_blocks)
+        block, embedding = self.published[k], self.published_embedding
+        metadata = {"run_id": self.ctx.manifest.run_id, "block": str(k), "version": str(block.version),
+                    "embedding_version": str(embedding.version)}
+        return await stream_tensors(request, pack(block.tensors, embedding.tensors), metadata)
+
+    async def _receive_update(self, request: web.Request) -> web.Response:
+        k = _block_index(request.match_info["k"], self.board.num_blocks)
+        base_text = request.match_info["base"]
+        if not base_text.isdigit():
+            raise web.HTTPNotFound(text=f"base version {base_text[:20]!r} is not a number")
+        received = await self.messenger.receive(request)
+        sender, base = received.envelope.sender, int(base_text)
+        live = self.ctx.view.get(sender)
+        if received.envelope.round != base or live is None or WORKER_ROLE not in live.record.roles:
+            raise web.HTTPForbidden(text="envelope refused")
+        self.ctx.traffic.add_received("block_update", received.size_bytes)
+        try:
+            block, embedding = unpack(received.tensors)
+            loss = float(received.metadata.get("loss", "nan"))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"bad update: {exc}") from exc
+        target = self.settings.versions
+        if target and self.board.versions[k] >= target:
+            reason = f"block {k} is finished (version {self.board.versions[k]} of {target})"
+        else:
+            reason = self.board.offer(k, base, sender, {"block": block, "embedding": embedding}, loss=loss)
+        self._changed.set()
+        if reason is not None:
+            log.info("update from %s for block %d version %d refused: %s", sender[:12], k, base, reason)
+        return web.json_response({"accepted": reason is None, "reason": reason,
+                                  "version": self.board.versions[k]})
+
+    # -- the version loop -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        await self._evaluate()
+        self.initial_heldout_ce = self.heldout_ce
+        while not self.finished:
+            await self.step()
+            timeout = min(MAX_WAIT_S, max(0.05, self.board.next_deadline() - time.monotonic()))
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=timeout)
+            except TimeoutError:
+                pass
+            self._changed.clear()
+
+    async def step(self) -> None:
+        """One pass of the version loop: reassign, close the versions that are due, extend the
+        deadlines that passed with nothing accepted, and finish when every block is at the target."""
+        self._reassign()
+        for k in range(self.board.num_blocks):
+            now = time.monotonic()
+            assigned = [w for w, b in self.assignment.items() if b == k]
+            if self.board.due(k, assigned, now=now):
+                await self._close(k)
+            elif self.board.overdue_and_empty(k, now=now):
+                self.board.extend(k, now=now)
+        target = self.settings.versions
+        if target and min(self.board.versions) >= target and not self.finished:
+            self.finished = True
+            self.assignment = {}
+            self.ctx.announce()
+            emit(self.ctx.config.events, "finished", versions=list(self.board.versions),
+                 heldout_ce=self.heldout_ce, initial_heldout_ce=self.initial_heldout_ce,
+                 checkpoints=str(self.directory))
+            log.info("all %d blocks reached version %d; checkpoints in %s", self.board.num_blocks, target,
+                     self.directory)
+        async with self._moved:
+            self._moved.notify_all()
+
+    def _reassign(self) -> None:
+        live = self.ctx.view.live(now=self.ctx.now())
+        workers = [p.record.peer_id for p in live if WORKER_ROLE in p.record.roles]
+        target = self.settings.versions
+        finished = [k for k, v in enumerate(self.board.versions) if target and v >= target]
+        assignment = assign_blocks(self.board.num_blocks, workers, previous=self.assignment,
+                                   versions=self.board.versions, finished=finished)
+        for k in range(self.board.num_blocks):
+            self.board.expect(k, [w for w, b in assignment.items() if b == k])
+        if assignment != self.assignment:
+            self.assignment = assignment
+            emit(self.ctx.config.events, "assignment", assignment=assignment,
+                 coverage=coverage(assignment, self.board.num_blocks), versions=list(self.board.versions))
+
+    async def _close(self, k: int) -> None:
+        """Close block k's version: average, write the new version to disk, and only then serve it."""
+        ledger = self.board.close(k, now=time.monotonic())
+        block = Version(self.board.versions[k], dict(self.board.blocks[k]))
+        await asyncio.to_thread(self.checkpoints.write_block, k, block)
+        if self.board.embedding_version != self.published_embedding.version:
+            embedding = Version(self.board.embedding_version, dict(self.board.embedding))
+            await asyncio.to_thread(self.checkpoints.write_embedding, embedding)
+            self.published_embedding = embedding
+        self.published[k] = block
+        self.ctx.announce()
+        self._reassign()
+        await self._evaluate()
+        emit(self.ctx.config.events, "version", block=k, version=self.board.versions[k], used=ledger.used,
+             rejected=ledger.rejected, timed_out=ledger.timed_out, train_loss=ledger.train_loss,
+             update_norm=ledger.update_norm, heldout_ce=self.heldout_ce, versions=list(self.board.versions))
+        log.info("block %d: version %d from %d update(s) (timed out %d, rejected %d); held-out CE %s", k,
+                 self.board.versions[k], len(ledger.used), len(ledger.timed_out), len(ledger.rejected),
+                 f"{self.heldout_ce:.3f}" if self.heldout_ce is not None else "-")
+
+    async def _evaluate(self) -> None:
+        if self.settings.eval_batches:
+            self.heldout_ce = await asyncio.to_thread(self._heldout_ce)
+
+    def _heldout_ce(self) -> float:
+        device = self.ctx.device
+        for k, state in enumerate(self.board.blocks):
+            self.stack.load_block_state(k, {name: t.to(device) for name, t in state.items()})
+        self.stack.load_embedding_state({name: t.to(device) for name, t in self.board.embedding.items()})
+        return heldout_ce(self.stack, self.heldout, batches=self.settings.eval_batches, batch_size=8,
+                          generator=torch.Generator(device=device).manual_seed(0))
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _resume(self) -> bool:
+        """Adopt this run's checkpoints from an earlier life of the coordinator, if every block has one."""
+        found = self.checkpoints.read(self.board.num_blocks)
+        if found is None:
+            return False
+        blocks, embedding = found
+        board = self.board
+        if not all(_same_layout(b.tensors, board.blocks[k]) for k, b in enumerate(blocks)) or (
+                embedding is not None and not _same_layout(embedding.tensors, board.embedding)):
+            log.warning("not resuming from %s: the checkpoints do not match the run's model", self.directory)
+            return False
+        self.board = BlockVersions([b.tensors for b in blocks],
+                                   board.embedding if embedding is None else embedding.tensors,
+                                   deadline_s=board.deadline_s, max_norm=board.max_norm,
+                                   embedding_averaged=board.embedding_averaged, now=time.monotonic(),
+                                   versions=[b.version for b in blocks],
+                                   embedding_version=0 if embedding is None else embedding.version)
+        log.info("resumed from %s at versions %s", self.directory, self.board.versions)
+        return True
+
+
+def _block_index(text: str, num_blocks: int) -> int:
+    if not text.isdigit() or not 0 <= int(text) < num_blocks:
+        raise web.HTTPNotFound(text=f"no block {text[:20]!r} (the run has {num_blocks})")
+    return int(text)
+
+
+def _number(query: Any, name: str, kind: type, default: float | None = None) -> Any:
+    text = query.get(name)
+    if text is None and default is not None:
+        return default
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise web.HTTPBadRequest(
+            text=f"query parameter {name}={str(text)[:20]!r} is not a {kind.__name__}") from None
+
+
+def _same_layout(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
+    return got.keys() == want.keys() and all(got[n].shape == want[n].shape and got[n].dtype == want[n].dtype
+                                             for n in want)
+
+
+def _cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().to("cpu").clone() for name, tensor in state.items()}

@@ -1,0 +1,143 @@
+"""Role ``block-server`` (``gossamer serve``): serves some blocks of a BlockTrain run over TCP.
+
+Once started it downloads its blocks' current versions (and E) from the run's block coordinator
+(retrying until the coordinator is live and serves them) and builds a stack holding only those
+blocks; then it announces them in its record
+(``assignment = {"blocks": [...], "block_versions": {...}}``), which is how clients find routes
+through the DHT. Traversal frames are answered by ``peer.block_host.BlockHost`` (TCP method
+``blocktrain.traverse``; ``blocktrain.embedding`` gives a client E for its readout). Every
+``heartbeat_s`` it asks the coordinator for the versions and swaps in a freshly loaded stack when
+one of its blocks has a newer version; traversals in flight finish on the stack they started
+with. A next hop is accepted only if it is a live block server of the run announcing the blocks
+the route asks of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.events import emit
+from gossamer.peer.role import Role, RoleContext, TcpMethod
+from gossamer.peer.roles.blocktrain.fetch import fetch_block, find_coordinator, live_coordinator
+from gossamer.peer.roles.blocktrain.host import EMBEDDING_METHOD, METHOD, BlockHost
+from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.stack import partial_stack
+from gossamer.peer.route.policy import LiveHopPolicy
+from gossamer.peer.route.pool import HopPool
+from gossamer.peer.run.view import LivePeer
+from gossamer.protocols.blocktrain import BlockStack, BlockTrainError
+from gossamer.transport.errors import TransportError
+from gossamer.transport.frames import Frame
+from gossamer.transport.tcp import HandlerError
+
+log = logging.getLogger(__name__)
+SERVER_ROLE = "block-server"
+
+
+class BlockServerRole(Role):
+    """See the module docstring. ``blocks`` defaults to every block of the run."""
+
+    name = SERVER_ROLE
+
+    def __init__(self, ctx: RoleContext, *, blocks: tuple[int, ...] | None = None) -> None:
+        super().__init__(ctx)
+        self.settings = blocktrain_settings(ctx.manifest.config)
+        num_blocks = self.settings.model.num_blocks
+        chosen = tuple(range(num_blocks)) if blocks is None else tuple(dict.fromkeys(blocks))
+        if not chosen or any(not 0 <= k < num_blocks for k in chosen):
+            raise ConfigError(f"--blocks {list(blocks or ())}: the run has blocks 0..{num_blocks - 1}")
+        self.blocks = tuple(sorted(chosen, reverse=True))  # applied from the highest noise band down
+        self.versions: dict[int, int] = {}
+        self.pool = HopPool()
+        self.host: BlockHost | None = None
+
+    def tcp_methods(self) -> dict[str, TcpMethod]:
+        return {METHOD: self._traverse, EMBEDDING_METHOD: self._embedding}
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._serve(), name="block-server")
+
+    async def aclose(self) -> None:
+        await self.stop_task()
+        await self.pool.aclose()
+
+    def status(self) -> dict[str, Any]:
+        if self.host is None:
+            return {"loading": list(self.blocks)}
+        versions = {str(k): v for k, v in self.versions.items()}
+        return {"assignment": {"blocks": list(self.blocks), "block_versions": versions},
+                "traversals": self.host.traversals, "refused": self.host.refused}
+
+    def gauges(self) -> dict[str, float]:
+        return {"block_server_traversals": float(self.host.traversals)} if self.host else {}
+
+    # -- TCP ------------------------------------------------------------------------------------
+
+    async def _traverse(self, frame: Frame) -> Frame:
+        if self.host is None:
+            raise HandlerError("this block server is still loading its blocks")
+        return await self.host.handle(frame)
+
+    async def _embedding(self, frame: Frame) -> Frame:
+        if self.host is None:
+            raise HandlerError("this block server is still loading its blocks")
+        return self.host.embedding_frame()
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        """Load the blocks (retrying until the coordinator serves them), announce them, then keep
+        them at the coordinator's newest versions."""
+        while self.host is None:
+            coordinator = await find_coordinator(self.ctx, timeout_s=self.ctx.config.join_timeout_s)
+            if coordinator is None:
+                log.warning("no block coordinator of run %s is live; it serves the blocks "
+                            "(is the orchestrator up?)", self.ctx.manifest.run_id)
+                continue
+            try:
+                stack = await self._download(coordinator)
+            except (TransportError, BlockTrainError) as exc:
+                log.warning("could not download the blocks from the coordinator, retrying: %s", exc)
+                await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
+                continue
+            self.host = BlockHost(stack, self.blocks, run_id=self.ctx.manifest.run_id, pool=self.pool,
+                                  next_hop_ok=LiveHopPolicy(self.ctx, role=SERVER_ROLE, key="blocks"),
+                                  max_batch=self.settings.max_batch)
+        self.ctx.announce()
+        emit(self.ctx.config.events, "serving", blocks=list(self.blocks), versions=self.versions)
+        log.info("serving blocks %s at versions %s", list(self.blocks), self.versions)
+        await self._refresh_loop()
+
+    async def _download(self, coordinator: LivePeer) -> BlockStack:
+        stack = partial_stack(self.settings.model, self.blocks, device=self.ctx.device)
+        versions = {}
+        for k in self.blocks:
+            fetched = await fetch_block(self.ctx.http_client, coordinator, k)
+            stack.load_block_state(k, fetched.tensors)
+            stack.load_embedding_state(fetched.embedding)
+            versions[k] = fetched.version
+        stack.eval()
+        self.versions = versions
+        return stack
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
+            coordinator = live_coordinator(self.ctx)
+            if coordinator is None or self.host is None:
+                continue
+            try:
+                url = f"http://{coordinator.record.http_addr}/blocktrain/state"
+                state = await self.ctx.http_client.get_json(url)
+                current = [int(v) for v in state.get("versions", [])]
+                if all(k < len(current) and current[k] == self.versions.get(k) for k in self.blocks):
+                    continue
+                self.host.stack = await self._download(coordinator)
+            except (TransportError, BlockTrainError, ValueError, TypeError) as exc:
+                log.warning("could not refresh the served blocks: %s", exc)
+                continue
+            self.ctx.announce()
+            emit(self.ctx.config.events, "serving", blocks=list(self.blocks), versions=self.versions)

@@ -1,0 +1,186 @@
+"""Role ``block-worker``: trains the block the coordinator assigns to it, K local steps at a time.
+
+One cycle: ask the block coordinator (the live peer with role ``block-coordinator``) for the
+assignment (after an update, a long poll that returns once the block's version closed or the
+assignment changed, so a worker never trains twice from the same version); fetch the assigned
+block's current version (and E) over HTTP; train K steps
+(``protocols.blocktrain.train_step``, in a worker thread) on this peer's shard of the text; PUT
+the difference trained - fetched to the coordinator, signed, against the fetched version. The
+coordinator answers whether it was used or refused (stale: the version closed meanwhile).
+
+The worker holds only its block and that block's AdamW state (``peer.block_stack.partial_stack``:
+the other blocks have no storage). The optimizer state is kept across versions of the same block
+and dropped when the coordinator moves the worker to another block. The record carries the
+assignment (``{"block": k}``) and the version it trains from as its round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+from typing import Any
+
+import torch
+
+from gossamer.crypto.envelope import payload_digest, seal
+from gossamer.peer.events import emit
+from gossamer.peer.kit.messaging import ENVELOPE_HEADER
+from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block, find_coordinator
+from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.stack import hold_block, pack, partial_stack, release_block
+from gossamer.peer.run.view import LivePeer
+from gossamer.protocols.blocktrain import BlockTrainError, block_parameters, train_step
+from gossamer.protocols.text_data import BatchSampler, load_text, shard, split_text
+from gossamer.transport.errors import DecodeError, TransportError
+from gossamer.transport.safetensors_stream import encode_safetensors
+
+log = logging.getLogger(__name__)
+RETRY_S = 1.0
+LONG_POLL_S = 10.0
+
+
+class BlockWorkerRole(Role):
+    """See the module docstring."""
+
+    name = "block-worker"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.settings = blocktrain_settings(ctx.manifest.config)
+        config = self.settings.model
+        train = split_text(load_text(ctx.config.data or self.settings.data_source),
+                           heldout_fraction=self.settings.heldout_fraction).train
+        self.shard_index = int(ctx.identity.peer_id[:8], 16) % self.settings.num_shards
+        seed = int(ctx.identity.peer_id[:15], 16)
+        self.sampler = BatchSampler(shard(train, index=self.shard_index, count=self.settings.num_shards),
+                                    batch_size=self.settings.batch_size, context=config.context,
+                                    generator=torch.Generator().manual_seed(seed))
+        self.noise = torch.Generator(device=ctx.device).manual_seed(seed + 1)
+        self.stack = partial_stack(config, [], device=ctx.device)
+        self.block: int | None = None
+        self.version: int | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.updates = {"sent": 0, "accepted": 0, "refused": 0}
+        self.last_reason: str | None = None
+        self.finished = False
+
+    # -- role interface -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="block-worker")
+
+    @property
+    def round(self) -> int:
+        return self.version or 0
+
+    def status(self) -> dict[str, Any]:
+        return {"assignment": {"block": self.block} if self.block is not None else {},
+                "version": self.version, "shard": self.shard_index, "updates": dict(self.updates),
+                "last_refusal": self.last_reason, "finished": self.finished}
+
+    # -- the cycle ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            coordinator = await self._coordinator()
+            url = f"http://{coordinator.record.http_addr}/blocktrain/state"
+            if self.block is not None and self.version is not None:
+                url += f"?block={self.block}&after={self.version}&wait_s={LONG_POLL_S}"  # the next version
+            try:
+                state = await self.ctx.http_client.get_json(url)
+                if state.get("finished"):
+                    break
+                block = state.get("assignment", {}).get(self.ctx.identity.peer_id)
+                if block is None:
+                    await asyncio.sleep(RETRY_S)  # not in the coordinator's view yet: poll again
+                    continue
+                await self._cycle(coordinator, int(block))
+            except (TransportError, BlockTrainError, ValueError) as exc:
+                log.warning("block worker cycle failed, retrying in %.0f s: %s", RETRY_S, exc)
+                emit(self.ctx.config.events, "worker_error", error=str(exc)[:300])
+                await asyncio.sleep(RETRY_S)
+        self.finished = True
+        self._switch(None)
+        emit(self.ctx.config.events, "finished", updates=dict(self.updates))
+        log.info("the run is finished; %s", self.updates)
+
+    async def _coordinator(self) -> LivePeer:
+        while (found := await find_coordinator(self.ctx, timeout_s=10.0)) is None:
+            log.info("waiting for the block coordinator to appear")
+        return found
+
+    async def _cycle(self, coordinator: LivePeer, block: int) -> None:
+        fetched = await self.fetch(coordinator, block)
+        loss = await asyncio.to_thread(self.train, block)
+        answer = await self.send_update(coordinator, fetched, self.difference(fetched), loss)
+        accepted = bool(answer.get("accepted"))
+        self.updates["sent"] += 1
+        self.updates["accepted" if accepted else "refused"] += 1
+        self.last_reason = None if accepted else str(answer.get("reason"))
+        emit(self.ctx.config.events, "update", block=block, version=fetched.version, loss=loss,
+             accepted=accepted, reason=answer.get("reason"))
+
+    async def fetch(self, coordinator: LivePeer, block: int) -> BlockVersion:
+        """Download the block's current version and load it (taking the block on, if it is new here)."""
+        fetched = await fetch_block(self.ctx.http_client, coordinator, block)
+        self._switch(block)
+        self.stack.load_block_state(block, fetched.tensors)
+        self.stack.load_embedding_state(fetched.embedding)
+        self.version = fetched.version
+        self.ctx.announce()
+        return fetched
+
+    def _switch(self, block: int | None) -> None:
+        """Hold ``block`` (and a fresh optimizer for it) instead of the current one."""
+        if block == self.block:
+            return
+        if self.block is not None:
+            release_block(self.stack, self.block)
+        self.block, self.optimizer = block, None
+        if block is not None:
+            hold_block(self.stack, block, device=self.ctx.device)
+            self.optimizer = torch.optim.AdamW(block_parameters(self.stack, block), lr=self.settings.lr,
+                                               weight_decay=0.0)
+            emit(self.ctx.config.events, "assigned", block=block)
+
+    def train(self, block: int) -> float:
+        """K local steps on the held block (blocking: run it in a worker thread); the mean loss."""
+        assert self.optimizer is not None
+        losses = []
+        for _ in range(self.settings.local_steps):
+            context, targets = self.sampler.sample(self.ctx.device)
+            losses.append(train_step(self.stack, block, context, targets, self.optimizer,
+                                     generator=self.noise))
+        return sum(losses) / len(losses)
+
+    def difference(self, fetched: BlockVersion) -> dict[str, torch.Tensor]:
+        """The update: trained - fetched for the block (and for E when it is averaged), packed."""
+        trained = {name: t.to("cpu") for name, t in self.stack.block_state(fetched.block).items()}
+        update = {name: trained[name] - fetched.tensors[name] for name in trained}
+        embedding = {}
+        if self.settings.model.embedding == "averaged":
+            now = {name: t.to("cpu") for name, t in self.stack.embedding_state().items()}
+            embedding = {name: now[name] - fetched.embedding[name] for name in now}
+        return pack(update, embedding)
+
+    async def send_update(self, coordinator: LivePeer, fetched: BlockVersion,
+                          tensors: dict[str, torch.Tensor], loss: float) -> dict[str, Any]:
+        """PUT an update against ``fetched`` with a signed envelope (as ``peer.kit.messaging`` does, with
+        round = the base version) and return the coordinator's JSON answer."""
+        url = f"http://{coordinator.record.http_addr}/blocktrain/update/{fetched.block}/{fetched.version}"
+        metadata = {"loss": repr(loss), "steps": str(self.settings.local_steps)}
+        total_bytes, chunks = encode_safetensors(tensors, metadata)
+        envelope = seal(self.ctx.identity, recipient=coordinator.record.peer_id,
+                        run_id=self.ctx.manifest.run_id, round=fetched.version,
+                        payload_digest=payload_digest(*chunks), now=self.ctx.now(),
+                        nonce=secrets.token_bytes(16))
+        header = {ENVELOPE_HEADER: base64.b64encode(envelope).decode("ascii")}
+        answer = await self.ctx.http_client.put_tensors(url, tensors, metadata, extra_headers=header)
+        self.ctx.traffic.add_sent("block_update", total_bytes)
+        if not isinstance(answer, dict):
+            raise DecodeError(f"the coordinator answered an update with {type(answer).__name__}, "
+                              "not a JSON object")
+        return answer

@@ -1,0 +1,351 @@
+"""Role ``learner``: a gossip-DiLoCo replica trained on this peer's shard, mixed with its peers.
+
+One outer round t (DESIGN.md, "Gossip DiLoCo"): snapshot x; send x to the W1 neighbours in the
+background while the H inner AdamW steps run (in a worker thread, so the daemon keeps serving);
+mix the parameters that arrived by the end of the inner phase (plus ``w1_grace_s``) into m;
+pseudo-gradient d = x - y; send d (on the W2 subset) to the W2 neighbours and wait for theirs up to
+``w2_deadline_s``; aggregate them through the run's robust aggregator; outer Nesterov step with
+the local, never-shared momentum. Every contribution is accounted for in the round's ledger:
+arrived and used, rejected with a reason, or timed out. Peers are the live, admitted learners of
+the run (sorted by peer id, so everyone indexes them alike).
+
+Staying in step: round 0 waits until ``min_learners`` learners are live; a learner that joins
+mid-run, or finds itself ``catch_up_rounds`` away from the median round of its peers, downloads
+their state (verified against the digest they sign into their records) and goes on from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from gossamer.peer.events import emit
+from gossamer.peer.kit.inbox import Inbox
+from gossamer.peer.kit.ledger import ExchangeLedger, LedgerHistory, RoundLedger
+from gossamer.peer.kit.messaging import SignedMessenger
+from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.statesync import StateSyncError
+from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
+from gossamer.peer.roles.diloco.settings import learner_settings
+from gossamer.peer.run.view import LivePeer
+from gossamer.protocols.diloco import DilocoReplica
+from gossamer.protocols.mixing import neighbours
+from gossamer.protocols.models import build_model, flat_parameters, generate
+from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
+from gossamer.transport.errors import TransportError
+from gossamer.transport.safetensors_stream import save_file_atomic
+
+log = logging.getLogger(__name__)
+KINDS = ("params", "pgrad")
+
+
+class LearnerRole(Role):
+    """A gossip-DiLoCo learner (see the module docstring)."""
+
+    name = "learner"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.settings = learner_settings(ctx.manifest.config)
+        split = split_text(load_text(ctx.config.data or self.settings.data_source),
+                           heldout_fraction=self.settings.heldout_fraction)
+        self.shard_index = int(ctx.identity.peer_id[:8], 16) % self.settings.num_shards
+        self.heldout = split.heldout
+        model = build_model(self.settings.model, seed=self.settings.seed, device=ctx.device)
+        self.replica = DilocoReplica(model, self.settings.diloco)
+        generator = torch.Generator().manual_seed(int(ctx.identity.peer_id[:15], 16))
+        self.sampler = BatchSampler(shard(split.train, index=self.shard_index, count=self.settings.num_shards),
+                                    batch_size=self.settings.batch_size, context=self.settings.model.context,
+                                    generator=generator)
+        self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id, client=ctx.http_client,
+                                         view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
+                                         max_body_bytes=ctx.http_config.max_body_bytes)
+        self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
+        self.attack = parse_attack(ctx.config.attack) if ctx.config.attack else None
+        self.inbox = Inbox()
+        self.history = LedgerHistory()
+        self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
+        self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
+        self.finished = False
+        self.checkpoint_path = ""
+
+    # -- role interface -------------------------------------------------------------------------
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.put("/diloco/{kind}/{round}", self._receive)]
+
+    async def start(self) -> None:
+        await self._join_mid_run()
+        self._task = asyncio.create_task(self._run(), name="learner-rounds")
+
+    @property
+    def round(self) -> int:
+        return self.replica.round
+
+    def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]]:
+        return self._snapshot
+
+    def status(self) -> dict[str, Any]:
+        last = self.history.last(1)
+        return {"round": self.round, "shard": self.shard_index, "finished": self.finished,
+                "checkpoint": self.checkpoint_path, "aggregator": self.settings.aggregator,
+                "train_loss": last[0]["train_loss"] if last else None,
+                "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3)}
+
+    def gauges(self) -> dict[str, float]:
+        last = self.history.last(1)
+        return {"learner_heldout_loss": last[0]["heldout_loss"]} if last else {}
+
+    # -- joining --------------------------------------------------------------------------------
+
+    async def _join_mid_run(self) -> None:
+        others = self._other_learners()
+        if any(p.record.state.get("version", 0) > 0 for p in others):
+            await self._adopt_state(others, why="joined")
+
+    async def _wait_for_learners(self) -> None:
+        """Round 0 starts once ``min_learners`` learners (this one included) are live, so learners
+        started together begin in step instead of the first one racing ahead alone."""
+        wanted = self.settings.min_learners
+        while (have := len(self._learners())) < wanted:
+            log.info("waiting for learners before round 0: %d of %d live", have, wanted)
+            emit(self.ctx.config.events, "waiting", learners=have, wanted=wanted)
+            await self.ctx.until_view(lambda: len(self._learners()) >= wanted, timeout_s=10.0)
+
+    async def _catch_up(self) -> None:
+        """Get back in step when ``catch_up_rounds`` or more away from the median round of the
+        learners. Out of step, every message a learner sends or expects is for a round its peers
+        have left or not reached, and each of its rounds costs them a full W2 deadline.
+
+        Behind (a stalled host): adopt the swarm's state. Donors are the learners at or just past
+        the median, so one peer advertising a far-off round cannot pull anyone to it. Ahead (one
+        that raced on alone): wait for the others to come within reach, at most ``catch_up_rounds``
+        W2 deadlines, rather than throw its progress away; records lag the rounds they describe,
+        so peers can look further behind than they are, and the wait ends as soon as they do not.
+        """
+        target = self._out_of_step()
+        if target is None:
+            return
+        if target < self.replica.round:
+            await self._wait_for_the_swarm(target)
+            return
+        band = range(target, target + self.settings.catch_up_rounds)
+        donors = [p for p in self._other_learners()
+                  if p.record.round in band and p.record.state.get("version") in band]
+        await self._adopt_state(donors, why=f"caught up ({target - self.replica.round} rounds behind the median "
+                                            f"of the learners)")
+
+    def _out_of_step(self) -> int | None:
+        return out_of_step(self.replica.round, [p.record.round for p in self._other_learners()],
+                           threshold=self.settings.catch_up_rounds)
+
+    async def _wait_for_the_swarm(self, target: int) -> None:
+        limit_s = self.settings.catch_up_rounds * self.settings.w2_deadline_s
+        log.info("%d rounds ahead of the median of the learners (round %d); waiting up to %.0f s for them",
+                 self.replica.round - target, target, limit_s)
+        emit(self.ctx.config.events, "ahead", round=self.replica.round, median=target, wait_s=limit_s)
+        def in_reach() -> bool:
+            target = self._out_of_step()
+            return target is None or target > self.replica.round
+
+        await self.ctx.until_view(in_reach, timeout_s=limit_s)
+
+    async def _adopt_state(self, donors: list[LivePeer], *, why: str) -> None:
+        try:
+            version, tensors, report = await download_state(self.ctx.http_client, donors,
+                                                            joiner_id=self.ctx.identity.peer_id)
+        except StateSyncError as exc:
+            log.warning("could not download the run's state, going on from our own: %s", exc)
+            return
+        self.replica.adopt(tensors, version)
+        self._snapshot = (version, flat_parameters(self.replica.module))
+        self.ctx.announce()
+        emit(self.ctx.config.events, "adopted", round=version, donors=len(report.shards_served), why=why)
+        log.info("%s at round %d with state from %d donor(s)", why, version, len(report.shards_served))
+
+    def _other_learners(self) -> list[LivePeer]:
+        me = self.ctx.identity.peer_id
+        return [p for p in self.ctx.view.live(now=self.ctx.now())
+                if "learner" in p.record.roles and p.record.peer_id != me]
+
+    # -- receiving ------------------------------------------------------------------------------
+
+    async def _receive(self, request: web.Request) -> web.Response:
+        kind, round_text = request.match_info["kind"], request.match_info["round"]
+        if kind not in KINDS or not round_text.isdigit():
+            raise web.HTTPNotFound(text="unknown contribution kind or round")
+        received = await self.messenger.receive(request)
+        sender, round = received.envelope.sender, int(round_text)
+        if received.envelope.round != round or "learner" not in self.ctx.view.get(sender).record.roles:
+            raise web.HTTPForbidden(text="envelope refused")
+        reason = self._shape_problem(kind, received.tensors) or await self.inbox.put(kind, round, sender,
+                                                                                       received.tensors)
+        self.ctx.traffic.add_received(kind, received.size_bytes)
+        if reason is not None:
+            self._late_rejections.setdefault((kind, round), {})[sender] = reason
+            return web.json_response({"accepted": False, "reason": reason}, status=409)
+        return web.json_response({"accepted": True})
+
+    def _shape_problem(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> str | None:
+        expected = self._snapshot[1] if kind == "params" else self.aggregator.subset_of(self._snapshot[1])
+        if tensors.keys() != expected.keys():
+            return f"{kind} names do not match the model"
+        for name, tensor in tensors.items():
+            if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
+                return f"{kind} tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}"
+            if kind == "params" and not torch.isfinite(tensor).all():
+                return f"params tensor {name!r} is not finite"
+        return None
+
+    # -- rounds ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        if self.replica.round == 0:
+            await self._wait_for_learners()
+        while not self.settings.rounds or self.replica.round < self.settings.rounds:
+            await self._catch_up()
+            if self.settings.rounds and self.replica.round >= self.settings.rounds:
+                break
+            ledger = await self._one_round()
+            self.history.append(ledger)
+            emit(self.ctx.config.events, "round", round=ledger.round, train_loss=ledger.train_loss,
+                 heldout_loss=ledger.heldout_loss, params_from=len(ledger.params.arrived),
+                 pgrads_used=len(ledger.pseudo_gradients.used), timed_out=ledger.pseudo_gradients.timed_out,
+                 rejected=ledger.pseudo_gradients.rejected, bytes_sent=ledger.bytes_sent,
+                 bytes_received=ledger.bytes_received, note=ledger.note)
+        await self._finish()
+
+    def _learners(self) -> list[str]:
+        live = self.ctx.view.live(now=self.ctx.now())
+        ids = {p.record.peer_id for p in live if "learner" in p.record.roles} | {self.ctx.identity.peer_id}
+        return sorted(ids)
+
+    async def _one_round(self) -> RoundLedger:
+        started, t = time.monotonic(), self.replica.round
+        self.inbox.advance(t)
+        learners = self._learners()
+        me = learners.index(self.ctx.identity.peer_id)
+        plan, seed = self.settings.mixing, self.settings.seed
+        w1 = plan.w1_weights(len(learners), round=t, seed=seed)
+        w2 = plan.w2_weights(len(learners), round=t, seed=seed)
+        ledger = RoundLedger(round=t, learners=learners)
+        n1 = [learners[j] for j in neighbours(w1[me]) if j != me]
+        n2 = [learners[j] for j in neighbours(w2[me]) if j != me]
+        x = self.replica.begin_round()
+        self._snapshot = (t, x)
+        self.ctx.announce()  # the record's round and state version are t from now on
+        sending = [asyncio.create_task(self._send_all("params", t, x, n1, ledger.params, ledger))]
+        compute_started = time.monotonic()
+        ledger.train_loss = await asyncio.to_thread(self._inner_phase)
+        ledger.compute_s = time.monotonic() - compute_started
+        d = self.replica.end_inner()
+        arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
+        self._settle(ledger.params, "params", t, arrived)
+        m = mix_parameters(x, arrived, weights=w1, me=me, index_of=learners.index,
+                           clip_tau=self.settings.w1_clip_tau, max_norm=self.settings.max_norm)
+        sent_d = self.attack(d) if self.attack else d
+        sending.append(asyncio.create_task(
+            self._send_all("pgrad", t, self.aggregator.subset_of(sent_d), n2, ledger.pseudo_gradients, ledger)))
+        arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
+        self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
+        d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
+                                            ledger=ledger.pseudo_gradients)
+        ledger.note = self.aggregator.note
+        self.replica.finish_round(m, d_mixed)
+        await self._drain(sending)
+        ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
+        ledger.wall_s = time.monotonic() - started
+        return ledger
+
+    def _inner_phase(self) -> float:
+        losses = [self.replica.inner_step(*self.sampler.sample(self.ctx.device), next_byte_loss)
+                  for _ in range(self.settings.diloco.inner_steps)]
+        return float(sum(losses) / len(losses))
+
+    def _evaluate(self) -> float:
+        return evaluate(self.replica.module, self.heldout, context=self.settings.model.context,
+                        max_batches=self.settings.eval_batches, device=self.ctx.device)
+
+    def _settle(self, exchange: ExchangeLedger, kind: str, round: int, arrived: Mapping[str, Any]) -> None:
+        exchange.settle(list(arrived))
+        late = self._late_rejections.pop((kind, round), {})
+        exchange.rejected.update({s: r for s, r in late.items() if s in exchange.expected})
+        exchange.timed_out = [s for s in exchange.timed_out if s not in exchange.rejected]
+
+    async def _send_all(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor], to: list[str],
+                        exchange: ExchangeLedger, ledger: RoundLedger) -> None:
+        exchange.expected = sorted(to)
+        results = await asyncio.gather(*(self._send_one(kind, round, tensors, peer_id) for peer_id in to),
+                                       return_exceptions=True)
+        for peer_id, result in zip(to, results, strict=True):
+            if isinstance(result, int):
+                ledger.bytes_sent += result
+                self.ctx.traffic.add_sent(kind, result)
+            elif isinstance(result, TransportError | LookupError):
+                exchange.send_failures[peer_id] = str(result)[:200]
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def _send_one(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor], peer_id: str) -> int:
+        live = self.ctx.view.get(peer_id)
+        if live is None:
+            raise LookupError(f"{peer_id[:12]} is no longer live")
+        url = f"http://{live.record.http_addr}/diloco/{kind}/{round}"
+        return await self.messenger.send(url, recipient=peer_id, round=round, tensors=tensors)
+
+    async def _drain(self, sending: list[asyncio.Task[None]]) -> None:
+        done, pending = await asyncio.wait(sending, timeout=self.settings.w2_deadline_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    # -- the end --------------------------------------------------------------------------------
+
+    async def _finish(self) -> None:
+        params = flat_parameters(self.replica.module)
+        self._snapshot = (self.replica.round, params)
+        filename = f"{self.ctx.manifest.config.name}-{self.ctx.identity.peer_id[:12]}-round{self.replica.round}.safetensors"
+        path = await asyncio.to_thread(_write_checkpoint, Path(self.ctx.config.checkpoint_dir), filename, params,
+                                       self.ctx.manifest.run_id, self.replica.round)
+        self.checkpoint_path = str(path)
+        sample = await asyncio.to_thread(self._sample)
+        self.finished = True
+        last = self.history.last(1)
+        emit(self.ctx.config.events, "finished", round=self.replica.round, checkpoint=str(path), sample=sample,
+             heldout_loss=last[0]["heldout_loss"] if last else None)
+        log.info("finished %d rounds; checkpoint %s", self.replica.round, path)
+
+    def _sample(self) -> str:
+        generator = torch.Generator().manual_seed(0)
+        text = generate(self.replica.module, b"The ", max_new_bytes=160, temperature=0.7, generator=generator)
+        return text.decode("utf-8", "replace")
+
+
+def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
+    """The round to adopt when ``mine`` is ``threshold`` or more away from the median round of all
+    the learners (this one included; the upper median, so a tie goes to the further-on half);
+    None when in step or alone. One peer advertising a far-off round moves this median by at most
+    one position."""
+    if not others:
+        return None
+    median = statistics.median_high([mine, *others])
+    return median if abs(median - mine) >= threshold else None
+
+
+def _write_checkpoint(directory: Path, filename: str, params: Mapping[str, torch.Tensor], run_id: str,
+                      round: int) -> Path:
+    path = directory.expanduser() / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file_atomic(dict(params), path, metadata={"run_id": run_id, "round": str(round), "format": "gossamer/diloco"})
+    return path

@@ -1,0 +1,281 @@
+"""Role ``tlpp-server``: the server side of a TL++ run, taken by the orchestrator (the run owner).
+
+It holds the master model and its optimizer and drives the virtual batches
+(``peer.roles.tlpp.steps``): it waits until ``min_nodes`` data nodes (and, in secure mode, a helper)
+are live, builds the schedule from the sample counts the nodes publish in their signed records
+(``VirtualBatchScheduler``, shuffled per epoch with the run seed), and runs one virtual batch
+after another until ``steps`` (or ``epochs`` passes) are done. After each step it applies the
+summed gradients with its optimizer, writes the step's ledger, emits a ``tlpp_step`` event (loss,
+accuracy, answered, dropped, bytes) and every ``eval_every`` steps a ``tlpp_eval`` on the held-out
+split it keeps (labels and loss are visible to the orchestrator by design; the test images never
+leave it). At the end: a final evaluation, a checkpoint (safetensors, written atomically) and
+``tlpp_finished``.
+
+Membership: a node that failed in a step is taken out of the schedule at once (the rest of the
+epoch follows the reduced schedule from the same position, so in that epoch a few samples may be
+seen twice or not at all); at each epoch boundary the schedule is rebuilt from the live nodes, so
+nodes that left the view are no longer scheduled and a node that came back is scheduled again. A
+node that left the view mid-epoch stays scheduled until it fails a request (records can lag a
+loaded host by a heartbeat; a node that still answers is still a node). With no node left, it
+waits.
+
+A helper failure (``HelperFailed``), or a setting the truncation guard refuses, stops training
+with one clear error: logged, in ``/status``, a ``tlpp_error`` event, and a checkpoint of the
+model so far. The daemon keeps running (its record and ``/status`` stay up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.events import emit
+from gossamer.peer.kit.secure_link import SecureLinks
+from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.roles.tlpp.data import load_data
+from gossamer.peer.roles.tlpp.settings import TlppSettings, tlpp_settings
+from gossamer.peer.roles.tlpp.steps import StepDriver, StepLedger, TrainingStopped, grads_finite
+from gossamer.peer.roles.tlpp.wire import ShareLog
+from gossamer.protocols.tlpp import TraversalError, VirtualBatch, VirtualBatchScheduler, affine_server
+from gossamer.transport.safetensors_stream import save_file_atomic
+
+log = logging.getLogger(__name__)
+WAIT_POLL_S = 10.0
+
+
+class TlppServerRole(Role):
+    """The TL++ orchestrator's server side (see the module docstring)."""
+
+    name = "tlpp-server"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        if ctx.manifest.owner_public_key != ctx.identity.public_key:
+            raise ConfigError("the tlpp-server role needs the run owner's identity (the key that signed the manifest)")
+        self.settings = settings = tlpp_settings(ctx.manifest.config)
+        self.model = settings.build_model(ctx.device)
+        node_side, server_side = settings.split(self.model)
+        if settings.secure:
+            try:
+                affine_server(server_side)
+            except TraversalError as exc:
+                raise ConfigError(f"secure mode: {exc}") from exc
+        self.test = load_data(settings.test, test_fraction=settings.test_fraction, split_seed=settings.split_seed)
+        self.optimizer = _optimizer(self.model, settings)
+        self.links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
+        self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side, server_side=server_side,
+                                 links=self.links, share_log=ShareLog(ctx.config.share_log or None), device=ctx.device)
+        self.history: deque[StepLedger] = deque(maxlen=64)
+        self.step = 0
+        self.last_eval: dict[str, float] | None = None
+        self.finished = False
+        self.error = ""
+        self.checkpoint_path = ""
+        self.done = asyncio.Event()  # set when training finished or stopped
+
+    # -- role interface -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="tlpp-server")
+
+    async def aclose(self) -> None:
+        await self.stop_task()
+        await self.links.aclose()
+
+    @property
+    def round(self) -> int:
+        return self.step
+
+    def status(self) -> dict[str, Any]:
+        return {"mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
+                "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
+                "evaluation": self.last_eval, "ledgers": [ledger.to_json() for ledger in list(self.history)[-3:]]}
+
+    def gauges(self) -> dict[str, float]:
+        gauges = {"tlpp_step": float(self.step)}
+        if self.history:
+            gauges["tlpp_train_loss"] = self.history[-1].loss
+        if self.last_eval:
+            gauges["tlpp_test_loss"], gauges["tlpp_test_accuracy"] = self.last_eval["loss"], self.last_eval["accuracy"]
+        return gauges
+
+    # -- the run --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._train()
+        except TrainingStopped as exc:
+            await self._stop(exc)
+        except Exception as exc:  # a bug, not a peer's fault: report it like any stop, with the traceback
+            log.exception("TL++ training failed")
+            await self._stop(TrainingStopped(f"internal error: {type(exc).__name__}: {exc}"))
+        else:
+            await self._finish()
+        finally:
+            self.done.set()
+
+    async def _train(self) -> None:
+        scheduler = await self._schedule()
+        total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
+        epoch = 0
+        while self.step < total:
+            batches, index = scheduler.epoch(epoch), 0
+            while index < len(batches) and self.step < total:
+                helper = await self._helper() if self.settings.secure else None
+                ledger = await self._one_step(batches[index], helper)
+                reduced = self._reduced(scheduler, ledger)
+                if reduced is None:
+                    await self._until_nodes_change(set(scheduler.counts))
+                    reduced = await self._schedule()
+                if reduced is not scheduler:
+                    scheduler, batches = reduced, reduced.epoch(epoch)
+                index += 1
+            epoch += 1
+            scheduler = await self._schedule()
+
+    def _live(self, role: str) -> list[str]:
+        return [p.record.peer_id for p in self.ctx.view.live(now=self.ctx.now()) if role in p.record.roles]
+
+    def _node_counts(self) -> dict[str, int]:
+        counts = {}
+        for peer in self.ctx.view.live(now=self.ctx.now()):
+            samples = peer.record.assignment.get("tlpp_samples")
+            if "node" in peer.record.roles and isinstance(samples, int) and not isinstance(samples, bool) \
+                    and samples > 0:
+                counts[peer.record.peer_id] = samples
+        return counts
+
+    async def _schedule(self) -> VirtualBatchScheduler:
+        """A schedule over the live nodes, once ``min_nodes`` of them (and a helper, in secure mode) are live."""
+        def ready() -> bool:
+            return len(self._node_counts()) >= self.settings.min_nodes and (
+                not self.settings.secure or bool(self._live("helper")))
+
+        while not ready():
+            nodes, helpers = len(self._node_counts()), len(self._live("helper"))
+            log.info("waiting for TL++ nodes: %d of %d live%s", nodes, self.settings.min_nodes,
+                     f", {helpers} helper(s)" if self.settings.secure else "")
+            emit(self.ctx.config.events, "tlpp_waiting", nodes=nodes, wanted=self.settings.min_nodes, helpers=helpers)
+            await self.ctx.until_view(ready, timeout_s=WAIT_POLL_S)
+        return VirtualBatchScheduler(self._node_counts(), batch_size=self.settings.batch_size, seed=self.settings.seed,
+                                     drop_last=self.settings.drop_last)
+
+    async def _until_nodes_change(self, failed: set[str]) -> None:
+        """Every scheduled node failed: give their records up to a TTL to expire (or others to
+        come) instead of spending steps on nodes that are gone."""
+        await self.ctx.until_view(lambda: set(self._node_counts()) != failed, timeout_s=self.ctx.manifest.ttl_s)
+
+    async def _helper(self) -> str:
+        helpers = self._live("helper")
+        while not helpers:
+            emit(self.ctx.config.events, "tlpp_waiting", nodes=len(self._node_counts()), wanted=self.settings.min_nodes,
+                 helpers=0)
+            await self.ctx.until_view(lambda: bool(self._live("helper")), timeout_s=WAIT_POLL_S)
+            helpers = self._live("helper")
+        return sorted(helpers)[0]
+
+    def _reduced(self, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
+        """The schedule without the nodes that failed this step; None if none is left."""
+        leaving = {n for n in scheduler.counts if n in ledger.dropped}
+        if not leaving:
+            return scheduler
+        if leaving >= set(scheduler.counts):
+            return None
+        log.info("taking %d node(s) out of the schedule: %s", len(leaving), sorted(n[:12] for n in leaving))
+        return scheduler.without(leaving)
+
+    async def _one_step(self, batch: VirtualBatch, helper: str | None) -> StepLedger:
+        ledger = StepLedger(step=self.step, epoch=batch.epoch, index=batch.index, mode=self.settings.mode)
+        sent, received = _tlpp_bytes(self.ctx.traffic.sent), _tlpp_bytes(self.ctx.traffic.received)
+        started = time.monotonic()
+        grads = await self.driver.run(batch, ledger, helper)
+        if grads is not None and not grads_finite(grads):
+            ledger.note, grads = "gradients are not finite; step skipped", None
+        if grads is not None:
+            self._apply(grads)
+            ledger.applied = True
+        ledger.bytes_sent = _tlpp_bytes(self.ctx.traffic.sent) - sent
+        ledger.bytes_received = _tlpp_bytes(self.ctx.traffic.received) - received
+        ledger.wall_s = round(time.monotonic() - started, 4)
+        self.history.append(ledger)
+        self.step += 1
+        emit(self.ctx.config.events, "tlpp_step", **ledger.to_json())
+        if ledger.dropped:
+            log.warning("step %d: dropped %s", ledger.step, {n[:12]: r for n, r in ledger.dropped.items()})
+        if self.settings.eval_every and self.step % self.settings.eval_every == 0:
+            await self._evaluate()
+        return ledger
+
+    def _apply(self, grads: dict[str, torch.Tensor]) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for name, param in self.model.named_parameters():
+            param.grad = grads[name].to(device=param.device, dtype=param.dtype)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.driver.version += 1
+
+    async def _evaluate(self) -> dict[str, float]:
+        self.last_eval = await asyncio.to_thread(self._test_metrics)
+        emit(self.ctx.config.events, "tlpp_eval", step=self.step, **self.last_eval)
+        return self.last_eval
+
+    def _test_metrics(self) -> dict[str, float]:
+        with torch.no_grad():
+            logits = self.model(self.test.x.to(self.ctx.device))
+            labels = self.test.y.to(self.ctx.device)
+            loss = float(F.cross_entropy(logits, labels))
+            accuracy = float((logits.argmax(dim=1) == labels).float().mean())
+        return {"loss": loss, "accuracy": accuracy, "samples": len(self.test)}
+
+    # -- the end --------------------------------------------------------------------------------
+
+    async def _finish(self) -> None:
+        evaluated_now = self.settings.eval_every and self.step % self.settings.eval_every == 0
+        metrics = self.last_eval if evaluated_now and self.last_eval else await self._evaluate()
+        self.checkpoint_path = await self._checkpoint()
+        self.finished = True
+        emit(self.ctx.config.events, "tlpp_finished", step=self.step, applied_steps=self.driver.version,
+             test_loss=metrics["loss"], test_accuracy=metrics["accuracy"], checkpoint=self.checkpoint_path)
+        log.info("TL++ training finished after %d steps: test loss %.4f, accuracy %.3f; checkpoint %s", self.step,
+                 metrics["loss"], metrics["accuracy"], self.checkpoint_path)
+
+    async def _stop(self, exc: TrainingStopped) -> None:
+        self.error = str(exc)
+        log.error("TL++ training stopped at step %d: %s", self.step, exc)
+        self.checkpoint_path = await self._checkpoint()
+        emit(self.ctx.config.events, "tlpp_error", step=self.step, message=self.error, kind=type(exc).__name__,
+             checkpoint=self.checkpoint_path)
+
+    async def _checkpoint(self) -> str:
+        params = {name: p.detach().cpu().clone() for name, p in self.model.named_parameters()}
+        metadata = {"run_id": self.ctx.manifest.run_id, "step": str(self.step), "format": "gossamer/tlpp",
+                    "cut": str(self.settings.cut), "mode": self.settings.mode}
+        path = await asyncio.to_thread(_save, Path(self.ctx.config.checkpoint_dir),
+                                       f"{self.ctx.manifest.config.name}-tlpp.safetensors", params, metadata)
+        return str(path)
+
+
+def _save(directory: Path, filename: str, params: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+    path = directory.expanduser() / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file_atomic(params, path, metadata=metadata)
+    return path
+
+
+def _optimizer(model: torch.nn.Module, settings: TlppSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                               weight_decay=settings.weight_decay)
+    return torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+def _tlpp_bytes(counts: dict[str, int]) -> int:
+    return sum(v for k, v in counts.items() if k.startswith("tlpp_"))

@@ -1,0 +1,102 @@
+"""What the TL++ roles say to each other over ``peer.kit.secure_link``, and the checks on what arrives.
+
+Methods (TCP) and ops, by who serves them::
+
+    data node  (``tlpp-node``)    forward   {indices, version, mode, helper} + weights when stale
+                                            -> base: {act, labels}; secure: {act: share 0, labels}
+                                  backward  base: {cut_grad} -> node-side gradients
+                                            secure: {logit_grad}, grad_scale -> {grads: share 0}
+    helper     (``tlpp-helper``)  share     from a node: {act} or {grads}, share 1 (party 1)
+                                  logits    from the orchestrator: {weight}, nodes, sizes
+                                            -> its logit share over those nodes, and which it used
+                                  sum       from the orchestrator: nodes -> {grads: its summed share}
+                                            over the nodes whose shares it holds, and which
+                                  ping      from the orchestrator: is the helper there
+
+Every share carries ``party`` in its fields; the orchestrator accepts only party 0 and the helper
+only party 1, so neither server ever takes both shares of a tensor. A node's gradients travel
+as ONE flat int64 vector ``grads`` (``peer.tlpp_secure.gradient_layout`` order, whose length both
+servers know from the model): one tensor to encode and check per message, not one per parameter.
+With ``--share_log PATH`` (``PeerConfig.share_log``), each server appends one JSON line per share
+tensor it accepts, ``{"step", "node", "tensor", "share_index"}`` (a debugging and audit aid; the
+end-to-end test reads it to check that no server ever held both shares of anything).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from gossamer.peer.kit.secure_link import RequestRefused
+
+NODE_METHOD = "tlpp-node"
+HELPER_METHOD = "tlpp-helper"
+FORWARD, BACKWARD = "forward", "backward"
+SHARE, LOGITS, SUM, PING = "share", "logits", "sum", "ping"
+ACT = "act"
+GRADS = "grads"
+MAX_INDICES = 1 << 16
+
+
+class ShareLog:
+    """Appends one JSON line per received share to ``path`` (nothing when ``path`` is None)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.path = Path(path).expanduser() if path else None
+
+    def record(self, *, step: int, node: str, tensors: list[str], share_index: int) -> None:
+        if self.path is None:
+            return
+        lines = "".join(json.dumps({"step": step, "node": node, "tensor": name, "share_index": share_index},
+                                   sort_keys=True) + "\n" for name in tensors)
+        with self.path.open("a", encoding="utf-8") as log:
+            log.write(lines)
+
+
+def check_tensors(received: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], *, what: str,
+                  dtype: torch.dtype | None = None) -> None:
+    """RequestRefused unless ``received`` has exactly ``expected``'s names and shapes, and
+    ``dtype`` (or, when None, each expected tensor's dtype)."""
+    if set(received) != set(expected):
+        missing, extra = sorted(set(expected) - set(received)), sorted(set(received) - set(expected))
+        raise RequestRefused(f"{what}: tensor names do not match (missing {missing[:5]}, unexpected {extra[:5]})",
+                             code="malformed")
+    for name, tensor in received.items():
+        want = dtype or expected[name].dtype
+        if tensor.shape != expected[name].shape or tensor.dtype != want:
+            raise RequestRefused(f"{what}: {name!r} is {tuple(tensor.shape)} {tensor.dtype}, expected "
+                                 f"{tuple(expected[name].shape)} {want}", code="malformed")
+
+
+def flat_grads(numel: int) -> dict[str, torch.Tensor]:
+    """What a message of flat gradient shares must hold (for ``check_tensors``): ``grads``, int64 [numel]."""
+    return {GRADS: torch.empty(numel, dtype=torch.int64)}
+
+
+def check_party(fields: Mapping[str, object], party: int, *, what: str) -> None:
+    """RequestRefused unless the message says it carries shares of ``party``."""
+    if fields.get("party") != party:
+        raise RequestRefused(f"{what}: carries shares of party {fields.get('party')!r}; this server takes only "
+                             f"party {party}'s", code="party")
+
+
+def check_indices(indices: object, count: int) -> list[int]:
+    """The local sample indices of a forward request; RequestRefused when any is out of range."""
+    if not isinstance(indices, list) or not 0 < len(indices) <= MAX_INDICES:
+        raise RequestRefused(f"indices: need a list of 1..{MAX_INDICES} sample indices", code="malformed")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count for i in indices):
+        raise RequestRefused(f"indices: every index must be an integer in [0, {count})", code="malformed")
+    return indices
+
+
+def node_list(value: object, what: str) -> list[str]:
+    """A request's list of node ids (sorted, unique); RequestRefused otherwise."""
+    if not isinstance(value, list) or not value or not all(isinstance(n, str) and n for n in value):
+        raise RequestRefused(f"{what}: need a non-empty list of node ids", code="malformed")
+    if len(set(value)) != len(value):
+        raise RequestRefused(f"{what}: node ids repeat", code="malformed")
+    return sorted(value)

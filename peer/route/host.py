@@ -1,0 +1,105 @@
+"""What every host of a traversal route does with a frame, whatever it computes.
+
+``RouteHost.handle``: decode the frame (``peer.route.wire``), check that it is for this run,
+that the route is well formed and its first hop lists only units this host holds, and that the
+tensors are what the first unit expects; compute (in a worker thread, at most ``max_inflight`` at
+once); then answer the result (last hop) or forward it to the next hop through the ``HopPool``,
+with what is left of the budget, and relay that hop's answer. The next hop must pass
+``next_hop_ok`` (``peer.route.policy``: a live peer of the run announcing those units), so a client
+cannot make a host connect anywhere it likes. Subclasses say what a unit is: ``check_route``,
+``check_inputs``, ``computation``. A refused frame raises ``HandlerError``: the client gets an
+ERROR frame naming the problem and the host keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import torch
+
+from gossamer.peer.route.pool import HopPool
+from gossamer.peer.route.wire import Hop, failed_hop_frame, parse_request, result_frame
+from gossamer.transport.frames import Frame
+from gossamer.transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.tcp import HandlerError
+
+Tensors = dict[str, torch.Tensor]
+
+
+class RouteHost:
+    """The skeleton (see the module docstring); ``method`` is the TCP method it answers."""
+
+    method = ""
+
+    def __init__(self, *, run_id: str, units: tuple[int, ...], pool: HopPool,
+                 next_hop_ok: Callable[[Hop], Awaitable[str | None]], max_batch: int = 64,
+                 max_inflight: int = 2, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.run_id = run_id
+        self.units = tuple(units)
+        self.max_batch = max_batch
+        self.traversals = 0
+        self.refused = 0
+        self._pool = pool
+        self._next_hop_ok = next_hop_ok
+        self._limits = limits
+        self._slots = asyncio.Semaphore(max_inflight)
+
+    async def handle(self, frame: Frame) -> Frame:
+        """Apply this host's units to a traversal frame and answer (or forward and relay)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            request = parse_request(frame, limits=self._limits)
+            if request.run_id != self.run_id:
+                raise HandlerError(f"traversal for run {request.run_id[:80]!r}; this host serves run "
+                                   f"{self.run_id}")
+            hop = request.route[0]
+            foreign = [u for u in hop.units if u not in self.units]
+            if foreign:
+                raise HandlerError(f"this host does not serve {self.unit_name}(s) {foreign[:8]} "
+                                   f"(it serves {list(self.units)})")
+            self.check_route(request.route)
+            inputs = self.check_inputs(hop, request.tensors)
+        except HandlerError:
+            self.refused += 1
+            raise
+        compute = self.computation()  # taken now: a refresh may swap weights; this traversal keeps its own
+        async with self._slots:
+            if loop.time() - started >= request.budget_s:
+                raise HandlerError("the traversal's time budget ran out while this host was busy")
+            outputs = await asyncio.to_thread(compute, hop.units, inputs)
+        self.traversals += 1
+        rest = request.route[1:]
+        if not rest:
+            return result_frame(self.answer(outputs))
+        reason = await self._next_hop_ok(rest[0])
+        if reason is not None:
+            return failed_hop_frame(rest[0].addr, reason)
+        return await self._pool.call(self.method, run_id=self.run_id, request_id=request.request_id,
+                                     route=rest, tensors=outputs,
+                                     budget_s=request.budget_s - (loop.time() - started))
+
+    def check_batch(self, batch: int, length: int, context: int) -> None:
+        """HandlerError unless 1..max_batch sequences of 1..context positions."""
+        if not 1 <= batch <= self.max_batch or not 1 <= length <= context:
+            raise HandlerError(f"malformed traversal frame: {batch} sequence(s) of {length} positions; this "
+                               f"host takes 1..{self.max_batch} sequences of 1..{context}")
+
+    # -- what a subclass says -------------------------------------------------------------------
+
+    unit_name = "unit"
+
+    def check_route(self, route: tuple[Hop, ...]) -> None:
+        raise NotImplementedError
+
+    def check_inputs(self, hop: Hop, tensors: Tensors) -> Tensors:
+        raise NotImplementedError
+
+    def computation(self) -> Callable[[tuple[int, ...], Tensors], Tensors]:
+        """``compute(units, inputs) -> outputs``, bound to the current weights."""
+        raise NotImplementedError
+
+    def answer(self, outputs: Tensors) -> Tensors:
+        """What the last hop sends back to the client (default: everything it computed)."""
+        return outputs

@@ -1,0 +1,70 @@
+"""Joining a network and a run: start the DHT node with actionable errors, then find and verify
+the run's manifest (from ``--manifest FILE`` or the DHT)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from gossamer.peer.config import PeerConfig
+from gossamer.peer.errors import ConfigError, ManifestError, StartupError
+from gossamer.peer.role import manifest_key
+from gossamer.peer.run.manifest import Manifest, parse_run_id, verify_manifest
+from gossamer.transport.dht import BootstrapFailed, DhtConfig, DhtMembership, DhtStartFailed
+from gossamer.transport.errors import TransportError
+
+log = logging.getLogger(__name__)
+
+
+async def start_membership(config: PeerConfig) -> DhtMembership:
+    """Start this peer's DHT node; StartupError with the fix when it cannot."""
+    new_swarm = config.new_swarm or not config.initial_peers
+    try:
+        dht_config = DhtConfig(initial_peers=config.initial_peers, host_maddrs=config.host_maddrs,
+                               announce_maddrs=config.announce_maddrs, new_swarm=new_swarm)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        return await DhtMembership.create(dht_config)
+    except (BootstrapFailed, DhtStartFailed) as exc:
+        raise StartupError(str(exc)) from exc
+
+
+async def fetch_manifest(membership: DhtMembership, config: PeerConfig) -> Manifest:
+    """The run's manifest, verified against the run id; waits up to ``join_timeout_s`` for it."""
+    if not config.run:
+        raise ConfigError("--run is required to join a run (the run id looks like NAME@0123456789abcdef; "
+                          "the orchestrator prints it)")
+    parse_run_id(config.run)
+    if config.manifest:
+        return _manifest_from_file(config.manifest, config.run)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.join_timeout_s
+    delay_s, last_error = 0.2, None
+    while True:
+        try:
+            entries = await membership.get_all(manifest_key(config.run))
+        except TransportError as exc:
+            entries, last_error = {}, exc
+        for blob, _expiration in entries.values():
+            try:
+                return verify_manifest(blob, expected_run_id=config.run)
+            except ManifestError as exc:
+                last_error = exc
+        if loop.time() + delay_s > deadline:
+            break
+        await asyncio.sleep(delay_s)
+        delay_s = min(2 * delay_s, 2.0)
+    if isinstance(last_error, ManifestError):
+        raise last_error
+    raise StartupError(f"run {config.run} was not found in the DHT within {config.join_timeout_s:.0f}s: is its "
+                       "orchestrator running, and do --initial_peers point at a peer of the same network?")
+
+
+def _manifest_from_file(path: str, run_id: str) -> Manifest:
+    try:
+        blob = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --manifest {path}: {exc.strerror}") from exc
+    return verify_manifest(blob, expected_run_id=run_id)

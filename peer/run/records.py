@@ -1,0 +1,91 @@
+"""Signed peer records: what each peer publishes under ``run/<run id>/peers/<peer id>``.
+
+A record is a plain map signed with the peer's Ed25519 key (``crypto.signed``). Readers verify it
+before use and drop anything unsigned, mis-signed, published under someone else's subkey, expired,
+or too far in the future. Admission (open / allowlist / join token) is checked separately by
+``peer.run.admission`` because it needs the run's manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import Identity, peer_id_of
+from gossamer.crypto.signed import open_signed, sign_object
+from gossamer.peer.errors import RecordRejected
+
+MAX_RECORD_BYTES = 16 * 1024
+MAX_CLOCK_SKEW_S = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerRecord:
+    """One peer's published state. Addresses are ``host:port`` strings ("" when not served)."""
+
+    peer_id: str
+    public_key: bytes
+    name: str
+    http_addr: str
+    tcp_addr: str
+    roles: tuple[str, ...]
+    version: str
+    round: int
+    timestamp: float
+    assignment: dict[str, Any] = field(default_factory=dict)
+    capacity: dict[str, Any] = field(default_factory=dict)
+    join_token: str = ""
+    state: dict[str, Any] = field(default_factory=dict)  # {"version": int, "digest": hex} for state donors
+
+    def body(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["roles"] = list(self.roles)
+        return body
+
+
+def seal_record(identity: Identity, record: PeerRecord) -> bytes:
+    """Sign ``record`` with ``identity``; refuses a record that claims another peer's id or key."""
+    if record.public_key != identity.public_key or record.peer_id != identity.peer_id:
+        raise ValueError("a peer may only sign its own record")
+    return sign_object(identity, record.body())
+
+
+def open_record(blob: bytes, *, subkey: str, now: float, ttl_s: float) -> PeerRecord:
+    """Verify and decode a record found under ``subkey``; raise RecordRejected with the reason."""
+    try:
+        body, public_key = open_signed(blob, max_bytes=MAX_RECORD_BYTES)
+    except VerificationError as exc:
+        raise RecordRejected("record is unsigned or its signature does not verify", reason="signature") from exc
+    record = _record_from_body(body)
+    if record.public_key != public_key or record.peer_id != peer_id_of(public_key):
+        raise RecordRejected("record's peer id does not match the key that signed it", reason="identity")
+    if subkey != record.peer_id:
+        raise RecordRejected(f"record for {record.peer_id[:12]} was published under subkey {subkey[:12]!r}", reason="identity")
+    if now - record.timestamp > ttl_s:
+        raise RecordRejected(f"record of {record.peer_id[:12]} expired {now - record.timestamp - ttl_s:.1f}s ago", reason="expired")
+    if record.timestamp - now > MAX_CLOCK_SKEW_S:
+        raise RecordRejected(f"record of {record.peer_id[:12]} is dated {record.timestamp - now:.1f}s in the future", reason="future")
+    return record
+
+
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "peer_id": str, "public_key": bytes, "name": str, "http_addr": str, "tcp_addr": str,
+    "roles": list, "version": str, "round": int, "timestamp": (int, float),
+    "assignment": dict, "capacity": dict, "join_token": str, "state": dict,
+}
+
+
+def _record_from_body(body: dict[str, Any]) -> PeerRecord:
+    missing = [name for name in _FIELD_TYPES if name not in body]
+    if missing:
+        raise RecordRejected(f"record is missing fields {missing}", reason="malformed")
+    for name, kind in _FIELD_TYPES.items():
+        if not isinstance(body[name], kind) or (isinstance(body[name], bool) and kind is int):
+            raise RecordRejected(f"record field {name!r} has type {type(body[name]).__name__}", reason="malformed")
+    if not all(isinstance(role, str) for role in body["roles"]):
+        raise RecordRejected("record field 'roles' must be a list of strings", reason="malformed")
+    fields = {name: body[name] for name in _FIELD_TYPES}
+    fields["roles"] = tuple(body["roles"])
+    fields["timestamp"] = float(body["timestamp"])
+    return PeerRecord(**fields)

@@ -1,0 +1,246 @@
+"""Encrypted request/response links over real loopback TCP: the handshake authenticates the right
+keys only; tampered, replayed and reordered frames are refused and end the session; a refused
+request leaves the link usable; a timed-out or failed link is closed, never reused."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from gossamer.crypto.identity import Identity
+from gossamer.peer.kit.secure_link import (
+    LinkMessage,
+    RequestRefused,
+    SecureLink,
+    SecureLinkError,
+    SecureLinkServer,
+    pack_body,
+    unpack_body,
+)
+from gossamer.peer.metrics import Traffic
+from gossamer.transport.errors import DecodeError, RemoteError
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.limits import DEFAULT_LIMITS
+from gossamer.transport.tcp import TcpServer, tcp_connect
+
+RUN = "tl@00112233aabbccdd"
+METHOD = "test-link"
+
+
+@dataclass
+class Harness:
+    client: Identity
+    server_identity: Identity
+    link_server: SecureLinkServer
+    tcp: TcpServer
+    traffic: Traffic
+    wrap_reply: Callable[[Frame], Frame] = lambda frame: frame
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.tcp.address[1]}"
+
+    async def connect(self, *, identity: Identity | None = None, server_key: bytes | None = None) -> SecureLink:
+        return await SecureLink.connect(identity=identity or self.client, run_id=RUN,
+                                        peer_id=self.server_identity.peer_id,
+                                        public_key=server_key or self.server_identity.public_key,
+                                        address=self.address, method=METHOD, timeout_s=5.0)
+
+
+async def _handler(peer_id: str, message: LinkMessage) -> LinkMessage:
+    if message.op == "refuse":
+        raise RequestRefused("not today", code="nope")
+    if message.op == "hang":
+        await asyncio.Event().wait()
+    doubled = {name: t * 2 for name, t in message.tensors.items()}
+    return LinkMessage(message.op, message.step, {"from": peer_id, **message.fields}, doubled)
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    client, server_identity = Identity.generate(), Identity.generate()
+    allowed = {client.peer_id: client.public_key}
+
+    def authorize(peer_id: str) -> bytes:
+        if peer_id not in allowed:
+            raise RequestRefused(f"peer {peer_id[:12]} may not talk to this server")
+        return allowed[peer_id]
+
+    traffic = Traffic()
+    link_server = SecureLinkServer(identity=server_identity, run_id=RUN, method=METHOD, authorize=authorize,
+                                   handler=_handler, traffic=traffic)
+    box: list[Harness] = []
+
+    async def dispatch(frame: Frame, info: object) -> Frame:
+        reply = await link_server.serve(frame)
+        return box[0].wrap_reply(reply)
+
+    tcp = await TcpServer.create(dispatch)
+    box.append(Harness(client, server_identity, link_server, tcp, traffic))
+    yield box[0]
+    await tcp.aclose()
+
+
+def message(step: int = 1, op: str = "echo") -> LinkMessage:
+    return LinkMessage(op, step, {"note": "hi"}, {"x": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+                                                 "r": torch.tensor([-(2**62), 5], dtype=torch.int64)})
+
+
+async def test_round_trip_authenticates_both_sides_and_counts_bytes(harness: Harness) -> None:
+    link = await harness.connect()
+    try:
+        for step in range(3):
+            reply = await link.request(message(step), timeout_s=5.0)
+            assert reply.step == step and reply.fields == {"from": harness.client.peer_id, "note": "hi"}
+            assert torch.equal(reply.tensors["x"], torch.arange(6, dtype=torch.float32).reshape(2, 3) * 2)
+            assert torch.equal(reply.tensors["r"], torch.tensor([-(2**62), 5]) * 2)
+    finally:
+        await link.aclose()
+    assert harness.traffic.received["tlpp_echo"] > 3 * (6 * 4 + 2 * 8)
+    assert harness.traffic.sent["tlpp_echo"] > 3 * (6 * 4 + 2 * 8)
+
+
+async def test_client_refuses_a_server_that_is_not_the_expected_key(harness: Harness) -> None:
+    with pytest.raises(SecureLinkError, match=r"handshake .* did not verify"):
+        await harness.connect(server_key=Identity.generate().public_key)
+
+
+async def test_server_refuses_a_peer_it_does_not_authorize(harness: Harness) -> None:
+    with pytest.raises(SecureLinkError, match="may not talk to this server"):
+        await harness.connect(identity=Identity.generate())
+
+
+async def test_server_refuses_a_hello_signed_by_another_key_than_the_claimed_peer(harness: Harness) -> None:
+    impostor = Identity.generate()
+    tcp = await tcp_connect("127.0.0.1", harness.tcp.address[1])
+    try:
+        from gossamer.crypto.channel import ChannelHandshake
+        hello = ChannelHandshake(impostor, peer_public_key=harness.server_identity.public_key, run_id=RUN,
+                                 initiator=True).hello()
+        with pytest.raises(RemoteError, match="handshake refused"):
+            await tcp.request(Frame(FrameType.REQUEST, {"method": METHOD, "op": "hello",
+                                                        "peer": harness.client.peer_id}, hello))
+    finally:
+        await tcp.aclose()
+    assert harness.link_server.sessions == 0
+
+
+async def _raw_then_link(harness: Harness, send: Callable[[SecureLink, Callable], Awaitable[None]]) -> SecureLink:
+    """Open a link, let ``send`` push hand-made frames of its session over a second raw connection."""
+    link = await harness.connect()
+    raw = await tcp_connect("127.0.0.1", harness.tcp.address[1])
+    try:
+        await send(link, raw.request)
+    finally:
+        await raw.aclose()
+    return link
+
+
+async def _assert_session_closed(harness: Harness, link: SecureLink) -> None:
+    assert harness.link_server.sessions == 0 and harness.link_server.refused_frames == 1
+    with pytest.raises(SecureLinkError, match="unknown or closed session"):
+        await link.request(message(9), timeout_s=5.0)
+    assert link.closed
+    with pytest.raises(SecureLinkError, match="closed"):
+        await link.request(message(10), timeout_s=5.0)
+
+
+async def test_a_replayed_frame_is_refused_and_ends_the_session(harness: Harness) -> None:
+    async def replay(link: SecureLink, request) -> None:
+        frame = link.seal(message(1))
+        await request(frame)
+        with pytest.raises(RemoteError, match="tampered, replayed or out of order"):
+            await request(frame)
+
+    link = await _raw_then_link(harness, replay)
+    await _assert_session_closed(harness, link)
+
+
+async def test_reordered_frames_are_refused(harness: Harness) -> None:
+    async def reorder(link: SecureLink, request) -> None:
+        _first, second = link.seal(message(1)), link.seal(message(2))
+        with pytest.raises(RemoteError, match="out of order"):
+            await request(second)
+
+    link = await _raw_then_link(harness, reorder)
+    await _assert_session_closed(harness, link)
+
+
+@pytest.mark.parametrize("where", ["payload", "step", "op"])
+async def test_a_tampered_frame_or_header_is_refused(harness: Harness, where: str) -> None:
+    async def tamper(link: SecureLink, request) -> None:
+        frame = link.seal(message(3))
+        if where == "payload":
+            body = bytearray(frame.payload)
+            body[len(body) // 2] ^= 1
+            frame = Frame(frame.type, frame.header, bytes(body))
+        elif where == "step":
+            frame = Frame(frame.type, {**frame.header, "step": 4}, frame.payload)
+        else:
+            frame = Frame(frame.type, {**frame.header, "op": "other"}, frame.payload)
+        with pytest.raises(RemoteError, match="tampered"):
+            await request(frame)
+
+    link = await _raw_then_link(harness, tamper)
+    await _assert_session_closed(harness, link)
+
+
+async def test_the_client_refuses_a_tampered_reply_and_closes_the_link(harness: Harness) -> None:
+    link = await harness.connect()
+
+    def flip(frame: Frame) -> Frame:
+        body = bytearray(frame.payload)
+        body[-1] ^= 0x80
+        return Frame(frame.type, frame.header, bytes(body))
+
+    harness.wrap_reply = flip
+    with pytest.raises(SecureLinkError, match="did not verify"):
+        await link.request(message(1), timeout_s=5.0)
+    assert link.closed
+
+
+async def test_a_refused_request_keeps_the_link_usable(harness: Harness) -> None:
+    link = await harness.connect()
+    try:
+        with pytest.raises(RequestRefused, match="not today") as refused:
+            await link.request(message(1, op="refuse"), timeout_s=5.0)
+        assert refused.value.code == "nope" and not link.closed
+        assert (await link.request(message(2), timeout_s=5.0)).step == 2
+    finally:
+        await link.aclose()
+
+
+async def test_a_request_that_times_out_closes_the_link(harness: Harness) -> None:
+    link = await harness.connect()
+    with pytest.raises(SecureLinkError, match="'hang'"):
+        await link.request(message(1, op="hang"), timeout_s=0.2)
+    assert link.closed
+
+
+async def test_a_new_hello_from_the_same_peer_replaces_its_session(harness: Harness) -> None:
+    first = await harness.connect()
+    second = await harness.connect()
+    try:
+        assert harness.link_server.sessions == 1
+        assert (await second.request(message(1), timeout_s=5.0)).step == 1
+        with pytest.raises(SecureLinkError, match="unknown or closed session"):
+            await first.request(message(1), timeout_s=5.0)
+    finally:
+        await second.aclose()
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x09abc", b"\x00\x00\x00\x01\x90",
+                                  pack_body(LinkMessage("x", 0))[:-1] + b"\x91"])
+def test_malformed_bodies_are_refused(body: bytes) -> None:
+    with pytest.raises(DecodeError):
+        unpack_body("x", 0, body, limits=DEFAULT_LIMITS)
+
+
+def test_non_finite_tensors_are_refused_at_decoding() -> None:
+    body = pack_body(LinkMessage("x", 0, tensors={"a": torch.tensor([1.0, float("nan")])}))
+    with pytest.raises(DecodeError, match="NaN"):
+        unpack_body("x", 0, body, limits=DEFAULT_LIMITS)

@@ -1,0 +1,119 @@
+"""The coordinator's version board: updates against the current version are averaged into the next
+one, stale and malformed ones are refused and written in the ledger of the version they came
+from, and versions close at the deadline or once every assigned worker was heard from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gossamer.peer.roles.blocktrain.versions import BlockVersions
+
+
+def state(value: float) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((2, 3), value), "b": torch.full((3,), value)}
+
+
+def board(*, num_blocks: int = 2, averaged: bool = False, max_norm: float = 100.0) -> BlockVersions:
+    return BlockVersions([state(float(k)) for k in range(num_blocks)], {"weight": torch.zeros(4, 2)},
+                         deadline_s=10.0, max_norm=max_norm, embedding_averaged=averaged, now=0.0)
+
+
+def update(value: float, embedding: float | None = None) -> dict[str, dict[str, torch.Tensor]]:
+    parts = {"block": state(value)}
+    if embedding is not None:
+        parts["embedding"] = {"weight": torch.full((4, 2), embedding)}
+    return parts
+
+
+def test_updates_against_the_current_version_are_averaged_into_the_next() -> None:
+    versions = board()
+    assert versions.offer(1, 0, "a", update(0.5), loss=2.0) is None
+    assert versions.offer(1, 0, "b", update(1.5), loss=4.0) is None
+
+    ledger = versions.close(1, now=1.0)
+
+    assert versions.versions == [0, 1]
+    assert torch.equal(versions.blocks[1]["w"], torch.full((2, 3), 2.0))  # 1 + mean(0.5, 1.5)
+    assert torch.equal(versions.blocks[0]["w"], torch.zeros(2, 3))  # other blocks untouched
+    assert (ledger.version, ledger.used, ledger.train_loss, ledger.closed) == (0, ["a", "b"], 3.0, True)
+
+
+def test_a_stale_update_is_refused_and_written_in_the_ledger_of_its_own_version() -> None:
+    versions = board()
+    versions.offer(0, 0, "a", update(1.0), loss=1.0)
+    versions.close(0, now=1.0)
+
+    reason = versions.offer(0, 0, "b", update(1.0), loss=1.0)
+
+    assert reason is not None and reason.startswith("stale: trained from version 0 of block 0")
+    old, new = versions.ledgers.get(0, 0), versions.ledgers.get(0, 1)
+    assert old is not None and old.rejected == {"b": reason} and old.used == ["a"]
+    assert new is not None and new.rejected == {} and new.arrived == []
+    assert torch.equal(versions.blocks[0]["w"], torch.ones(2, 3))
+
+
+@pytest.mark.parametrize(
+    ("parts", "reason"),
+    [
+        ({"block": {"w": torch.zeros(2, 3)}}, "missing ['b']"),
+        ({"block": {**state(0.0), "extra": torch.zeros(1)}}, "unexpected ['extra']"),
+        ({"block": {"w": torch.zeros(3, 2), "b": torch.zeros(3)}}, "'w' is (3, 2)"),
+        ({"block": {"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(3)}}, "torch.float64"),
+        ({"block": {"w": torch.full((2, 3), float("nan")), "b": torch.zeros(3)}}, "NaN or Inf"),
+        ({"block": state(1e3)}, "over max_norm"),
+        ({"block": state(0.0), "embedding": {"weight": torch.zeros(4, 2)}}, "embedding tensors do not match"),
+    ],
+)
+def test_malformed_updates_are_refused_with_a_reason_and_change_nothing(parts, reason: str) -> None:
+    versions = board()
+
+    got = versions.offer(0, 0, "a", parts, loss=1.0)
+
+    assert got is not None and reason in got
+    assert versions.current(0).rejected == {"a": got} and versions.current(0).arrived == []
+    assert not versions.due(0, ["a"], now=100.0)  # nothing to average
+
+
+def test_a_duplicate_and_a_future_base_version_are_refused() -> None:
+    versions = board()
+    versions.offer(0, 0, "a", update(1.0), loss=1.0)
+
+    assert "duplicate" in (versions.offer(0, 0, "a", update(2.0), loss=1.0) or "")
+    assert "no version 3 yet" in (versions.offer(0, 3, "b", update(2.0), loss=1.0) or "")
+    assert "no block 5" in (versions.offer(5, 0, "b", update(2.0), loss=1.0) or "")
+
+
+def test_a_version_closes_once_every_assigned_worker_was_heard_or_at_the_deadline() -> None:
+    versions = board()
+    versions.offer(0, 0, "a", update(1.0), loss=1.0)
+
+    assert not versions.due(0, ["a", "b"], now=5.0)  # b has not sent yet
+    assert versions.due(0, ["a"], now=5.0)
+    assert versions.due(0, ["a", "b"], now=10.0)  # the deadline
+    versions.offer(0, 0, "b", {"block": {"w": torch.zeros(1)}}, loss=1.0)
+    assert versions.due(0, ["a", "b"], now=5.0)  # a refused update counts as heard
+
+
+def test_an_empty_version_is_extended_not_published_and_silent_workers_time_out() -> None:
+    versions = board()
+    versions.expect(0, ["a", "b"])
+
+    assert versions.overdue_and_empty(0, now=10.0)
+    versions.extend(0, now=10.0)
+    assert versions.deadlines[0] == 20.0 and versions.versions == [0, 0]
+    versions.offer(0, 0, "a", update(1.0), loss=1.0)
+    ledger = versions.close(0, now=21.0)
+
+    assert (ledger.deadline_extensions, ledger.used, ledger.timed_out) == (1, ["a"], ["b"])
+
+
+def test_an_averaged_embedding_moves_by_the_mean_difference_over_the_number_of_blocks() -> None:
+    versions = board(num_blocks=2, averaged=True)
+    versions.offer(0, 0, "a", update(0.0, embedding=1.0), loss=1.0)
+    versions.offer(0, 0, "b", update(0.0, embedding=3.0), loss=1.0)
+
+    versions.close(0, now=1.0)
+
+    assert torch.equal(versions.embedding["weight"], torch.full((4, 2), 1.0))  # mean 2.0 / 2 blocks
+    assert versions.embedding_version == 1

@@ -1,0 +1,49 @@
+"""The learner's pure pieces: when it is out of step with the swarm, and its manifest settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from gossamer.peer.cli.swarm import Swarm, SwarmOptions
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.roles.diloco.learner import out_of_step
+from gossamer.peer.roles.diloco.settings import learner_settings
+from gossamer.peer.run.manifest import RunConfig
+
+
+@pytest.mark.parametrize(
+    ("mine", "others", "want"),
+    [
+        (0, [], None),  # alone: nothing to catch up with
+        (4, [4, 5, 3], None),  # in step
+        (2, [4, 4], None),  # behind by less than the threshold
+        (1, [4, 4], 4),  # a stalled learner catches up
+        (9, [4, 5, 4], 5),  # one that raced ahead alone goes back to the swarm
+        (4, [4, 4, 1_000_000], None),  # one peer advertising a far-off round moves nobody
+        (0, [0, 10, 10], 10),  # a tie between two halves goes to the further-on one
+        (10, [0, 0, 10], None),
+    ],
+)
+def test_out_of_step_measures_from_the_median_round_of_all_learners(mine: int, others: list[int],
+                                                                    want: int | None) -> None:
+    assert out_of_step(mine, others, threshold=3) == want
+
+
+def test_min_learners_and_catch_up_rounds_come_from_the_manifest() -> None:
+    settings = learner_settings(RunConfig(name="r", protocol="diloco", hyper={"min_learners": 4, "catch_up_rounds": 5}))
+
+    assert (settings.min_learners, settings.catch_up_rounds) == (4, 5)
+    assert learner_settings(RunConfig(name="r", protocol="diloco")).min_learners == 1
+
+
+@pytest.mark.parametrize("key", ["min_learners", "catch_up_rounds"])
+def test_settings_refuse_a_count_below_one(key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        learner_settings(RunConfig(name="r", protocol="diloco", hyper={key: 0}))
+
+
+def test_a_swarm_too_small_for_min_learners_is_refused_before_anything_starts(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"min_learners = 3 .* 2 learner"):
+        Swarm(SwarmOptions(preset="demo", peers=2, workdir=tmp_path / "swarm"))
+
+    assert not (tmp_path / "swarm").exists()

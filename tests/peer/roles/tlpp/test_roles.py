@@ -1,0 +1,281 @@
+"""The TL++ roles together, in one process over real loopback TCP and encrypted links
+(``tlpp_harness``): base mode reproduces centralized training on the same virtual batches, secure
+mode reproduces base mode to fixed-point precision, a node failing in either phase is dropped
+with its gradient normalised as documented and training goes on, a dead helper stops secure
+training with a clear error, each server only ever accepts its own share, and a node whose
+push of share 1 to the helper failed is not counted as contributing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gossamer.crypto.identity import Identity
+from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
+from gossamer.peer.roles.tlpp.data import load_data
+from gossamer.peer.roles.tlpp.secure import gradient_layout, layout_numel
+from gossamer.peer.roles.tlpp.settings import tlpp_settings
+from gossamer.peer.roles.tlpp.steps import StepLedger
+from gossamer.peer.roles.tlpp.wire import GRADS, HELPER_METHOD, NODE_METHOD, SHARE, SUM, ShareLog
+from gossamer.protocols.tlpp import VirtualBatch, VirtualBatchScheduler, digits_cnn
+from gossamer.transport.errors import RemoteError
+from gossamer.transport.tcp import tcp_connect
+from tests.peer.roles.tlpp.harness import Tlpp
+
+SOURCES = [f"builtin:digits:shard={i}/3" for i in range(3)]
+ALL = {"node0", "node1", "node2"}
+HYPER = {"batch_size": 24, "optimizer": "sgd", "lr": 0.2, "steps": 4, "eval_every": 0, "min_nodes": 3,
+         "node_timeout_s": 10.0, "helper_timeout_s": 5.0, "helper_wait_s": 2.0}
+
+
+def identities() -> dict[str, Identity]:
+    return {name: Identity.generate() for name in ["node0", "node1", "node2", "helper", "orchestrator"]}
+
+
+async def train(net: Tlpp, timeout_s: float = 60.0) -> None:
+    await net.orchestrator.start()
+    await asyncio.wait_for(net.orchestrator.done.wait(), timeout_s)
+
+
+def centralized(net: Tlpp, plan: list[tuple[int, set[str]]], *, lr: float) -> dict[str, torch.Tensor]:
+    """Plain SGD on one model over the virtual batches the orchestrator draws: ``plan`` lists, per
+    step, the batch index and the nodes whose samples count; a node is out of the schedule from
+    the step after its first absence (the orchestrator's rule after a failure)."""
+    names = {net.id_of(f"node{i}"): f"node{i}" for i in range(len(SOURCES))}
+    data = {n: load_data(SOURCES[int(name[4:])], test_fraction=0.2, split_seed=0) for n, name in names.items()}
+    scheduler = VirtualBatchScheduler({n: len(d) for n, d in data.items()}, batch_size=HYPER["batch_size"], seed=0)
+    model = digits_cnn(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for index, kept in plan:
+        batch = scheduler.epoch(0)[index]
+        picked = {n: i for n, i in batch.by_node().items() if names[n] in kept}
+        x = torch.cat([data[n].x[i] for n, i in picked.items()])
+        y = torch.cat([data[n].y[i] for n, i in picked.items()])
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        gone = [n for n in scheduler.counts if names[n] not in kept]
+        if gone:
+            scheduler = scheduler.without(gone)
+    return dict(model.named_parameters())
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k].detach() - b[k].detach()).abs().max()) for k in a)
+
+
+async def test_base_mode_is_centralized_training_and_secure_mode_matches_it(tmp_path: Path) -> None:
+    ids = identities()
+    base = await Tlpp.create(tmp_path / "base", hyper={**HYPER, "mode": "base"}, sources=SOURCES, helper=False,
+                             identities=ids)
+    secure = await Tlpp.create(tmp_path / "secure", hyper={**HYPER, "mode": "secure"}, sources=SOURCES, helper=True,
+                               identities=ids)
+    try:
+        await train(base)
+        await train(secure)
+        reference = centralized(base, [(i, ALL) for i in range(HYPER["steps"])], lr=HYPER["lr"])
+        trained_base = dict(base.orchestrator.model.named_parameters())
+        trained_secure = dict(secure.orchestrator.model.named_parameters())
+        assert max_difference(trained_base, reference) < 1e-5
+        assert max_difference(trained_secure, reference) < 1e-3
+        for net in (base, secure):
+            assert net.orchestrator.finished and not net.orchestrator.error
+            assert all(ledger.applied and len(ledger.answered) == 3 for ledger in net.orchestrator.history)
+    finally:
+        await base.aclose()
+        await secure.aclose()
+
+
+def share_logs(net: Tlpp, tmp_path: Path) -> tuple[Path, Path]:
+    orchestrator_log, helper_log = tmp_path / "orchestrator.jsonl", tmp_path / "helper.jsonl"
+    net.orchestrator.driver.share_log = ShareLog(orchestrator_log)
+    net.peers["helper"].role.share_log = ShareLog(helper_log)  # type: ignore[attr-defined]
+    return orchestrator_log, helper_log
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_a_node_failing_mid_batch_is_dropped_and_the_gradient_is_that_of_the_completed_samples(
+        tmp_path: Path) -> None:
+    """Base mode: node1 fails its backward of step 1 (after the loss was taken over its samples):
+    the step applies the gradient of the mean loss over node0's and node2's samples, the ledger
+    says so, node1 leaves the schedule, training goes on and matches centralized SGD on exactly
+    the samples that counted."""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "base"}, sources=SOURCES, helper=False)
+    net.fail("node1", 1, "backward")
+    try:
+        await train(net)
+        ledgers = list(net.orchestrator.history)
+        assert [ledger.applied for ledger in ledgers] == [True] * 4 and net.orchestrator.finished
+        assert list(ledgers[1].dropped) == [net.id_of("node1")] and "backward: " in ledgers[1].dropped[net.id_of("node1")]
+        assert "injected fault" in ledgers[1].dropped[net.id_of("node1")]
+        assert ledgers[1].answered == sorted([net.id_of("node0"), net.id_of("node2")])
+        assert ledgers[1].samples == ledgers[1].planned[net.id_of("node0")] + ledgers[1].planned[net.id_of("node2")]
+        assert all(net.id_of("node1") not in ledger.planned for ledger in ledgers[2:])
+        reference = centralized(net, [(0, ALL), (1, {"node0", "node2"}), (2, {"node0", "node2"}),
+                                      (3, {"node0", "node2"})], lr=HYPER["lr"])
+        assert max_difference(dict(net.orchestrator.model.named_parameters()), reference) < 1e-5
+    finally:
+        await net.aclose()
+
+
+async def test_secure_mode_survives_nodes_failing_in_either_phase_and_no_server_holds_both_shares(
+        tmp_path: Path) -> None:
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure"}, sources=SOURCES, helper=True)
+    orchestrator_log, helper_log = share_logs(net, tmp_path)
+    net.fail("node1", 1, "backward")
+    net.fail("node2", 2, "forward")
+    try:
+        await train(net)
+        ledgers = list(net.orchestrator.history)
+        assert [ledger.applied for ledger in ledgers] == [True] * 4 and not net.orchestrator.error
+        assert list(ledgers[1].dropped) == [net.id_of("node1")] and ledgers[1].dropped[net.id_of("node1")].startswith(
+            "backward: ")
+        assert list(ledgers[2].dropped) == [net.id_of("node2")] and ledgers[2].dropped[net.id_of("node2")].startswith(
+            "forward: ")
+        assert ledgers[3].answered == [net.id_of("node0")]
+        reference = centralized(net, [(0, ALL), (1, {"node0", "node2"}), (2, {"node0"}), (3, {"node0"})],
+                                lr=HYPER["lr"])
+        assert max_difference(dict(net.orchestrator.model.named_parameters()), reference) < 1e-3
+    finally:
+        await net.aclose()
+    at_orchestrator, at_helper = read_log(orchestrator_log), read_log(helper_log)
+    assert {e["share_index"] for e in at_orchestrator} == {0} and {e["share_index"] for e in at_helper} == {1}
+    held = {(e["step"], e["node"], e["tensor"]) for e in at_orchestrator}
+    assert {(e["step"], e["node"], e["tensor"]) for e in at_helper} >= held  # the helper got share 1 of each
+    assert (1, net.id_of("node1"), "act") in held and not any(k[:2] == (1, net.id_of("node1")) and k[2] != "act"
+                                                              for k in held)
+
+
+@pytest.mark.parametrize("how", ["killed before the run", "fails its logits request"])
+async def test_a_dead_helper_stops_secure_training_with_a_clear_error(tmp_path: Path, how: str) -> None:
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "steps": 50}, sources=SOURCES, helper=True)
+    if how == "killed before the run":
+        await net.kill("helper")
+    else:
+        net.fail("helper", 1, "logits")
+    try:
+        await train(net)
+        role = net.orchestrator
+        assert "helper" in role.error and "secure training cannot go on" in role.error and not role.finished
+        assert role.step == (0 if how == "killed before the run" else 1)
+        checkpoint = role.checkpoint_path
+    finally:
+        await net.aclose()
+    assert await asyncio.to_thread(Path(checkpoint).is_file)
+
+
+async def test_each_server_takes_only_its_own_share_and_only_the_orchestrator_drives_nodes(tmp_path: Path) -> None:
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure"}, sources=SOURCES, helper=True)
+    as_node = SecureLinks(identity=net.identities["node0"], run_id=net.manifest.run_id, view=net.view)
+    as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)
+    as_helper = SecureLinks(identity=net.identities["helper"], run_id=net.manifest.run_id, view=net.view)
+    share = {"act": torch.zeros(2, 64, dtype=torch.int64)}
+    try:
+        with pytest.raises(RequestRefused, match="party 0") as refused:
+            await as_node.request(net.id_of("helper"), HELPER_METHOD,
+                                  LinkMessage(SHARE, 0, {"kind": "act", "party": 0}, share), timeout_s=5.0)
+        assert refused.value.code == "party"
+        with pytest.raises(RequestRefused, match="does not take 'share'"):
+            await as_owner.request(net.id_of("helper"), HELPER_METHOD,
+                                   LinkMessage(SHARE, 0, {"kind": "act", "party": 1}, share), timeout_s=5.0)
+        with pytest.raises(SecureLinkError, match="not this run's orchestrator"):
+            await as_helper.request(net.id_of("node0"), NODE_METHOD, LinkMessage("forward", 0), timeout_s=5.0)
+        assert net.peers["helper"].role.shares_received == 0  # type: ignore[attr-defined]
+    finally:
+        for links in (as_node, as_owner, as_helper):
+            await links.aclose()
+        await net.aclose()
+
+
+async def test_a_node_that_lost_its_weights_gets_them_again(tmp_path: Path) -> None:
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "base"}, sources=SOURCES[:1], helper=False)
+    driver, node = net.orchestrator.driver, net.peers["node0"].role
+    batch = VirtualBatch(epoch=0, index=0, order=tuple((net.id_of("node0"), i) for i in range(5)))
+    try:
+        first = StepLedger(step=0, epoch=0, index=0, mode="base")
+        assert await driver.run(batch, first, None) is not None and node.version == 0  # type: ignore[attr-defined]
+        node.version = -1  # type: ignore[attr-defined]  # as after a restart
+        again = StepLedger(step=1, epoch=0, index=0, mode="base")
+        assert await driver.run(batch, again, None) is not None
+        assert again.answered == [net.id_of("node0")] and not again.dropped and node.version == 0  # type: ignore[attr-defined]
+    finally:
+        await net.aclose()
+
+
+async def test_a_replayed_share_frame_is_refused_by_the_helper(tmp_path: Path) -> None:
+    """A node's real share frame, captured on the wire and sent again, does not decrypt (its
+    counter was used); the helper takes nothing from it. (Tampered fresh frames: test_secure_link.)"""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "steps": 1}, sources=SOURCES, helper=True)
+    try:
+        await train(net)
+        helper = net.peers["helper"].role
+        taken = helper.shares_received  # type: ignore[attr-defined]
+        frame = [f for f in net.received["helper"] if f.header.get("op") == SHARE][-1]
+        conn = await tcp_connect(*net.peers["helper"].server.address)  # type: ignore[union-attr]
+        try:
+            with pytest.raises(RemoteError, match="tampered, replayed or out of order"):
+                await conn.request(frame)
+        finally:
+            await conn.aclose()
+        assert helper.shares_received == taken  # type: ignore[attr-defined]
+    finally:
+        await net.aclose()
+
+
+
+async def test_a_node_whose_push_failed_is_not_counted_and_the_next_step_trains(tmp_path: Path) -> None:
+    """Nodes push share 1 beside their answer: when the helper refuses every push of step 0, the
+    nodes still answer the orchestrator, but the helper's logits answer names none of them, so no
+    node counts as contributing and nothing is applied; the failed pushes are counted on the nodes."""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
+                            helper=True)
+    driver, helper = net.orchestrator.driver, net.id_of("helper")
+    nodes = sorted(net.id_of(name) for name in ALL)
+    batch = VirtualBatch(epoch=0, index=0, order=tuple((n, i) for n in nodes for i in range(4)))
+    net.fail("helper", 0, SHARE)
+    try:
+        refused = StepLedger(step=0, epoch=0, index=0, mode="secure")
+        assert await driver.run(batch, refused, helper) is None
+        assert refused.dropped == {n: "logits: the helper holds no matching activation share" for n in nodes}
+        for name in sorted(ALL):
+            role = net.peers[name].role
+            await asyncio.gather(*role._pushes, return_exceptions=True)  # type: ignore[attr-defined]
+            assert role.pushes_failed == 1  # type: ignore[attr-defined]
+        applied = StepLedger(step=1, epoch=0, index=0, mode="secure")
+        grads = await driver.run(batch, applied, helper)
+        assert grads is not None and applied.answered == nodes and not applied.dropped and applied.samples == 12
+    finally:
+        await net.aclose()
+
+
+async def test_the_helper_sums_only_the_gradient_shares_it_holds_and_says_which(tmp_path: Path) -> None:
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
+                            helper=True)
+    settings = tlpp_settings(net.manifest.config)
+    numel = layout_numel(gradient_layout(*settings.split(settings.build_model("cpu"))))
+    as_node = SecureLinks(identity=net.identities["node0"], run_id=net.manifest.run_id, view=net.view)
+    as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)
+    share = torch.randint(-2 ** 62, 2 ** 62, (numel,), dtype=torch.int64)
+    helper, asked = net.id_of("helper"), [net.id_of("node0"), net.id_of("node1")]
+    try:
+        with pytest.raises(RequestRefused, match="gradient shares: 'grads' is"):
+            await as_node.request(helper, HELPER_METHOD, LinkMessage(SHARE, 0, {"kind": "grad", "party": 1},
+                                                                     {GRADS: share[1:]}), timeout_s=5.0)
+        await as_node.request(helper, HELPER_METHOD, LinkMessage(SHARE, 0, {"kind": "grad", "party": 1},
+                                                                 {GRADS: share}), timeout_s=5.0)
+        summed = await as_owner.request(helper, HELPER_METHOD, LinkMessage(SUM, 0, {"nodes": asked}), timeout_s=5.0)
+        assert summed.fields["nodes"] == [net.id_of("node0")] and torch.equal(summed.tensors[GRADS], share)
+        none = await as_owner.request(helper, HELPER_METHOD, LinkMessage(SUM, 1, {"nodes": asked}), timeout_s=5.0)
+        assert none.fields["nodes"] == [] and not none.tensors
+    finally:
+        for links in (as_node, as_owner):
+            await links.aclose()
+        await net.aclose()
