@@ -54,7 +54,7 @@ batch_size = 8
 lr = 0.003
 deadline_s = 8.0
 eval_batches = 2
-traversal_timeout_s = 4.0
+route_timeout_s = 4.0
 """
 
 
@@ -129,8 +129,8 @@ def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run:
     everyone = {run.ids[f"w{i}"] for i in range(3)}
     closed, assignment = set(), {}
     while len(closed) < 3:  # every block has closed a version since all three workers were assigned
-        event = run.orch.wait_event(lambda e: e["event"] in ("version", "assignment"), timeout_s=60)
-        if event["event"] == "assignment":
+        event = run.orch.wait_event(lambda e: e["event"] in ("blocktrain.version", "blocktrain.assignment"), timeout_s=60)
+        if event["event"] == "blocktrain.assignment":
             assignment = event["assignment"]
         elif everyone <= set(assignment):
             closed.add(event["block"])
@@ -139,10 +139,10 @@ def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run:
 
     run.kill("w0")
     survivors = {run.ids["w1"], run.ids["w2"]}
-    covered = run.orch.wait_event(lambda e: e["event"] == "assignment" and victim not in e["assignment"]
+    covered = run.orch.wait_event(lambda e: e["event"] == "blocktrain.assignment" and victim not in e["assignment"]
                                   and orphan in e["assignment"].values(), timeout_s=60)
-    after = run.orch.wait_event(lambda e: e["event"] == "version" and e["block"] == orphan, timeout_s=60)
-    finished = run.orch.wait_event(lambda e: e["event"] == "finished", timeout_s=90)
+    after = run.orch.wait_event(lambda e: e["event"] == "blocktrain.version" and e["block"] == orphan, timeout_s=60)
+    finished = run.orch.wait_event(lambda e: e["event"] == "blocktrain.finished", timeout_s=90)
 
     assert set(covered["assignment"]) <= survivors
     assert set(after["used"]) <= survivors and victim in after["timed_out"], after
@@ -152,13 +152,13 @@ def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run:
 
 
 def test_three_servers_generate_the_text_one_process_generates(run: Run) -> None:
-    if "finished" not in run.orch.latest:
-        run.orch.wait_event(lambda e: e["event"] == "finished", timeout_s=90)
+    if "blocktrain.finished" not in run.orch.latest:
+        run.orch.wait_event(lambda e: e["event"] == "blocktrain.finished", timeout_s=90)
     for name, blocks in (("s2", "2"), ("s1", "1"), ("s1b", "1"), ("s0", "0")):
         run.start(name, ["serve", "--blocks", blocks])
     for name in ("s2", "s1", "s1b", "s0"):
         run.tcp[name] = run.procs[name].wait_ready()["tcp"]
-        run.procs[name].wait_event(lambda e: e["event"] == "serving", timeout_s=60)
+        run.procs[name].wait_event(lambda e: e["event"] == "blocktrain.serving", timeout_s=60)
 
     code, result, stderr = run.generate()
 

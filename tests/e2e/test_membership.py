@@ -11,7 +11,7 @@ import pytest
 
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.signed import sign_object
-from gossamer.peer.role import peers_key
+from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, alive, gossamer
 from gossamer.transport.dht import DhtConfig, DhtMembership

@@ -28,10 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.role import Role, RoleContext, TcpMethod
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.roles.blocktrain import names
+from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.route.host import RouteHost, Tensors
-from gossamer.peer.route.policy import LiveHopPolicy
+from gossamer.peer.route.policy import live_hop_policy
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import Hop, expect_tensor
 from gossamer.protocols.blocktrain import BlockTrainConfig
@@ -41,7 +42,6 @@ from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 from gossamer.transport.tcp import HandlerError
 
 METHOD = "ar.forward"
-STAGE_ROLE = "ar-stage"
 
 
 def matched_model_config(config: BlockTrainConfig) -> ModelConfig:
@@ -141,14 +141,14 @@ def _forward(stages: dict[int, ArStage], units: tuple[int, ...], inputs: Tensors
     return {"logits" if stages[units[-1]].last else "x": x.to("cpu").contiguous()}
 
 
-class ArStageRole(Role):
+class ArStageRole(ProtocolRole[BlockTrainSettings]):
     """Serves stages of the run's matched AR model (``gossamer serve --ar_stages``)."""
 
-    name = STAGE_ROLE
+    name = names.AR_STAGE
 
     def __init__(self, ctx: RoleContext, *, stages: tuple[int, ...] = ()) -> None:
         super().__init__(ctx)
-        settings = blocktrain_settings(ctx.manifest.config)
+        settings = self.settings
         self.model_config = matched_model_config(settings.model)
         num_stages = settings.model.num_blocks
         if not stages or any(not 0 <= s < num_stages for s in stages):
@@ -159,7 +159,7 @@ class ArStageRole(Role):
         self.pool = HopPool()
         self.host = ArStageHost(held, config=self.model_config, num_stages=num_stages,
                                 run_id=ctx.manifest.run_id, pool=self.pool, max_batch=settings.max_batch,
-                                next_hop_ok=LiveHopPolicy(ctx, role=STAGE_ROLE, key="ar_stages"))
+                                next_hop_ok=live_hop_policy(ctx, role=names.AR_STAGE, key="ar_stages"))
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return {METHOD: self._forward}
@@ -168,6 +168,7 @@ class ArStageRole(Role):
         return await self.host.handle(frame)
 
     async def aclose(self) -> None:
+        await super().aclose()
         await self.pool.aclose()
 
     def status(self) -> dict[str, Any]:

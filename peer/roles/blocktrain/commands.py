@@ -1,4 +1,6 @@
-"""``gossamer generate``: join the run's DHT as a client, find the block servers, generate text.
+"""The BlockTrain commands: ``gossamer serve`` (a block server) and ``gossamer generate`` (a client).
+
+``gossamer generate`` joins the run's DHT as a client, finds the block servers and generates text.
 
 The route comes from the DHT: every live block server announces the blocks it holds in its signed
 record (``assignment.blocks``), and ``peer.traversal_client.route_through`` covers blocks
@@ -10,6 +12,7 @@ the matched autoregressive pipeline instead (hosts started with ``gossamer serve
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -21,19 +24,21 @@ from typing import Any
 import torch
 
 from gossamer.peer.config import PeerConfig
-from gossamer.peer.role import peers_key
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.settings import read_settings
+from gossamer.peer.plugin import Command, CommandKit
+from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.ar_stage import METHOD as AR_METHOD
-from gossamer.peer.roles.blocktrain.ar_stage import STAGE_ROLE
 from gossamer.peer.roles.blocktrain.client import ArClient, BlockTrainClient
 from gossamer.peer.roles.blocktrain.host import EMBEDDING_METHOD
 from gossamer.peer.roles.blocktrain.host import METHOD as BLOCK_METHOD
-from gossamer.peer.roles.blocktrain.server import SERVER_ROLE
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.route.client import HostEntry, RemoteRoute, TraversalFailed, hosts_from_view, route_through
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import parse_answer
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, start_membership
+from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.view import PeerView
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.errors import DecodeError, TransportError
@@ -108,22 +113,25 @@ class NetworkGenerator:
 
     async def _join(self, config: PeerConfig) -> None:
         self.manifest = await fetch_manifest(self.membership, config)
-        self.settings = blocktrain_settings(self.manifest.config)
+        if self.manifest.config.protocol != names.PROTOCOL:
+            raise ConfigError(f"run {self.manifest.run_id} uses protocol {self.manifest.config.protocol!r}; "
+                              f"gossamer generate needs a {names.PROTOCOL!r} run")
+        self.settings = read_settings(BlockTrainSettings, self.manifest.config)
         self.view = PeerView(Admission(self.manifest), ttl_s=self.manifest.ttl_s)
         ar = self.options.baseline == "ar"
-        self.role, self.key = (STAGE_ROLE, "ar_stages") if ar else (SERVER_ROLE, "blocks")
+        self.role, self.key = (names.AR_STAGE, "ar_stages") if ar else (names.SERVER, "blocks")
         num_units = self.settings.model.num_blocks
         order = list(range(num_units)) if ar else list(reversed(range(num_units)))
         await wait_for_route(self.hosts, order, timeout_s=self.options.timeout_s)
         self.route = RemoteRoute(method=AR_METHOD if ar else BLOCK_METHOD, run_id=self.manifest.run_id,
                                  order=order, hosts=self.hosts, pool=self.pool,
-                                 budget_s=self.settings.traversal_timeout_s)
+                                 budget_s=self.settings.route_timeout_s)
         model = self.settings.model
         if ar:
             self.client = ArClient(self.route, context=model.context, vocab=model.vocab)
         else:
             embedding = await fetch_embedding(self.pool, await self.hosts(False),
-                                              timeout_s=self.settings.traversal_timeout_s)
+                                              timeout_s=self.settings.route_timeout_s)
             self.client = BlockTrainClient(self.route, model, embedding,
                                            device=torch.device(self.options.device))
 
@@ -193,3 +201,48 @@ async def fetch_embedding(pool: HopPool, hosts: list[HostEntry], *,
             return answer
         problems.append(f"{host.addr}: answered no embedding")
     raise TraversalFailed(f"no block server gave the embedding E: {'; '.join(problems) or 'no servers'}")
+
+
+# -- the commands -------------------------------------------------------------------------------
+
+
+def _serve_arguments(parser: argparse.ArgumentParser, kit: CommandKit) -> None:
+    kit.add_peer_flags(parser, skip=("roles",))
+    parser.add_argument("--blocks", type=int, nargs="+", default=None, help="blocks to serve (default: all)")
+    parser.add_argument("--ar_stages", "--ar-stages", type=int, nargs="+", default=None,
+                        help="also serve these stages of the matched autoregressive pipeline (the baseline)")
+
+
+def _serve(args: argparse.Namespace, kit: CommandKit) -> int:
+    """A daemon with the block-server role (and ar-stage with --ar_stages)."""
+    roles = [names.SERVER, *([names.AR_STAGE] if args.ar_stages else [])]
+    options = {names.SERVER: {"blocks": tuple(args.blocks) if args.blocks else None},
+               names.AR_STAGE: {"stages": tuple(args.ar_stages or ())}}
+    return kit.run_daemon(kit.peer_config(args, roles=roles), role_options=options)
+
+
+def _generate_arguments(parser: argparse.ArgumentParser, kit: CommandKit) -> None:
+    parser.add_argument("prompt", help="text to continue")
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--initial_peers", "--initial-peers", nargs="+", required=True)
+    parser.add_argument("--new_bytes", "--new-bytes", type=int, default=64, help="bytes to generate")
+    parser.add_argument("--traversals", type=int, default=4, help="refinement traversals per segment")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise and of the sampling")
+    parser.add_argument("--timeout_s", "--timeout-s", type=float, default=30.0)
+    parser.add_argument("--baseline", choices=["ar"], default="", help="use the matched autoregressive pipeline")
+    parser.add_argument("--device", default="cpu", help="where the client reads out the logits")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the text")
+
+
+def _generate(args: argparse.Namespace, kit: CommandKit) -> int:
+    return run_generate(GenerateOptions(
+        run=args.run, initial_peers=tuple(args.initial_peers), prompt=args.prompt, new_bytes=args.new_bytes,
+        traversals=args.traversals, temperature=args.temperature, seed=args.seed, timeout_s=args.timeout_s,
+        baseline=args.baseline, device=args.device, as_json=args.json))
+
+
+SERVE = Command(name="serve", help="serve blocks of a BlockTrain run over TCP (a block server)",
+                add_arguments=_serve_arguments, run=_serve)
+GENERATE = Command(name="generate", help="generate text through a BlockTrain run's block servers",
+                   add_arguments=_generate_arguments, run=_generate)

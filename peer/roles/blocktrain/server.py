@@ -19,13 +19,13 @@ import logging
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.events import emit
-from gossamer.peer.role import Role, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import fetch_block, find_coordinator, live_coordinator
 from gossamer.peer.roles.blocktrain.host import EMBEDDING_METHOD, METHOD, BlockHost
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.roles.blocktrain.stack import partial_stack
-from gossamer.peer.route.policy import LiveHopPolicy
+from gossamer.peer.route.policy import live_hop_policy
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.blocktrain import BlockStack, BlockTrainError
@@ -34,17 +34,15 @@ from gossamer.transport.frames import Frame
 from gossamer.transport.tcp import HandlerError
 
 log = logging.getLogger(__name__)
-SERVER_ROLE = "block-server"
 
 
-class BlockServerRole(Role):
+class BlockServerRole(ProtocolRole[BlockTrainSettings]):
     """See the module docstring. ``blocks`` defaults to every block of the run."""
 
-    name = SERVER_ROLE
+    name = names.SERVER
 
     def __init__(self, ctx: RoleContext, *, blocks: tuple[int, ...] | None = None) -> None:
         super().__init__(ctx)
-        self.settings = blocktrain_settings(ctx.manifest.config)
         num_blocks = self.settings.model.num_blocks
         chosen = tuple(range(num_blocks)) if blocks is None else tuple(dict.fromkeys(blocks))
         if not chosen or any(not 0 <= k < num_blocks for k in chosen):
@@ -58,10 +56,10 @@ class BlockServerRole(Role):
         return {METHOD: self._traverse, EMBEDDING_METHOD: self._embedding}
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._serve(), name="block-server")
+        self.spawn(self._serve(), name="serving")
 
     async def aclose(self) -> None:
-        await self.stop_task()
+        await super().aclose()
         await self.pool.aclose()
 
     def status(self) -> dict[str, Any]:
@@ -104,10 +102,10 @@ class BlockServerRole(Role):
                 await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
                 continue
             self.host = BlockHost(stack, self.blocks, run_id=self.ctx.manifest.run_id, pool=self.pool,
-                                  next_hop_ok=LiveHopPolicy(self.ctx, role=SERVER_ROLE, key="blocks"),
+                                  next_hop_ok=live_hop_policy(self.ctx, role=names.SERVER, key="blocks"),
                                   max_batch=self.settings.max_batch)
         self.ctx.announce()
-        emit(self.ctx.config.events, "serving", blocks=list(self.blocks), versions=self.versions)
+        self.emit("serving", blocks=list(self.blocks), versions=self.versions)
         log.info("serving blocks %s at versions %s", list(self.blocks), self.versions)
         await self._refresh_loop()
 
@@ -140,4 +138,4 @@ class BlockServerRole(Role):
                 log.warning("could not refresh the served blocks: %s", exc)
                 continue
             self.ctx.announce()
-            emit(self.ctx.config.events, "serving", blocks=list(self.blocks), versions=self.versions)
+            self.emit("serving", blocks=list(self.blocks), versions=self.versions)

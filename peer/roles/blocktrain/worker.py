@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from gossamer.crypto.envelope import payload_digest, seal
-from gossamer.peer.events import emit
 from gossamer.peer.kit.messaging import ENVELOPE_HEADER
-from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block, find_coordinator
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.roles.blocktrain.stack import hold_block, pack, partial_stack, release_block
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.blocktrain import BlockTrainError, block_parameters, train_step
@@ -42,20 +42,19 @@ RETRY_S = 1.0
 LONG_POLL_S = 10.0
 
 
-class BlockWorkerRole(Role):
+class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
     """See the module docstring."""
 
-    name = "block-worker"
+    name = names.WORKER
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.settings = blocktrain_settings(ctx.manifest.config)
         config = self.settings.model
         train = split_text(load_text(ctx.config.data or self.settings.data_source),
                            heldout_fraction=self.settings.heldout_fraction).train
-        self.shard_index = int(ctx.identity.peer_id[:8], 16) % self.settings.num_shards
-        seed = int(ctx.identity.peer_id[:15], 16)
-        self.sampler = BatchSampler(shard(train, index=self.shard_index, count=self.settings.num_shards),
+        self.shard = self.shard_index(self.settings.num_shards)
+        seed = self.peer_seed()
+        self.sampler = BatchSampler(shard(train, index=self.shard, count=self.settings.num_shards),
                                     batch_size=self.settings.batch_size, context=config.context,
                                     generator=torch.Generator().manual_seed(seed))
         self.noise = torch.Generator(device=ctx.device).manual_seed(seed + 1)
@@ -70,7 +69,7 @@ class BlockWorkerRole(Role):
     # -- role interface -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="block-worker")
+        self.spawn(self._run(), name="cycles")
 
     @property
     def round(self) -> int:
@@ -78,7 +77,7 @@ class BlockWorkerRole(Role):
 
     def status(self) -> dict[str, Any]:
         return {"assignment": {"block": self.block} if self.block is not None else {},
-                "version": self.version, "shard": self.shard_index, "updates": dict(self.updates),
+                "version": self.version, "shard": self.shard, "updates": dict(self.updates),
                 "last_refusal": self.last_reason, "finished": self.finished}
 
     # -- the cycle ------------------------------------------------------------------------------
@@ -100,11 +99,11 @@ class BlockWorkerRole(Role):
                 await self._cycle(coordinator, int(block))
             except (TransportError, BlockTrainError, ValueError) as exc:
                 log.warning("block worker cycle failed, retrying in %.0f s: %s", RETRY_S, exc)
-                emit(self.ctx.config.events, "worker_error", error=str(exc)[:300])
+                self.emit("error", error=str(exc)[:300])
                 await asyncio.sleep(RETRY_S)
         self.finished = True
         self._switch(None)
-        emit(self.ctx.config.events, "finished", updates=dict(self.updates))
+        self.emit("worker_finished", updates=dict(self.updates))
         log.info("the run is finished; %s", self.updates)
 
     async def _coordinator(self) -> LivePeer:
@@ -120,7 +119,7 @@ class BlockWorkerRole(Role):
         self.updates["sent"] += 1
         self.updates["accepted" if accepted else "refused"] += 1
         self.last_reason = None if accepted else str(answer.get("reason"))
-        emit(self.ctx.config.events, "update", block=block, version=fetched.version, loss=loss,
+        self.emit("update", block=block, version=fetched.version, loss=loss,
              accepted=accepted, reason=answer.get("reason"))
 
     async def fetch(self, coordinator: LivePeer, block: int) -> BlockVersion:
@@ -144,7 +143,7 @@ class BlockWorkerRole(Role):
             hold_block(self.stack, block, device=self.ctx.device)
             self.optimizer = torch.optim.AdamW(block_parameters(self.stack, block), lr=self.settings.lr,
                                                weight_decay=0.0)
-            emit(self.ctx.config.events, "assigned", block=block)
+            self.emit("assigned", block=block)
 
     def train(self, block: int) -> float:
         """K local steps on the held block (blocking: run it in a worker thread); the mean loss."""

@@ -16,7 +16,7 @@ import torch
 
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.ledger import ExchangeLedger
-from gossamer.peer.roles.diloco.settings import LearnerSettings
+from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.protocols.attacks import ATTACKS
 from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.mixing import mix
@@ -35,7 +35,7 @@ Params = dict[str, torch.Tensor]
 class PseudoGradientAggregator:
     """Aggregates the W2 neighbourhood's pseudo-gradients for one learner, round after round."""
 
-    def __init__(self, settings: LearnerSettings, *, me: str) -> None:
+    def __init__(self, settings: DilocoSettings, *, me: str) -> None:
         self._me = me
         self._plan = settings.mixing
         self._name = settings.aggregator

@@ -14,9 +14,6 @@ import pytest
 import torch
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.config import PeerConfig
-from gossamer.peer.metrics import Traffic
-from gossamer.peer.role import RoleContext, peers_key
 from gossamer.peer.roles.blocktrain.ar_stage import ArStageHost, build_stages, matched_model_config
 from gossamer.peer.roles.blocktrain.client import ArClient, BlockTrainClient
 from gossamer.peer.roles.blocktrain.host import METHOD, BlockHost
@@ -27,6 +24,7 @@ from gossamer.peer.route.policy import LiveHopPolicy
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import FailedHop, Hop, parse_answer, request_frame
 from gossamer.peer.run.admission import Admission
+from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.manifest import build_manifest, run_config_from_dict
 from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.run.view import PeerView
@@ -44,7 +42,6 @@ from gossamer.transport.codec import encode_tensors
 from gossamer.transport.dht import DhtConfig, DhtMembership
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
-from gossamer.transport.http import HttpConfig
 from gossamer.transport.tcp import TcpConfig, TcpServer, tcp_connect
 from gossamer.transport.wan import LinkProfile, WanProxy
 
@@ -65,12 +62,10 @@ class Hosts:
         self.servers: dict[str, tuple[Identity, RouteHost, TcpServer, HopPool]] = {}
         self.addrs: dict[str, str] = {}
 
-    def context(self, identity: Identity) -> RoleContext:
-        config = PeerConfig(identity_path=self.tmp_path / "unused.pem")
-        return RoleContext(identity=identity, config=config, manifest=self.manifest,
-                           membership=self.membership, http_client=None,  # type: ignore[arg-type]
-                           view=self.view, device=torch.device("cpu"), traffic=Traffic(),
-                           now=self.membership.now, http_config=HttpConfig())
+    def policy(self, role: str, key: str) -> LiveHopPolicy:
+        """What a host of ``role`` forwards to: live peers announcing ``key`` units in this run."""
+        return LiveHopPolicy(view=self.view, manifest=self.manifest, membership=self.membership,
+                             now=self.membership.now, role=role, key=key)
 
     async def add_blocks(self, name: str, blocks: tuple[int, ...]) -> str:
         identity, pool = Identity.generate(), HopPool()
@@ -78,7 +73,7 @@ class Hosts:
         stack.load_embedding_state(self.stack.embedding_state())
         for k in blocks:
             stack.load_block_state(k, self.stack.block_state(k))
-        policy = LiveHopPolicy(self.context(identity), role="block-server", key="blocks")
+        policy = self.policy("block-server", "blocks")
         host = BlockHost(stack, blocks, run_id=self.manifest.run_id, pool=pool, next_hop_ok=policy,
                          max_batch=4)
         return await self._serve(name, identity, host, pool)
@@ -86,7 +81,7 @@ class Hosts:
     async def add_stages(self, name: str, stages: tuple[int, ...], model) -> str:
         identity, pool = Identity.generate(), HopPool()
         held = {s: stage for s, stage in model.items() if s in stages}
-        policy = LiveHopPolicy(self.context(identity), role="ar-stage", key="ar_stages")
+        policy = self.policy("ar-stage", "ar_stages")
         host = ArStageHost(held, config=matched_model_config(CONFIG), num_stages=CONFIG.num_blocks,
                            run_id=self.manifest.run_id, pool=pool, next_hop_ok=policy)
         return await self._serve(name, identity, host, pool)

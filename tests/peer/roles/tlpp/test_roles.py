@@ -19,7 +19,6 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
 from gossamer.peer.roles.tlpp.data import load_data
 from gossamer.peer.roles.tlpp.secure import gradient_layout, layout_numel
-from gossamer.peer.roles.tlpp.settings import tlpp_settings
 from gossamer.peer.roles.tlpp.steps import StepLedger
 from gossamer.peer.roles.tlpp.wire import GRADS, HELPER_METHOD, NODE_METHOD, SHARE, SUM, ShareLog
 from gossamer.protocols.tlpp import VirtualBatch, VirtualBatchScheduler, digits_cnn
@@ -219,7 +218,7 @@ async def test_a_replayed_share_frame_is_refused_by_the_helper(tmp_path: Path) -
         helper = net.peers["helper"].role
         taken = helper.shares_received  # type: ignore[attr-defined]
         frame = [f for f in net.received["helper"] if f.header.get("op") == SHARE][-1]
-        conn = await tcp_connect(*net.peers["helper"].server.address)  # type: ignore[union-attr]
+        conn = await tcp_connect(*net.peers["helper"].tcp.address)  # type: ignore[union-attr]
         try:
             with pytest.raises(RemoteError, match="tampered, replayed or out of order"):
                 await conn.request(frame)
@@ -247,7 +246,7 @@ async def test_a_node_whose_push_failed_is_not_counted_and_the_next_step_trains(
         assert refused.dropped == {n: "logits: the helper holds no matching activation share" for n in nodes}
         for name in sorted(ALL):
             role = net.peers[name].role
-            await asyncio.gather(*role._pushes, return_exceptions=True)  # type: ignore[attr-defined]
+            await role.drain()
             assert role.pushes_failed == 1  # type: ignore[attr-defined]
         applied = StepLedger(step=1, epoch=0, index=0, mode="secure")
         grads = await driver.run(batch, applied, helper)
@@ -259,7 +258,7 @@ async def test_a_node_whose_push_failed_is_not_counted_and_the_next_step_trains(
 async def test_the_helper_sums_only_the_gradient_shares_it_holds_and_says_which(tmp_path: Path) -> None:
     net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
                             helper=True)
-    settings = tlpp_settings(net.manifest.config)
+    settings = net.settings
     numel = layout_numel(gradient_layout(*settings.split(settings.build_model("cpu"))))
     as_node = SecureLinks(identity=net.identities["node0"], run_id=net.manifest.run_id, view=net.view)
     as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)
