@@ -18,8 +18,8 @@ Map of the package:
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
 - ``blocktrain`` BlockTrain: blocks as denoisers over equal-probability noise bands, the one-block
                  training step, one Euler step per block in a traversal, generation.
-- ``traversal``  TL++: virtual batches grouped by node, the model split at the cut, the exact
-                 (summed) gradient path, and the byte formulas.
+- ``tlpp``       TL++ traversal learning: virtual batches grouped by node, the model split at the
+                 cut, the exact (summed) gradient path, and the byte formulas.
 
 Vocabulary: a **round** is one outer step (a BlockTrain block version, a TL++ virtual batch); a **contribution** is what one peer sent for a round.
 """

@@ -1,8 +1,9 @@
 """The protocols this build of gossamer knows: the one list of plugins (``PLUGINS``).
 
-Each protocol is a folder here (``peer/roles/<protocol>/``) whose ``__init__.py`` defines its
-``PLUGIN``; ``orchestrator`` is the one generic role every run has. To add a protocol, write its
-folder and add one line below (docs/ARCHITECTURE.md, "Adding a protocol").
+Each protocol is a folder here whose ``__init__.py`` defines its ``PLUGIN``: ``none``
+(membership only), ``diloco`` (gossip DiLoCo), ``blocktrain`` (BlockTrain), ``tlpp`` (TL++).
+``orchestrator`` is the one generic role every run has. To add a protocol, write its folder and
+add one line below (docs/ARCHITECTURE.md, "Adding a protocol").
 """
 
 from __future__ import annotations

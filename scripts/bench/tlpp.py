@@ -336,7 +336,7 @@ async def network_step(net: Tlpp, batch: VirtualBatch, log: RequestLog) -> dict[
     ledger = await net.orchestrator._one_step(batch, helper)
     seconds = time.perf_counter() - start
     loop_cpu, cpu = time.thread_time() - loop_start, time.process_time() - cpu_start
-    if not ledger.applied or ledger.dropped or len(ledger.answered) != NUM_NODES:
+    if not ledger.applied or ledger.rejected or len(ledger.used) != NUM_NODES:
         raise BenchError(f"{ledger.mode} step {ledger.step} did not complete: {ledger.to_json()}")
     bytes_after = sent_bytes(net)
     by_op = {op: size - bytes_before.get(op, 0) for op, size in sorted(bytes_after.items())

@@ -82,12 +82,12 @@ def test_base_mode_trains_and_goes_on_when_a_node_is_killed(tmp_path: Path) -> N
         while steps[-1]["event"] != "tlpp.finished":
             steps.append(orch.wait_event(lambda e: e["event"] in ("tlpp.step", "tlpp.finished"), timeout_s=90))
         finished, steps = steps[-1], steps[:-1]
-        dropped = [e for e in steps if e["dropped"]]
+        dropped = [e for e in steps if e["rejected"]]
         assert dropped, "the killed node must show up as dropped in a step's ledger"
-        gone = set(dropped[0]["dropped"])
-        assert gone == {killed_id} and killed_id in before["answered"], dropped[0]
+        gone = set(dropped[0]["rejected"])
+        assert gone == {killed_id} and killed_id in before["used"], dropped[0]
         assert all(e["applied"] for e in steps), "every step after the kill still applies a gradient"
-        assert all(set(e["answered"]).isdisjoint(gone) and len(e["answered"]) == 2 for e in steps[-5:])
+        assert all(set(e["used"]).isdisjoint(gone) and len(e["used"]) == 2 for e in steps[-5:])
         assert finished["step"] == 60 and Path(finished["checkpoint"]).is_file()
         assert finished["test_loss"] < first["loss"] - 0.3, (first["loss"], finished["test_loss"])
         metrics = http_get(ready["http"], "/metrics")

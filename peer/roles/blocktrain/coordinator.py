@@ -120,7 +120,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
     def status(self) -> dict[str, Any]:
         return {"versions": list(self.board.versions), "assignment_by_worker": dict(self.assignment),
                 "finished": self.finished, "heldout_ce": self.heldout_ce, "checkpoints": str(self.directory),
-                "ledgers": self.board.ledgers.recent(6)}
+                "ledgers": self.board.ledgers.last(6)}
 
     # -- HTTP -----------------------------------------------------------------------------------
 

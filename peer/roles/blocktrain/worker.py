@@ -17,15 +17,12 @@ assignment (``{"block": k}``) and the version it trains from as its round.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import secrets
 from typing import Any
 
 import torch
 
-from gossamer.crypto.envelope import payload_digest, seal
-from gossamer.peer.kit.messaging import ENVELOPE_HEADER
+from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.role import ProtocolRole, RoleContext
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block, find_coordinator
@@ -34,8 +31,7 @@ from gossamer.peer.roles.blocktrain.stack import hold_block, pack, partial_stack
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.blocktrain import BlockTrainError, block_parameters, train_step
 from gossamer.protocols.text_data import BatchSampler, load_text, shard, split_text
-from gossamer.transport.errors import DecodeError, TransportError
-from gossamer.transport.safetensors_stream import encode_safetensors
+from gossamer.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0
@@ -58,6 +54,9 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
                                     batch_size=self.settings.batch_size, context=config.context,
                                     generator=torch.Generator().manual_seed(seed))
         self.noise = torch.Generator(device=ctx.device).manual_seed(seed + 1)
+        self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id, client=ctx.http_client,
+                                         view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
+                                         max_body_bytes=ctx.http_config.max_body_bytes)
         self.stack = partial_stack(config, [], device=ctx.device)
         self.block: int | None = None
         self.version: int | None = None
@@ -114,7 +113,11 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
     async def _cycle(self, coordinator: LivePeer, block: int) -> None:
         fetched = await self.fetch(coordinator, block)
         loss = await asyncio.to_thread(self.train, block)
-        answer = await self.send_update(coordinator, fetched, self.difference(fetched), loss)
+        reply = await self.messenger.request(update_url(coordinator, fetched), recipient=coordinator.record.peer_id,
+                                             round=fetched.version, tensors=self.difference(fetched),
+                                             metadata=update_metadata(loss, self.settings.local_steps))
+        self.ctx.traffic.add_sent("block_update", reply.size_bytes)
+        answer = reply.answer
         accepted = bool(answer.get("accepted"))
         self.updates["sent"] += 1
         self.updates["accepted" if accepted else "refused"] += 1
@@ -165,21 +168,12 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
             embedding = {name: now[name] - fetched.embedding[name] for name in now}
         return pack(update, embedding)
 
-    async def send_update(self, coordinator: LivePeer, fetched: BlockVersion,
-                          tensors: dict[str, torch.Tensor], loss: float) -> dict[str, Any]:
-        """PUT an update against ``fetched`` with a signed envelope (as ``peer.kit.messaging`` does, with
-        round = the base version) and return the coordinator's JSON answer."""
-        url = f"http://{coordinator.record.http_addr}/blocktrain/update/{fetched.block}/{fetched.version}"
-        metadata = {"loss": repr(loss), "steps": str(self.settings.local_steps)}
-        total_bytes, chunks = encode_safetensors(tensors, metadata)
-        envelope = seal(self.ctx.identity, recipient=coordinator.record.peer_id,
-                        run_id=self.ctx.manifest.run_id, round=fetched.version,
-                        payload_digest=payload_digest(*chunks), now=self.ctx.now(),
-                        nonce=secrets.token_bytes(16))
-        header = {ENVELOPE_HEADER: base64.b64encode(envelope).decode("ascii")}
-        answer = await self.ctx.http_client.put_tensors(url, tensors, metadata, extra_headers=header)
-        self.ctx.traffic.add_sent("block_update", total_bytes)
-        if not isinstance(answer, dict):
-            raise DecodeError(f"the coordinator answered an update with {type(answer).__name__}, "
-                              "not a JSON object")
-        return answer
+
+def update_url(coordinator: LivePeer, fetched: BlockVersion) -> str:
+    """Where an update trained from ``fetched`` goes (a signed message whose round is its version)."""
+    return f"http://{coordinator.record.http_addr}/blocktrain/update/{fetched.block}/{fetched.version}"
+
+
+def update_metadata(loss: float, steps: int) -> dict[str, str]:
+    """What an update says about its training: the mean loss and the number of local steps."""
+    return {"loss": repr(loss), "steps": str(steps)}

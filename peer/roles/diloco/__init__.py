@@ -1,8 +1,8 @@
 """Protocol ``diloco``: gossip DiLoCo. Each ``learner`` trains a full replica of a byte-level LM
 on its shard for H inner steps, mixes parameters with its peers in the background (W1) and
 pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
-private outer Nesterov step. Modules: ``settings`` (the manifest), ``learner`` (the role),
-``aggregate`` (the W1 and W2 mixes).
+private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
+``learner`` (the role), ``aggregate`` (the W1 and W2 mixes), ``ledger`` (a round's ledger).
 """
 
 from __future__ import annotations

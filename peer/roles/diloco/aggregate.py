@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.ledger import ExchangeLedger
+from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.protocols.attacks import ATTACKS
 from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
@@ -56,7 +56,7 @@ class PseudoGradientAggregator:
         return {name: tensor for name, tensor in params.items() if self._plan.covers(name)}
 
     def aggregate(self, d: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
-                  index_of: Callable[[str], int], ledger: ExchangeLedger) -> Params:
+                  index_of: Callable[[str], int], ledger: Exchange) -> Params:
         """The mixed pseudo-gradient: aggregated on the W2 subset, own d elsewhere."""
         self.note = ""
         own = self.subset_of(d)

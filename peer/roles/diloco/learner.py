@@ -21,20 +21,21 @@ import logging
 import statistics
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from aiohttp import web
 
+from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.inbox import Inbox
-from gossamer.peer.kit.ledger import ExchangeLedger, LedgerHistory, RoundLedger
+from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import ProtocolRole, RoleContext
 from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
+from gossamer.peer.roles.diloco.ledger import RoundLedger
 from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica
@@ -42,7 +43,6 @@ from gossamer.protocols.mixing import neighbours
 from gossamer.protocols.models import build_model, flat_parameters, generate
 from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
 from gossamer.transport.errors import TransportError
-from gossamer.transport.safetensors_stream import save_file_atomic
 
 log = logging.getLogger(__name__)
 KINDS = ("params", "pgrad")
@@ -71,7 +71,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
         self.attack = parse_attack(ctx.config.attack) if ctx.config.attack else None
         self.inbox = Inbox()
-        self.history = LedgerHistory()
+        self.history: History[int, RoundLedger] = History()
+        self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
         self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
         self.finished = False
@@ -213,7 +214,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             if self.settings.rounds and self.replica.round >= self.settings.rounds:
                 break
             ledger = await self._one_round()
-            self.history.append(ledger)
+            self.history.add(ledger.round, ledger)
             self.emit("round", round=ledger.round, train_loss=ledger.train_loss,
                  heldout_loss=ledger.heldout_loss, params_from=len(ledger.params.arrived),
                  pgrads_used=len(ledger.pseudo_gradients.used), timed_out=ledger.pseudo_gradients.timed_out,
@@ -245,6 +246,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         d = self.replica.end_inner()
         arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
         self._settle(ledger.params, "params", t, arrived)
+        ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
         m = mix_parameters(x, arrived, weights=w1, me=me, index_of=learners.index,
                            clip_tau=self.settings.w1_clip_tau, max_norm=self.settings.max_norm)
         sent_d = self.attack(d) if self.attack else d
@@ -270,14 +272,14 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         return evaluate(self.replica.module, self.heldout, context=self.settings.model.context,
                         max_batches=self.settings.eval_batches, device=self.ctx.device)
 
-    def _settle(self, exchange: ExchangeLedger, kind: str, round: int, arrived: Mapping[str, Any]) -> None:
+    def _settle(self, exchange: Exchange, kind: str, round: int, arrived: Mapping[str, Any]) -> None:
         exchange.settle(list(arrived))
         late = self._late_rejections.pop((kind, round), {})
         exchange.rejected.update({s: r for s, r in late.items() if s in exchange.expected})
         exchange.timed_out = [s for s in exchange.timed_out if s not in exchange.rejected]
 
     async def _send_all(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor], to: list[str],
-                        exchange: ExchangeLedger, ledger: RoundLedger) -> None:
+                        exchange: Exchange, ledger: RoundLedger) -> None:
         exchange.expected = sorted(to)
         results = await asyncio.gather(*(self._send_one(kind, round, tensors, peer_id) for peer_id in to),
                                        return_exceptions=True)
@@ -310,9 +312,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
     async def _finish(self) -> None:
         params = flat_parameters(self.replica.module)
         self._snapshot = (self.replica.round, params)
-        filename = f"{self.ctx.manifest.config.name}-{self.ctx.identity.peer_id[:12]}-round{self.replica.round}.safetensors"
-        path = await asyncio.to_thread(_write_checkpoint, Path(self.ctx.config.checkpoint_dir), filename, params,
-                                       self.ctx.manifest.run_id, self.replica.round)
+        name = f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-round{self.replica.round}"
+        path = await self.checkpoints.write_async(name, params, round=str(self.replica.round))
         self.checkpoint_path = str(path)
         sample = await asyncio.to_thread(self._sample)
         self.finished = True
@@ -336,11 +337,3 @@ def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
         return None
     median = statistics.median_high([mine, *others])
     return median if abs(median - mine) >= threshold else None
-
-
-def _write_checkpoint(directory: Path, filename: str, params: Mapping[str, torch.Tensor], run_id: str,
-                      round: int) -> Path:
-    path = directory.expanduser() / filename
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file_atomic(dict(params), path, metadata={"run_id": run_id, "round": str(round), "format": "gossamer/diloco"})
-    return path

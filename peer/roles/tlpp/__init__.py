@@ -12,6 +12,7 @@ additive secret shares to it and to an independent ``helper`` (``gossamer helper
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
@@ -21,13 +22,13 @@ from gossamer.peer.roles.tlpp.helper import TlppHelperRole
 from gossamer.peer.roles.tlpp.node import TlppNodeRole
 from gossamer.peer.roles.tlpp.server import TlppServerRole
 from gossamer.peer.roles.tlpp.settings import TlppSettings
+from gossamer.peer.roles.tlpp.steps import StepLedger
 
 EVENTS = {
     "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper)",
                            ("nodes", "wanted", "helpers")),
-    "step": EventSchema("one virtual batch done; its ledger",
-                        ("step", "epoch", "index", "mode", "planned", "answered", "dropped", "samples", "loss",
-                         "accuracy", "applied", "note", "bytes_sent", "bytes_received", "wall_s")),
+    "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
+                        tuple(f.name for f in fields(StepLedger))),
     "eval": EventSchema("an evaluation on the orchestrator's held-out split", ("step", "loss", "accuracy", "samples")),
     "finished": EventSchema("training reached its steps; final evaluation and checkpoint",
                             ("step", "applied_steps", "test_loss", "test_accuracy", "checkpoint")),
@@ -38,9 +39,9 @@ EVENTS = {
 
 def describe(event: str, e: Mapping[str, Any]) -> str | None:
     if event == "step":
-        dropped = f"  dropped {len(e['dropped'])}" if e["dropped"] else ""
+        dropped = f"  dropped {len(e['rejected'])}" if e["rejected"] else ""
         return (f"step {e['step']} (epoch {e['epoch']}): loss {e['loss']:.3f}  accuracy {e['accuracy']:.3f}  "
-                f"{e['samples']} samples from {len(e['answered'])} node(s){dropped}")
+                f"{e['samples']} samples from {len(e['used'])} node(s){dropped}")
     if event == "eval":
         return f"held-out at step {e['step']}: loss {e['loss']:.3f}, accuracy {e['accuracy']:.3f}"
     if event == "finished":

@@ -7,7 +7,7 @@ records (``VirtualBatchScheduler``, shuffled per epoch with the run seed), and r
 batch after another until ``steps`` (or ``epochs`` passes) are done. ``min_nodes`` gates the
 start only: a run whose nodes leave goes on with those that are left. After each step it applies
 the summed gradients with its optimizer, writes the step's ledger, emits a ``tlpp.step`` event
-(loss, accuracy, answered, dropped, bytes) and every ``eval_every`` steps a ``tlpp.eval`` on the
+(its ledger: loss, accuracy, nodes used and dropped, bytes) and every ``eval_every`` steps a ``tlpp.eval`` on the
 held-out split it keeps (labels and loss are visible to the orchestrator by design; the test
 images never leave it). At the end: a final evaluation, a checkpoint (safetensors, written
 atomically) and ``tlpp.finished``.
@@ -30,14 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.checkpoint import Checkpoints
+from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.secure_link import SecureLinks
 from gossamer.peer.role import ProtocolRole, RoleContext
 from gossamer.peer.roles.tlpp import names
@@ -46,7 +46,6 @@ from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.roles.tlpp.steps import StepDriver, StepLedger, TrainingStopped, grads_finite
 from gossamer.peer.roles.tlpp.wire import ShareLog
 from gossamer.protocols.tlpp import TraversalError, VirtualBatch, VirtualBatchScheduler, affine_server
-from gossamer.transport.safetensors_stream import save_file_atomic
 
 log = logging.getLogger(__name__)
 WAIT_POLL_S = 10.0
@@ -73,7 +72,8 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         self.links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
         self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side, server_side=server_side,
                                  links=self.links, share_log=ShareLog(ctx.config.share_log or None), device=ctx.device)
-        self.history: deque[StepLedger] = deque(maxlen=64)
+        self.history: History[int, StepLedger] = History()
+        self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/tlpp")
         self.step = 0
         self.last_eval: dict[str, float] | None = None
         self.finished = False
@@ -97,12 +97,12 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     def status(self) -> dict[str, Any]:
         return {"mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
                 "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
-                "evaluation": self.last_eval, "ledgers": [ledger.to_json() for ledger in list(self.history)[-3:]]}
+                "evaluation": self.last_eval, "ledgers": self.history.last(3)}
 
     def gauges(self) -> dict[str, float]:
         gauges = {"tlpp_step": float(self.step)}
         if self.history:
-            gauges["tlpp_train_loss"] = self.history[-1].loss
+            gauges["tlpp_train_loss"] = self.history.values()[-1].loss
         if self.last_eval:
             gauges["tlpp_test_loss"], gauges["tlpp_test_accuracy"] = self.last_eval["loss"], self.last_eval["accuracy"]
         return gauges
@@ -185,7 +185,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     def _reduced(self, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
         """The schedule without the nodes that failed this step; None if none is left."""
-        leaving = {n for n in scheduler.counts if n in ledger.dropped}
+        leaving = {n for n in scheduler.counts if n in ledger.rejected}
         if not leaving:
             return scheduler
         if leaving >= set(scheduler.counts):
@@ -206,11 +206,11 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         ledger.bytes_sent = _tlpp_bytes(self.ctx.traffic.sent) - sent
         ledger.bytes_received = _tlpp_bytes(self.ctx.traffic.received) - received
         ledger.wall_s = round(time.monotonic() - started, 4)
-        self.history.append(ledger)
+        self.history.add(ledger.step, ledger)
         self.step += 1
         self.emit("step", **ledger.to_json())
-        if ledger.dropped:
-            log.warning("step %d: dropped %s", ledger.step, {n[:12]: r for n, r in ledger.dropped.items()})
+        if ledger.rejected:
+            log.warning("step %d: dropped %s", ledger.step, {n[:12]: r for n, r in ledger.rejected.items()})
         if self.settings.eval_every and self.step % self.settings.eval_every == 0:
             await self._evaluate()
         return ledger
@@ -257,18 +257,9 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     async def _checkpoint(self) -> str:
         params = {name: p.detach().cpu().clone() for name, p in self.model.named_parameters()}
-        metadata = {"run_id": self.ctx.manifest.run_id, "step": str(self.step), "format": "gossamer/tlpp",
-                    "cut": str(self.settings.cut), "mode": self.settings.mode}
-        path = await asyncio.to_thread(_save, Path(self.ctx.config.checkpoint_dir),
-                                       f"{self.ctx.manifest.config.name}-tlpp.safetensors", params, metadata)
+        path = await self.checkpoints.write_async(f"{self.ctx.manifest.config.name}-tlpp", params, step=str(self.step),
+                                                  cut=str(self.settings.cut), mode=self.settings.mode)
         return str(path)
-
-
-def _save(directory: Path, filename: str, params: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
-    path = directory.expanduser() / filename
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file_atomic(params, path, metadata=metadata)
-    return path
 
 
 def _optimizer(model: torch.nn.Module, settings: TlppSettings) -> torch.optim.Optimizer:

@@ -22,8 +22,8 @@ import torch
 from gossamer.peer.kit.messaging import ENVELOPE_HEADER
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.blocktrain.coordinator import BlockCoordinatorRole
-from gossamer.peer.roles.blocktrain.fetch import fetch_block
-from gossamer.peer.roles.blocktrain.worker import BlockWorkerRole
+from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block
+from gossamer.peer.roles.blocktrain.worker import BlockWorkerRole, update_metadata, update_url
 from gossamer.peer.run.view import LivePeer
 from gossamer.peer.testing.localnet import LocalNet
 from gossamer.protocols.text_data import load_text
@@ -103,10 +103,18 @@ async def net(request: pytest.FixtureRequest, tmp_path: Path, text_file: Path) -
         await network.aclose()
 
 
+async def send_update(worker: BlockWorkerRole, coordinator: LivePeer, fetched: BlockVersion,
+                      tensors: dict[str, torch.Tensor], loss: float) -> dict:
+    """What a worker's cycle sends: a signed update against ``fetched``; the coordinator's answer."""
+    reply = await worker.messenger.request(update_url(coordinator, fetched), recipient=coordinator.record.peer_id,
+                                           round=fetched.version, tensors=tensors, metadata=update_metadata(loss, 2))
+    return reply.answer
+
+
 async def train_and_send(net: Net, worker: BlockWorkerRole, block: int) -> dict:
     fetched = await worker.fetch(net.peer, block)
     loss = await asyncio.to_thread(worker.train, block)
-    return await worker.send_update(net.peer, fetched, worker.difference(fetched), loss)
+    return await send_update(worker, net.peer, fetched, worker.difference(fetched), loss)
 
 
 async def test_same_block_updates_are_averaged_into_the_next_version_and_written_to_disk(net: Net) -> None:
@@ -123,7 +131,7 @@ async def test_same_block_updates_are_averaged_into_the_next_version_and_written
         await asyncio.to_thread(worker.train, block)
     updates = [worker.difference(fetched[worker]) for worker in (a, b)]
 
-    answers = [await w.send_update(net.peer, fetched[w], u, 1.0)
+    answers = [await send_update(w, net.peer, fetched[w], u, 1.0)
                for w, u in zip((a, b), updates, strict=True)]
     await coordinator.step()
 
@@ -134,7 +142,7 @@ async def test_same_block_updates_are_averaged_into_the_next_version_and_written
     assert served.version == 1 and all(torch.equal(served.tensors[n], expected[n]) for n in expected)
     tensors, metadata = load_file(coordinator.directory / f"block{block}.safetensors")
     assert metadata["version"] == "1" and torch.equal(tensors["out.weight"], expected["out.weight"])
-    ledger = coordinator.board.ledgers.get(block, 0)
+    ledger = coordinator.board.ledgers.get((block, 0))
     assert ledger is not None and sorted(ledger.used) == sorted(w.ctx.identity.peer_id for w in (a, b))
 
 
@@ -149,7 +157,7 @@ async def test_an_averaged_embedding_moves_by_the_workers_mean_difference_over_t
     await asyncio.to_thread(worker.train, block)
     update = worker.difference(fetched)
 
-    assert (await worker.send_update(net.peer, fetched, update, 1.0))["accepted"]
+    assert (await send_update(worker, net.peer, fetched, update, 1.0))["accepted"]
     await coordinator.step()
 
     served = await fetch_block(net.client, net.peer, 1 - block)  # every block is served with the new E
@@ -171,12 +179,12 @@ async def test_a_stale_update_is_dropped_and_recorded_in_the_ledger_of_its_versi
 
     assert (await train_and_send(net, a, block))["accepted"]
     await coordinator.step()  # a was the only worker assigned: version 0 closes
-    answer = await b.send_update(net.peer, late, b.difference(late), 1.0)
+    answer = await send_update(b, net.peer, late, b.difference(late), 1.0)
 
     assert not answer["accepted"]
     assert answer["reason"].startswith(f"stale: trained from version 0 of block {block}")
     assert coordinator.board.versions[block] == 1
-    ledger = coordinator.board.ledgers.get(block, 0)
+    ledger = coordinator.board.ledgers.get((block, 0))
     assert ledger is not None and ledger.rejected == {b.ctx.identity.peer_id: answer["reason"]}
     assert ledger.used == [a.ctx.identity.peer_id]
 
@@ -198,7 +206,7 @@ async def test_a_crashed_workers_block_is_reassigned_and_it_is_recorded_as_timed
     assert state["assignment"] == {net.workers[survivor].ctx.identity.peer_id: 0}
     assert (await train_and_send(net, net.workers[survivor], 0))["accepted"]
     await coordinator.step()
-    ledger = coordinator.board.ledgers.get(0, 0)
+    ledger = coordinator.board.ledgers.get((0, 0))
     assert ledger is not None and ledger.closed
     assert ledger.timed_out == [net.workers[crashed].ctx.identity.peer_id]
     assert ledger.used == [net.workers[survivor].ctx.identity.peer_id]
@@ -220,11 +228,11 @@ async def test_forged_and_malformed_updates_are_refused(net: Net) -> None:
         await net.client.put_tensors(url, good,
                                      extra_headers={ENVELOPE_HEADER: base64.b64encode(b"x" * 64).decode()})
     with pytest.raises(RemoteError) as stranger:
-        await outsider.send_update(net.peer, fetched, good, 1.0)
+        await send_update(outsider, net.peer, fetched, good, 1.0)
     with pytest.raises(RemoteError) as unknown_name:
-        await worker.send_update(net.peer, fetched, {**good, "weights.x": torch.zeros(1)}, 1.0)
+        await send_update(worker, net.peer, fetched, {**good, "weights.x": torch.zeros(1)}, 1.0)
     nan = {**good, "block.out.bias": torch.full_like(good["block.out.bias"], float("nan"))}
-    answer = await worker.send_update(net.peer, fetched, nan, 1.0)
+    answer = await send_update(worker, net.peer, fetched, nan, 1.0)
 
     assert [e.value.status for e in (unsigned, garbled, stranger, unknown_name)] == [403, 403, 403, 400]
     assert "neither block.* nor embed.*" in str(unknown_name.value)
