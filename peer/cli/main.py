@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gossamer import __version__
 from gossamer.crypto.errors import CryptoError
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.tokens import issue_join_token
@@ -51,6 +52,7 @@ class CliKit:
 
 def build_parser(plugins: PluginRegistry = PLUGINS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gossamer", description="Decentralized peer-to-peer training network")
+    parser.add_argument("--version", action="version", version=f"gossamer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     kit = CliKit(plugins)
 
