@@ -12,6 +12,7 @@ protocol. See docs/ARCHITECTURE.md, "Adding a protocol".
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -27,6 +28,20 @@ if TYPE_CHECKING:
     from gossamer.peer.role import Role, RoleContext
 
 RoleFactory = Callable[..., "Role"]  # (ctx: RoleContext, **role_options) -> Role
+Ref = str
+"""``"package.module:attribute"``: something a plugin names without importing it yet. Plugins name
+their roles, settings and command entry points this way, so that the registry (and ``gossamer
+--help``) imports neither torch nor hivemind; each is imported on first use."""
+
+
+def resolve(value: Any) -> Any:
+    """``value``, or what a ``Ref`` names (imported now)."""
+    if not isinstance(value, str):
+        return value
+    module, sep, attribute = value.partition(":")
+    if not sep:
+        raise ValueError(f"{value!r} is not a reference of the form 'package.module:attribute'")
+    return getattr(importlib.import_module(module), attribute)
 
 
 class CommandKit(Protocol):
@@ -49,7 +64,10 @@ class Command:
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser, CommandKit], None]
-    run: Callable[[argparse.Namespace, CommandKit], int]
+    run: Callable[[argparse.Namespace, CommandKit], int] | Ref  # a Ref keeps the heavy imports until it runs
+
+    def execute(self, args: argparse.Namespace, kit: CommandKit) -> int:
+        return resolve(self.run)(args, kit)
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,8 @@ class ProtocolPlugin:
     Attributes:
         name: the value of ``run.protocol`` that selects it.
         summary: one line for ``--help`` texts and the docs.
-        settings: the settings dataclass (``kit.settings.setting`` fields), or None if it has none.
-        roles: role name -> factory ``(ctx, **options) -> Role``.
+        settings: the settings dataclass (``kit.settings.setting`` fields), or a ``Ref`` to it, or None.
+        roles: role name -> factory ``(ctx, **options) -> Role``, or a ``Ref`` to it.
         owner_roles: roles the run owner's orchestrator takes besides ``orchestrator``.
         swarm_roles: roles the peers of ``gossamer swarm`` take when the run config names none.
         commands: extra ``gossamer`` subcommands.
@@ -104,8 +122,8 @@ class ProtocolPlugin:
 
     name: str
     summary: str
-    settings: type | None = None
-    roles: Mapping[str, RoleFactory] = field(default_factory=dict)
+    settings: type | Ref | None = None
+    roles: Mapping[str, RoleFactory | Ref] = field(default_factory=dict)
     owner_roles: tuple[str, ...] = ()
     swarm_roles: tuple[str, ...] = ()
     commands: tuple[Command, ...] = ()
@@ -128,7 +146,7 @@ class ProtocolPlugin:
         """The run's settings for this protocol (None if it has none); ConfigError names the field."""
         if config.protocol != self.name:
             raise ConfigError(f"run {config.name} uses protocol {config.protocol!r}, not {self.name!r}")
-        return read_settings(self.settings, config) if self.settings is not None else None
+        return read_settings(resolve(self.settings), config) if self.settings is not None else None
 
 
 class PluginRegistry:
@@ -138,7 +156,7 @@ class PluginRegistry:
     plugins (or by a plugin and the generic roles), and two commands with one name.
     """
 
-    def __init__(self, *plugins: ProtocolPlugin, generic_roles: Mapping[str, RoleFactory],
+    def __init__(self, *plugins: ProtocolPlugin, generic_roles: Mapping[str, RoleFactory | Ref],
                  reserved_commands: Sequence[str] = ()) -> None:
         self._plugins: dict[str, ProtocolPlugin] = {}
         self._owner: dict[str, str | None] = dict.fromkeys(generic_roles)
@@ -198,8 +216,9 @@ class PluginRegistry:
         return (*self.plugin(protocol).roles, *self._generic)
 
     def factories(self, protocol: str) -> Mapping[str, RoleFactory]:
-        """Every role a peer of a ``protocol`` run may take, by name."""
-        return MappingProxyType({**self._generic, **self.plugin(protocol).roles})
+        """Every role a peer of a ``protocol`` run may take, by name (imported now)."""
+        return MappingProxyType({name: resolve(factory)
+                                 for name, factory in {**self._generic, **self.plugin(protocol).roles}.items()})
 
     def commands(self) -> list[tuple[ProtocolPlugin, Command]]:
         return [(plugin, command) for plugin in self._plugins_in_order for command in plugin.commands]

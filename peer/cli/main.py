@@ -21,9 +21,6 @@ from gossamer.crypto.errors import CryptoError
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.tokens import issue_join_token
 from gossamer.peer.cli.flags import add_peer_flags, peer_options
-from gossamer.peer.cli.service import run_daemon
-from gossamer.peer.cli.status import run_status
-from gossamer.peer.cli.swarm import SwarmOptions, run_swarm
 from gossamer.peer.config import DEFAULT_IDENTITY, PeerConfig, build_peer_config, load_toml_options
 from gossamer.peer.errors import PeerError
 from gossamer.peer.plugin import Command, PluginRegistry
@@ -47,6 +44,8 @@ class CliKit:
         return build_peer_config(load_toml_options(args.config) if args.config else {}, options)
 
     def run_daemon(self, config: PeerConfig, *, role_options: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+        from gossamer.peer.cli.service import run_daemon  # torch and hivemind load here, after parsing
+
         return run_daemon(config, plugins=self.plugins, role_options=role_options)
 
 
@@ -107,27 +106,36 @@ def main(argv: list[str] | None = None, *, plugins: PluginRegistry = PLUGINS) ->
 
 
 def _dispatch(args: argparse.Namespace, plugins: PluginRegistry) -> int:
+    """Run the parsed command. The heavy imports (torch, hivemind, aiohttp) happen here, after the
+    arguments parsed, so ``--help`` and a wrong flag answer at once."""
     commands: dict[str, Command] = {command.name: command for _plugin, command in plugins.commands()}
+    kit = CliKit(plugins)
     if args.command in commands:
-        return commands[args.command].run(args, CliKit(plugins))
+        return commands[args.command].execute(args, kit)
     if args.command == "identity":
         return _identity(args)
     if args.command == "peer":
         file_options = load_toml_options(args.config) if args.config else {}
-        return run_daemon(build_peer_config(file_options, peer_options(args)), plugins=plugins)
+        return kit.run_daemon(build_peer_config(file_options, peer_options(args)))
     if args.command == "orchestrator":
         return _orchestrator(args, plugins)
     if args.command == "token":
         return _token(args)
     if args.command == "status":
+        from gossamer.peer.cli.status import run_status
+
         return run_status(run=args.run, initial_peers=tuple(args.initial_peers), timeout_s=args.timeout_s,
                           as_json=args.json, plugins=plugins)
+    from gossamer.peer.cli.swarm import SwarmOptions, run_swarm
+
     return run_swarm(SwarmOptions(config=args.config, preset=args.preset, peers=args.peers,
                                   duration_s=args.duration_s, workdir=args.workdir), plugins=plugins)
 
 
 def _orchestrator(args: argparse.Namespace, plugins: PluginRegistry) -> int:
     """The run owner's daemon: ``orchestrator`` plus the roles its protocol gives the owner."""
+    from gossamer.peer.cli.service import run_daemon
+
     run_config = load_run_config(args.config)
     plugin = plugins.plugin(run_config.protocol)
     options = peer_options(args)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from gossamer.peer.plugin import PluginRegistry
 from gossamer.peer.roles import blocktrain, diloco, none, tlpp
-from gossamer.peer.roles.orchestrator import OrchestratorRole
 
 GENERIC_COMMANDS = ("identity", "peer", "orchestrator", "token", "status", "swarm")
 
@@ -19,6 +18,6 @@ PLUGINS = PluginRegistry(
     diloco.PLUGIN,
     blocktrain.PLUGIN,
     tlpp.PLUGIN,
-    generic_roles={"orchestrator": OrchestratorRole},
+    generic_roles={"orchestrator": "gossamer.peer.roles.orchestrator:OrchestratorRole"},
     reserved_commands=GENERIC_COMMANDS,
 )

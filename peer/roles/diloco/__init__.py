@@ -13,8 +13,6 @@ from typing import Any
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.diloco import names
-from gossamer.peer.roles.diloco.learner import LearnerRole
-from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.peer.run.manifest import RunConfig
 
 EVENTS = {
@@ -60,8 +58,8 @@ def swarm_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="gossip DiLoCo: full replicas, background parameter mixing, robust pseudo-gradient mixing",
-    settings=DilocoSettings,
-    roles={names.LEARNER: LearnerRole},
+    settings="gossamer.peer.roles.diloco.settings:DilocoSettings",
+    roles={names.LEARNER: "gossamer.peer.roles.diloco.learner:LearnerRole"},
     swarm_roles=(names.LEARNER,),
     events=EVENTS,
     finish=FinishRule("finished", by="peers"),

@@ -12,23 +12,20 @@ additive secret shares to it and to an independent ``helper`` (``gossamer helper
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.commands import HELPER
-from gossamer.peer.roles.tlpp.helper import TlppHelperRole
-from gossamer.peer.roles.tlpp.node import TlppNodeRole
-from gossamer.peer.roles.tlpp.server import TlppServerRole
-from gossamer.peer.roles.tlpp.settings import TlppSettings
-from gossamer.peer.roles.tlpp.steps import StepLedger
 
+STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_failures", "step", "epoch", "index",
+               "mode", "planned", "samples", "loss", "accuracy", "applied", "note", "bytes_sent", "bytes_received",
+               "wall_s")  # a StepLedger's fields (a test checks they are)
 EVENTS = {
     "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper)",
                            ("nodes", "wanted", "helpers")),
     "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
-                        tuple(f.name for f in fields(StepLedger))),
+                        STEP_FIELDS),
     "eval": EventSchema("an evaluation on the orchestrator's held-out split", ("step", "loss", "accuracy", "samples")),
     "finished": EventSchema("training reached its steps; final evaluation and checkpoint",
                             ("step", "applied_steps", "test_loss", "test_accuracy", "checkpoint")),
@@ -57,8 +54,10 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="TL++ traversal learning: private data stays on its nodes; secure mode secret-shares the cut",
-    settings=TlppSettings,
-    roles={names.SERVER: TlppServerRole, names.NODE: TlppNodeRole, names.HELPER: TlppHelperRole},
+    settings="gossamer.peer.roles.tlpp.settings:TlppSettings",
+    roles={names.SERVER: "gossamer.peer.roles.tlpp.server:TlppServerRole",
+           names.NODE: "gossamer.peer.roles.tlpp.node:TlppNodeRole",
+           names.HELPER: "gossamer.peer.roles.tlpp.helper:TlppHelperRole"},
     owner_roles=(names.SERVER,),
     swarm_roles=(names.NODE,),
     commands=(HELPER,),
