@@ -16,8 +16,10 @@ Map of the package:
                  ``robust_kernels`` (vectorised order statistics and distances),
                  ``robust_clipping`` (centered clipping, worker momentum, clipped gossip);
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
-- ``blocktrain`` BlockTrain: blocks as denoisers over equal-probability noise bands, the one-block
-                 training step, one Euler step per block in a traversal, generation.
+- ``blocktrain`` BlockTrain (a subpackage): ``config``, ``bands`` (equal-probability noise bands,
+                 EDM), ``model`` (blocks as denoisers, the stack), ``train`` (the one-block
+                 training step), ``inference`` (one Euler step per block in a traversal,
+                 generation), ``assignment`` (which worker trains which block).
 - ``traversal``  TL++: virtual batches grouped by node, the model split at the cut, the exact
                  (summed) gradient path, and the byte formulas.
 
