@@ -20,8 +20,9 @@ Map of the package:
                  EDM), ``model`` (blocks as denoisers, the stack), ``train`` (the one-block
                  training step), ``inference`` (one Euler step per block in a traversal,
                  generation), ``assignment`` (which worker trains which block).
-- ``traversal``  TL++: virtual batches grouped by node, the model split at the cut, the exact
-                 (summed) gradient path, and the byte formulas.
+- ``tlpp``       TL++ traversal learning (a subpackage): ``schedule`` (virtual batches grouped by
+                 node), ``model`` (the model split at the cut), ``step`` (the exact, summed
+                 gradient path), ``traffic`` (the byte formulas).
 
 Vocabulary: a **round** is one outer step (a BlockTrain block version, a TL++ virtual batch); a **contribution** is what one peer sent for a round.
 """
