@@ -20,7 +20,8 @@ Map of the package:
                 slowloris, connection cap, tensor helpers) and ``http_client``.
 - ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
                 (``wan_link`` holds the per-link profile and pacing).
-- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys.
+- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys
+                (a subpackage: ``membership``, ``config``, ``startup``, ``records``).
 
 Exceptions::
 
@@ -31,5 +32,7 @@ Exceptions::
      ├── ConnectionClosed      the peer closed or reset the connection (also mid-frame)
      ├── TransportTimeout      a deadline passed (connect, read, request)
      ├── Overloaded            a connection cap or bounded queue is full
-     └── RemoteError           the peer answered with an error frame or HTTP error status
+     ├── RemoteError           the peer answered with an error frame or HTTP error status
+     ├── DhtStartFailed        hivemind's p2pd or DHT node did not start (``dht.startup``)
+     └── BootstrapFailed       no initial peer of the DHT could be reached (``dht.startup``)
 """

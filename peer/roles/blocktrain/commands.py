@@ -35,7 +35,7 @@ from gossamer.peer.route.wire import parse_answer
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, start_membership
 from gossamer.peer.run.view import PeerView
-from gossamer.transport.dht import DhtMembership
+from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.errors import DecodeError, TransportError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.tcp import TcpConfig

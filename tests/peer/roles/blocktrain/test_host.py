@@ -41,7 +41,8 @@ from gossamer.protocols.blocktrain import (
 from gossamer.protocols.models import build_model
 from gossamer.protocols.models import generate as ar_generate
 from gossamer.transport.codec import encode_tensors
-from gossamer.transport.dht import DhtConfig, DhtMembership
+from gossamer.transport.dht.config import DhtConfig
+from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.http import HttpConfig
