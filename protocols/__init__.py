@@ -18,7 +18,7 @@ Map of the package:
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
 - ``blocktrain`` BlockTrain (a subpackage): ``config``, ``bands`` (equal-probability noise bands,
                  EDM), ``model`` (blocks as denoisers, the stack), ``train`` (the one-block
-                 training step), ``inference`` (one Euler step per block in a traversal,
+                 training step), ``inference`` (one Euler step per block in a pass,
                  generation), ``assignment`` (which worker trains which block).
 - ``tlpp``       TL++ traversal learning (a subpackage): ``schedule`` (virtual batches grouped by
                  node), ``model`` (the model split at the cut), ``step`` (the exact, summed

@@ -32,17 +32,17 @@ under another block's feet. ``"averaged"``: E is also in every block's optimizer
 logits; z and the evidence use E detached) and the network averages the copies across all block
 workers (``embedding_state`` / ``load_embedding_state``).
 
-**Inference** (``inference``): one traversal runs the blocks from B-1 (highest band) down to 0,
+**Inference** (``inference``): one pass runs the blocks from B-1 (highest band) down to 0,
 each taking ONE Euler step of the probability-flow ODE on every position at once, from
 sigma_max * N(0, I) to the logits of every position. **Generation** commits one more byte per
-traversal of a segment of up to context // 2 new bytes; ``traversals >=`` the segment length is
+pass over a segment of up to context // 2 new bytes; ``passes >=`` the segment length is
 exact autoregressive sampling.
 
 **Modules.** ``config`` (``BlockTrainConfig``), ``errors`` (``BlockTrainError``, the argument
 checks), ``bands`` (noise bands, sigma sampling, EDM coefficients, loss weight), ``model`` (the
 denoisers, ``BlockStack``, building and loading, ``target_embedding``, ``denoise``), ``train``
 (``block_loss``, ``train_step``, ``heldout_ce``), ``inference`` (initial noise, the Euler step,
-readout, ``traverse``, generation), ``assignment`` (which worker trains which block). The public
+readout, ``denoise_pass``, generation), ``assignment`` (which worker trains which block). The public
 names are importable from this package.
 
 **Errors.** One type, ``BlockTrainError`` (a ``ProtocolError`` and a ``ValueError``), whose message
@@ -60,12 +60,12 @@ from gossamer.protocols.blocktrain.config import EMBEDDINGS, BlockTrainConfig
 from gossamer.protocols.blocktrain.errors import BlockTrainError
 from gossamer.protocols.blocktrain.inference import (
     PLACEHOLDER_BYTE,
+    denoise_pass,
     denoise_step,
     generate,
     generation_steps,
     initial_noise,
     readout,
-    traverse,
     update_segment,
 )
 from gossamer.protocols.blocktrain.model import (
@@ -90,6 +90,7 @@ __all__ = [
     "block_parameters",
     "build_stack",
     "denoise",
+    "denoise_pass",
     "denoise_step",
     "edm_coefficients",
     "generate",
@@ -101,6 +102,5 @@ __all__ = [
     "sample_sigma",
     "target_embedding",
     "train_step",
-    "traverse",
     "update_segment",
 ]

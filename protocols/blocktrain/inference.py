@@ -1,6 +1,6 @@
-"""Inference: one traversal of the block stack, and open-ended generation in segments.
+"""Inference: one pass through the block stack, and open-ended generation in segments.
 
-**One traversal** (``traverse``): z starts as sigma_max * N(0, I) at every position
+**One pass** (``denoise_pass``): z starts as sigma_max * N(0, I) at every position
 (``initial_noise``); blocks run from B-1 (highest band) down to 0, each taking ONE Euler step of the
 probability-flow ODE dz/dsigma = (z - x0_hat) / sigma on all positions at once (``denoise_step``):
 block k evaluates at sigma_hi = edges[k+1] and steps to sigma_lo = edges[k]. The clean estimate
@@ -8,17 +8,17 @@ x0_hat is the block's expected embedding softmax(D E^T) E (D is trained through 
 so it is a logit direction, not a point near E[y]; stepping with raw D overshoots). Block 0 steps
 to sigma = 0, where the Euler update lands on the estimate itself; it returns D, so the final z IS
 the last block's output and ``readout`` gives its logits D E^T for every position, with the clean
-context (teacher forcing), in one traversal.
+context (teacher forcing), in one pass.
 
 **Open-ended generation** (``generate``): future context bytes are unknown, so generation works
 on segments of up to context // 2 new bytes. A segment starts with every new byte set to a space
-(the commonest byte of text) and runs ``traversals`` traversals over committed prefix + provisional
-bytes. Traversal i (from 0) draws byte i from its logits, which were computed from a fully
+(the commonest byte of text) and runs ``passes`` passes over committed prefix + provisional
+bytes. Pass i (from 0) draws byte i from its logits, which were computed from a fully
 committed prefix, exactly as autoregressive sampling would, and commits it; the bytes after it
-become drafts for the next traversal: their argmax (drafts drawn at temperature compound their
-errors), and in the last traversal they are drawn at the temperature and kept.
-``traversals >= segment length`` is exact autoregressive sampling; fewer traversals trade quality
-for fewer traversals (``scripts/experiments/blocktrain.py`` measures how much). The segment loop is
+become drafts for the next pass: their argmax (drafts drawn at temperature compound their
+errors), and in the last pass they are drawn at the temperature and kept.
+``passes >= segment length`` is exact autoregressive sampling; fewer passes trade quality
+for fewer passes (``scripts/experiments/blocktrain.py`` measures how much). The segment loop is
 written once, sans-I/O (``generation_steps``), and driven either in one process (``generate``) or
 through block servers (``peer.roles.blocktrain.client``).
 """
@@ -36,7 +36,7 @@ from gossamer.protocols.blocktrain.errors import BlockTrainError, check_block, c
 from gossamer.protocols.blocktrain.model import BlockStack, check_tokens, denoise, target_embedding
 
 PLACEHOLDER_BYTE = 0x20
-"""What ``generate`` puts in the not-yet-known context positions before the first traversal."""
+"""What ``generate`` puts in the not-yet-known context positions before the first pass."""
 
 
 def initial_noise(
@@ -79,8 +79,8 @@ def readout(stack: BlockStack, z: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def traverse(stack: BlockStack, context: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
-    """One traversal in one process: initial noise, blocks B-1 .. 0, readout -> logits [batch, T, vocab]."""
+def denoise_pass(stack: BlockStack, context: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+    """One pass in one process: initial noise, blocks B-1 .. 0, readout -> logits [batch, T, vocab]."""
     check_tokens(stack, "context", context)
     z = initial_noise(stack.config, tuple(context.shape), generator=generator, device=context.device)
     for k in reversed(range(stack.config.num_blocks)):
@@ -105,12 +105,12 @@ def update_segment(
     temperature: float,
     generator: torch.Generator,
 ) -> None:
-    """One traversal's update of a generation segment, in place (shared with remote generation).
+    """One pass's update of a generation segment, in place (shared with remote generation).
 
     ``window`` [1, start + count] holds the committed prefix and the segment's ``count`` bytes;
-    ``logits`` [count, vocab] are the traversal's logits for them. Byte ``committed`` is drawn
+    ``logits`` [count, vocab] are the pass's logits for them. Byte ``committed`` is drawn
     alone (it saw a fully committed prefix); the later bytes become the argmax drafts, or, in the
-    ``last`` traversal, are drawn too.
+    ``last`` pass, are drawn too.
     """
     window[0, start + committed] = _draw(logits[committed : committed + 1], temperature, generator)[0]
     rest = logits[committed + 1 :]
@@ -123,17 +123,17 @@ def generation_steps(
     prompt: bytes,
     *,
     new_bytes: int,
-    traversals: int,
+    passes: int,
     generator: torch.Generator,
     temperature: float = 1.0,
     device: torch.device | str = "cpu",
 ) -> Generator[torch.Tensor, torch.Tensor, bytes]:
-    """Generation without the traversals (sans-I/O): yields each context window [1, T] to traverse,
-    takes that traversal's logits [1, T, vocab] back through ``send``, and returns the new bytes.
+    """Generation without the passes (sans-I/O): yields each context window [1, T] to run a pass on,
+    takes that pass's logits [1, T, vocab] back through ``send``, and returns the new bytes.
 
-    Whoever runs the traversals drives it: ``generate`` in one process, ``peer.roles.blocktrain.client``
+    Whoever runs the passes drives it: ``generate`` in one process, ``peer.roles.blocktrain.client``
     through block servers, so the segment loop (see the module doc) exists once and both draw from
-    ``generator`` in the same order (a traversal draws its initial noise, then ``update_segment``).
+    ``generator`` in the same order (a pass draws its initial noise, then ``update_segment``).
     ``temperature == 0`` is greedy. BlockTrainError for a bad request, at the first ``next``.
     """
     if config.vocab != 256:
@@ -142,7 +142,7 @@ def generation_steps(
         raise BlockTrainError("prompt: must be at least one byte")
     if not isinstance(new_bytes, int) or isinstance(new_bytes, bool) or new_bytes < 0:
         raise BlockTrainError(f"new_bytes: must be a non-negative integer, got {new_bytes!r}")
-    check_positive_int("traversals", traversals)
+    check_positive_int("passes", passes)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
         raise BlockTrainError(f"temperature: must be a number >= 0, got {temperature!r}")
     sequence = bytearray(prompt)
@@ -151,7 +151,7 @@ def generation_steps(
         count = min(span, len(prompt) + new_bytes - len(sequence))
         prefix = list(sequence[-(config.context - count + 1) :])
         window = torch.tensor([prefix + [PLACEHOLDER_BYTE] * count], dtype=torch.long, device=device)
-        rounds = min(traversals, count)
+        rounds = min(passes, count)
         for committed in range(rounds):
             logits = (yield window[:, :-1])[0, len(prefix) - 1 :]
             update_segment(window, logits, start=len(prefix), committed=committed, last=committed == rounds - 1,
@@ -166,17 +166,17 @@ def generate(
     prompt: bytes,
     *,
     new_bytes: int,
-    traversals: int,
+    passes: int,
     generator: torch.Generator,
     temperature: float = 1.0,
 ) -> bytes:
-    """Continue ``prompt`` by ``new_bytes`` bytes, ``traversals`` traversals per segment, in one
-    process (``generation_steps`` driven by ``traverse``)."""
-    steps = generation_steps(stack.config, prompt, new_bytes=new_bytes, traversals=traversals, generator=generator,
+    """Continue ``prompt`` by ``new_bytes`` bytes, ``passes`` passes per segment, in one
+    process (``generation_steps`` driven by ``denoise_pass``)."""
+    steps = generation_steps(stack.config, prompt, new_bytes=new_bytes, passes=passes, generator=generator,
                              temperature=temperature, device=stack.embed.weight.device)
     try:
         window = next(steps)
         while True:
-            window = steps.send(traverse(stack, window, generator=generator))
+            window = steps.send(denoise_pass(stack, window, generator=generator))
     except StopIteration as done:
         return done.value

@@ -4,7 +4,7 @@ For context bytes x [batch, T] and targets y (y_t = x_{t+1}), ``block_loss`` dra
 sequence from block k's band, forms z = E[y] + sigma * eps and scores lambda(sigma) * CE(D E^T, y)
 (the formulas are in the package docstring). ``train_step`` refuses an optimizer holding anything
 outside ``block_parameters(stack, k)``. ``heldout_ce`` is the next-byte cross-entropy after one full
-traversal of the stack, the number every BlockTrain experiment and coordinator reports.
+pass through the stack, the number every BlockTrain experiment and coordinator reports.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 
 from gossamer.protocols.blocktrain.bands import loss_weight, sample_sigma
 from gossamer.protocols.blocktrain.errors import BlockTrainError, check_block, check_positive_int
-from gossamer.protocols.blocktrain.inference import traverse
+from gossamer.protocols.blocktrain.inference import denoise_pass
 from gossamer.protocols.blocktrain.model import (
     BlockStack,
     block_parameters,
@@ -87,7 +87,7 @@ def train_step(
 
 @torch.no_grad()
 def heldout_ce(stack: BlockStack, data: bytes, *, batches: int, batch_size: int, generator: torch.Generator) -> float:
-    """Mean next-byte cross-entropy (nats) after one full traversal, on evenly spaced windows of ``data``."""
+    """Mean next-byte cross-entropy (nats) after one full pass, on evenly spaced windows of ``data``."""
     check_positive_int("batches", batches)
     check_positive_int("batch_size", batch_size)
     context = stack.config.context
@@ -101,6 +101,6 @@ def heldout_ce(stack: BlockStack, data: bytes, *, batches: int, batch_size: int,
     total = 0.0
     for chunk in starts.split(batch_size):
         window = tokens[chunk[:, None] + torch.arange(context + 1)].to(device=device, dtype=torch.long)
-        logits = traverse(stack, window[:, :-1], generator=generator)
+        logits = denoise_pass(stack, window[:, :-1], generator=generator)
         total += float(F.cross_entropy(logits.flatten(0, 1).float(), window[:, 1:].flatten(), reduction="sum"))
     return total / (count * context)

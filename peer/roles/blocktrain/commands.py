@@ -1,7 +1,7 @@
 """``gossamer generate``: join the run's DHT as a client, find the block servers, generate text.
 
 The route comes from the DHT: every live block server announces the blocks it holds in its signed
-record (``assignment.blocks``), and ``peer.traversal_client.route_through`` covers blocks
+record (``assignment.blocks``), and ``peer.route.client.route_through`` covers blocks
 B-1 .. 0 with as few hosts as possible. E for the readout comes from one of the servers
 (``blocktrain.embedding``). A failed host is routed around (``RemoteRoute``); when no host is
 left for a block the command ends with ``error: ...`` naming it. ``--baseline ar`` generates with
@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from gossamer.peer.roles.blocktrain.host import EMBEDDING_METHOD
 from gossamer.peer.roles.blocktrain.host import METHOD as BLOCK_METHOD
 from gossamer.peer.roles.blocktrain.server import SERVER_ROLE
 from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
-from gossamer.peer.route.client import HostEntry, RemoteRoute, TraversalFailed, hosts_from_view, route_through
+from gossamer.peer.route.client import HostEntry, RemoteRoute, RouteFailed, hosts_from_view, route_through
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import parse_answer
 from gossamer.peer.run.admission import Admission
@@ -52,13 +52,20 @@ class GenerateOptions:
     initial_peers: tuple[str, ...]
     prompt: str
     new_bytes: int = 64
-    traversals: int = 4
+    passes: int = 4
     temperature: float = 0.8
     seed: int = 0
     timeout_s: float = 30.0
     baseline: str = ""
     device: str = "cpu"
     as_json: bool = False
+    traversals: InitVar[int | None] = None
+    """The old name of ``passes``, still passed by ``peer/cli/main.py``'s ``--traversals``; goes
+    once the CLI passes ``passes``."""
+
+    def __post_init__(self, traversals: int | None) -> None:
+        if traversals is not None:
+            object.__setattr__(self, "passes", traversals)
 
 
 def run_generate(options: GenerateOptions) -> int:
@@ -67,8 +74,8 @@ def run_generate(options: GenerateOptions) -> int:
         print(json.dumps(result))
     else:
         sys.stdout.write(options.prompt + result["text"] + "\n")
-        print(f"[{result['new_bytes']} bytes in {result['seconds']:.2f} s with {result['traversals']} "
-              f"traversals of {result['hops']} hop(s), {result['retries']} retried]", file=sys.stderr)
+        print(f"[{result['new_bytes']} bytes in {result['seconds']:.2f} s with {result['passes']} "
+              f"passes of {result['hops']} hop(s), {result['retries']} retried]", file=sys.stderr)
     return 0
 
 
@@ -140,7 +147,7 @@ class NetworkGenerator:
         return hosts_from_view(self.view, now=self.membership.now(), role=self.role, key=self.key)
 
     async def generate(self) -> dict[str, Any]:
-        """Generate the options' bytes; a JSON-ready summary (text, traversals, retries, route, time)."""
+        """Generate the options' bytes; a JSON-ready summary (text, passes, retries, route, time)."""
         options, client = self.options, self.client
         generator = torch.Generator(device=torch.device(options.device)).manual_seed(options.seed)
         prompt = options.prompt.encode("utf-8")
@@ -150,12 +157,12 @@ class NetworkGenerator:
                                          temperature=options.temperature)
         else:
             assert client is not None
-            text = await client.generate(prompt, new_bytes=options.new_bytes, traversals=options.traversals,
+            text = await client.generate(prompt, new_bytes=options.new_bytes, passes=options.passes,
                                          generator=generator, temperature=options.temperature)
         route = self.route
         return {"run_id": self.manifest.run_id, "prompt": options.prompt,
                 "text": text.decode("utf-8", "replace"), "text_hex": text.hex(), "new_bytes": len(text),
-                "traversals": client.traversals, "seconds": time.monotonic() - started,
+                "passes": client.passes, "seconds": time.monotonic() - started,
                 "retries": route.retries, "failures": dict(route.failures),
                 "hops": len(route.last_route), "route": [hop.to_wire() for hop in route.last_route],
                 "baseline": options.baseline or "blocktrain"}
@@ -172,7 +179,7 @@ async def wait_for_route(hosts, order: list[int], *, timeout_s: float) -> None:
         try:
             route_through(order, await hosts(True))
             return
-        except TraversalFailed:
+        except RouteFailed:
             if time.monotonic() + ROUTE_POLL_S > deadline:
                 raise
         await asyncio.sleep(ROUTE_POLL_S)
@@ -192,4 +199,4 @@ async def fetch_embedding(pool: HopPool, hosts: list[HostEntry], *,
         if isinstance(answer, dict) and "weight" in answer:
             return answer
         problems.append(f"{host.addr}: answered no embedding")
-    raise TraversalFailed(f"no block server gave the embedding E: {'; '.join(problems) or 'no servers'}")
+    raise RouteFailed(f"no block server gave the embedding E: {'; '.join(problems) or 'no servers'}")

@@ -1,5 +1,5 @@
-"""BlockTrain inference: one traversal is noise, every block's Euler step and readout; generation
-commits one more byte per traversal."""
+"""BlockTrain inference: one pass is noise, every block's Euler step and readout; generation
+commits one more byte per pass."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ from gossamer.protocols.blocktrain import (
     band_edges,
     build_stack,
     denoise,
+    denoise_pass,
     denoise_step,
     generate,
     initial_noise,
     readout,
     target_embedding,
-    traverse,
 )
 from tests.protocols.blocktrain.support import TINY, gen, tokens
 
 
-def test_traverse_equals_noise_then_every_block_step_then_readout_bit_for_bit() -> None:
+def test_denoise_pass_equals_noise_then_every_block_step_then_readout_bit_for_bit() -> None:
     stack = build_stack(TINY, seed=3, device="cpu")
     context = tokens(4, batch=3)
 
-    logits = traverse(stack, context, generator=gen(5))
+    logits = denoise_pass(stack, context, generator=gen(5))
 
     z = initial_noise(TINY, (3, 8), generator=gen(5), device="cpu")
     for k in (2, 1, 0):
@@ -64,19 +64,19 @@ def test_denoise_step_refuses_a_z_of_the_wrong_shape(z_shape: tuple[int, ...], f
         denoise_step(stack, -1, tokens(0), torch.zeros(2, 8, 16))
 
 
-def test_generate_commits_one_more_byte_per_traversal() -> None:
+def test_generate_commits_one_more_byte_per_pass() -> None:
     stack = build_stack(TINY, seed=0, device="cpu")
     prompt = b"def f(x):"
 
-    runs = {t: generate(stack, prompt, new_bytes=4, traversals=t, generator=gen(9)) for t in (1, 2, 3, 4, 9)}
+    runs = {t: generate(stack, prompt, new_bytes=4, passes=t, generator=gen(9)) for t in (1, 2, 3, 4, 9)}
 
     assert all(len(out) == 4 for out in runs.values())
-    # traversal i is identical for every run that makes it, so the first i committed bytes agree
+    # pass i is identical for every run that makes it, so the first i committed bytes agree
     for t in (1, 2, 3):
         assert runs[t][:t] == runs[t + 1][:t]
-    assert runs[4] == runs[9]  # traversals beyond the segment length change nothing
-    assert generate(stack, prompt, new_bytes=4, traversals=2, generator=gen(9)) == runs[2]
-    long = generate(stack, prompt, new_bytes=11, traversals=1, generator=gen(9), temperature=0)
+    assert runs[4] == runs[9]  # passes beyond the segment length change nothing
+    assert generate(stack, prompt, new_bytes=4, passes=2, generator=gen(9)) == runs[2]
+    long = generate(stack, prompt, new_bytes=11, passes=1, generator=gen(9), temperature=0)
     assert len(long) == 11  # several segments of context // 2 bytes
 
 
@@ -85,13 +85,13 @@ def test_generate_commits_one_more_byte_per_traversal() -> None:
     [
         ({"prompt": b""}, "prompt"),
         ({"new_bytes": -1}, "new_bytes"),
-        ({"traversals": 0}, "traversals"),
+        ({"passes": 0}, "passes"),
         ({"temperature": -0.5}, "temperature"),
     ],
 )
 def test_generate_refuses_bad_arguments(kwargs: dict, field: str) -> None:
     stack = build_stack(TINY, seed=0, device="cpu")
-    arguments = {"prompt": b"ab", "new_bytes": 2, "traversals": 1, **kwargs}
+    arguments = {"prompt": b"ab", "new_bytes": 2, "passes": 1, **kwargs}
 
     with pytest.raises(BlockTrainError, match=field):
         generate(stack, generator=gen(0), **arguments)

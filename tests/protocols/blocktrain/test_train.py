@@ -90,7 +90,7 @@ def test_heldout_ce_is_repeatable_for_a_seed_and_refuses_short_data() -> None:
         heldout_ce(stack, b"short", batches=1, batch_size=1, generator=gen(1))
 
 
-def test_a_short_run_on_real_text_lowers_every_blocks_loss_and_the_traversal_ce() -> None:
+def test_a_short_run_on_real_text_lowers_every_blocks_loss_and_the_pass_ce() -> None:
     config = BlockTrainConfig(d_model=32, n_heads=2, context=16, num_blocks=2)
     stack = build_stack(config, seed=0, device="cpu")
     split = split_text(load_text("builtin:pydoc"))
