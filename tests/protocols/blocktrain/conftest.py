@@ -1,16 +1,10 @@
-"""Each BlockTrain protocol test runs torch on one thread and restores the thread count after."""
+"""Every BlockTrain protocol test runs torch on one thread (``one_thread``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_thread(one_thread: None) -> None:
+    """Applies ``tests/protocols/conftest.py``'s ``one_thread`` to each test here."""
