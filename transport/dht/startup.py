@@ -70,7 +70,7 @@ def _tracking_p2p_class(started: list[P2P]) -> type[P2P]:
     """A P2P subclass that hands out its instance as soon as ``create`` builds it.
 
     ``P2P.create`` does not stop or reap p2pd when it fails (or is cancelled) after launching it;
-    with the instance in hand, ``_start_p2p`` can.
+    with the instance in hand, ``start_p2p`` can.
     """
 
     class _TrackedP2P(P2P):
