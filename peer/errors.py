@@ -11,7 +11,7 @@
      ├── StateSyncError     (kit.statesync) a joiner could not get the run's state from any donor
      ├── SecureLinkError    (kit.secure_link) an encrypted link failed; it is closed
      ├── RequestRefused     (kit.secure_link) the peer refused a request, with a code; the link stays
-     ├── TraversalFailed    (route.client) no live host is left for a unit of the route
+     ├── RouteFailed        (route.client) no live host is left for a unit of the route
      └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
           └── HelperFailed  the TL++ helper failed a request (secure mode stops with this)
 

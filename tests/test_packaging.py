@@ -9,6 +9,7 @@ environment outside the repository and runs the console script from there: ``--v
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -48,9 +49,12 @@ def test_the_public_api_resolves() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+    """The wheel, built from a copy of the sources (a build writes build/ and *.egg-info beside them)."""
+    source, out = tmp_path_factory.mktemp("source") / "gossamer", tmp_path_factory.mktemp("dist")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info",
+                                                                "__pycache__", "results"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, text=True, timeout=300)
+                    str(source)], check=True, capture_output=True, text=True, timeout=300)
     (built,) = out.glob("gossamer-*.whl")
     return built
 

@@ -21,7 +21,8 @@ Map of the package:
                 slowloris, connection cap, tensor helpers) and ``http_client``.
 - ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
                 (``wan_link`` holds the per-link profile and pacing).
-- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys.
+- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys
+                (a subpackage: ``membership``, ``config``, ``startup``, ``records``).
 
 Exceptions::
 
@@ -34,8 +35,8 @@ Exceptions::
      ├── TransportTimeout      a deadline passed (connect, read, request)
      ├── Overloaded            a connection cap or bounded queue is full
      ├── RemoteError           the peer answered with an error frame or HTTP error status
-     ├── BootstrapFailed       (dht) no initial peer answered; the message says what to check
-     └── DhtStartFailed        (dht) the DHT node (p2pd) could not start; the message says why
+     ├── BootstrapFailed       (dht.startup) no initial peer answered; the message says what to check
+     └── DhtStartFailed        (dht.startup) the DHT node (p2pd) could not start; the message says why
 
 Two signals that never reach a caller: ``HandlerError`` (tcp_server), raised by a request
 handler to refuse a request (the peer gets its message as an error frame), and

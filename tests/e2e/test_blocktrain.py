@@ -2,7 +2,7 @@
 block coordinator) and three block workers train every block to the target version while a
 SIGKILLed worker's block is reassigned; then ``gossamer serve`` processes serve the trained blocks
 and ``gossamer generate`` produces, across three of them, exactly the text one process produces
-from the same checkpoints; a traversal equals the in-process one bit for bit; malformed frames are
+from the same checkpoints; a pass equals the in-process one bit for bit; malformed frames are
 refused by a server that keeps serving; a hung host is routed around (same text), and with no host
 left for a block the client fails naming it.
 
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.roles.blocktrain.commands import GenerateOptions, NetworkGenerator
+from gossamer.peer.roles.blocktrain.generation import GenerateOptions, NetworkGenerator
 from gossamer.peer.roles.blocktrain.host import METHOD
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import Hop, parse_answer, request_frame
@@ -89,7 +89,7 @@ class Run:
         self.procs[name].stop()
 
     def generate(self, *extra: str) -> tuple[int, dict | None, str]:
-        result = gossamer(["generate", *self.join([]), "--json", "--new_bytes", "48", "--traversals", "3",
+        result = gossamer(["generate", *self.join([]), "--json", "--new_bytes", "48", "--passes", "3",
                            "--seed", "5", "--temperature", "0.8", *(extra or ("--timeout_s", "20")), "The "],
                           timeout_s=90)
         return result.returncode, json.loads(result.stdout) if result.returncode == 0 else None, result.stderr
@@ -163,14 +163,14 @@ def test_three_servers_generate_the_text_one_process_generates(run: Run) -> None
     code, result, stderr = run.generate()
 
     assert code == 0, stderr
-    expected = generate(trained_stack(run), b"The ", new_bytes=48, traversals=3,
+    expected = generate(trained_stack(run), b"The ", new_bytes=48, passes=3,
                         generator=torch.Generator().manual_seed(5), temperature=0.8)
     assert bytes.fromhex(result["text_hex"]) == expected and result["new_bytes"] == 48
     assert [hop[1] for hop in result["route"]] == [[2], [1], [0]] and result["retries"] == 0
     run.first_result = result
 
 
-async def test_a_traversal_across_the_server_processes_equals_the_in_process_one(run: Run) -> None:
+async def test_a_pass_across_the_server_processes_equals_the_in_process_one(run: Run) -> None:
     stack = trained_stack(run)
     context = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(9))
     z = initial_noise(stack.config, (2, 32), generator=torch.Generator().manual_seed(9), device="cpu")
@@ -236,7 +236,7 @@ async def test_a_hung_host_is_routed_around_and_with_none_left_generate_names_th
     other = "s1b" if hung == "s1" else "s1"
     client = await NetworkGenerator.create(GenerateOptions(
         run=run.ready["run_id"], initial_peers=tuple(run.ready["maddrs"]), prompt="The ", new_bytes=48,
-        traversals=3, seed=5, temperature=0.8, timeout_s=20.0))  # it knows the hosts: the same route
+        passes=3, seed=5, temperature=0.8, timeout_s=20.0))  # it knows the hosts: the same route
     try:
         os.kill(run.procs[hung].proc.pid, signal.SIGSTOP)  # it hangs; its record stays live for up to a TTL
         result = await client.generate()

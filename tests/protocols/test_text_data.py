@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,8 @@ def pydoc() -> bytes:
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one intra-op thread; on a busy 2-core host two threads thrash."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_thread(one_thread: None) -> None:
+    """Every test here runs torch on one thread (``one_thread``, tests/protocols/conftest.py)."""
 
 
 def test_builtin_pydoc_is_english_text_and_deterministic(pydoc: bytes) -> None:

@@ -5,8 +5,8 @@ The run owner's ``block-coordinator`` keeps a versioned checkpoint per block, as
 serve``) hold blocks for inference, and ``gossamer generate`` routes a sequence through them
 (``gossamer.peer.route``). ``ar-stage`` serves the matched autoregressive baseline. Modules:
 ``settings``, ``names``, ``coordinator`` (+ ``versions``, ``ledger``, ``checkpoints``),
-``worker`` (+ ``fetch``, ``stack``), ``server`` (+ ``host``), ``ar_stage``, ``client`` and
-``commands`` (the ``serve`` and ``generate`` subcommands).
+``worker`` (+ ``fetch``, ``stack``), ``server`` (+ ``host``), ``ar_stage``, ``client``,
+``generation`` (the generating client) and ``commands`` (the ``serve`` and ``generate`` parsers).
 """
 
 from __future__ import annotations
@@ -16,12 +16,7 @@ from typing import Any
 
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.blocktrain import names
-from gossamer.peer.roles.blocktrain.ar_stage import ArStageRole
 from gossamer.peer.roles.blocktrain.commands import GENERATE, SERVE
-from gossamer.peer.roles.blocktrain.coordinator import BlockCoordinatorRole
-from gossamer.peer.roles.blocktrain.server import BlockServerRole
-from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
-from gossamer.peer.roles.blocktrain.worker import BlockWorkerRole
 
 EVENTS = {
     "assignment": EventSchema("the coordinator (re)assigned blocks to workers",
@@ -65,9 +60,11 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="BlockTrain: denoiser blocks trained apart by volunteers, served across hosts",
-    settings=BlockTrainSettings,
-    roles={names.COORDINATOR: BlockCoordinatorRole, names.WORKER: BlockWorkerRole,
-           names.SERVER: BlockServerRole, names.AR_STAGE: ArStageRole},
+    settings="gossamer.peer.roles.blocktrain.settings:BlockTrainSettings",
+    roles={names.COORDINATOR: "gossamer.peer.roles.blocktrain.coordinator:BlockCoordinatorRole",
+           names.WORKER: "gossamer.peer.roles.blocktrain.worker:BlockWorkerRole",
+           names.SERVER: "gossamer.peer.roles.blocktrain.server:BlockServerRole",
+           names.AR_STAGE: "gossamer.peer.roles.blocktrain.ar_stage:ArStageRole"},
     owner_roles=(names.COORDINATOR,),
     swarm_roles=(names.WORKER,),
     commands=(SERVE, GENERATE),

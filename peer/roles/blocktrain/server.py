@@ -4,10 +4,10 @@ Once started it downloads its blocks' current versions (and E) from the run's bl
 (retrying until the coordinator is live and serves them) and builds a stack holding only those
 blocks; then it announces them in its record
 (``assignment = {"blocks": [...], "block_versions": {...}}``), which is how clients find routes
-through the DHT. Traversal frames are answered by ``peer.block_host.BlockHost`` (TCP method
+through the DHT. Route frames are answered by ``peer.roles.blocktrain.host.BlockHost`` (TCP method
 ``blocktrain.traverse``; ``blocktrain.embedding`` gives a client E for its readout). Every
 ``heartbeat_s`` it asks the coordinator for the versions and swaps in a freshly loaded stack when
-one of its blocks has a newer version; traversals in flight finish on the stack they started
+one of its blocks has a newer version; passes in flight finish on the stack they started
 with. A next hop is accepted only if it is a live block server of the run announcing the blocks
 the route asks of it.
 """
@@ -53,7 +53,7 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
         self.host: BlockHost | None = None
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
-        return {METHOD: self._traverse, EMBEDDING_METHOD: self._embedding}
+        return {METHOD: self._denoise_pass, EMBEDDING_METHOD: self._embedding}
 
     async def start(self) -> None:
         self.spawn(self._serve(), name="serving")
@@ -67,14 +67,14 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
             return {"loading": list(self.blocks)}
         versions = {str(k): v for k, v in self.versions.items()}
         return {"assignment": {"blocks": list(self.blocks), "block_versions": versions},
-                "traversals": self.host.traversals, "refused": self.host.refused}
+                "passes": self.host.served, "refused": self.host.refused}
 
     def gauges(self) -> dict[str, float]:
-        return {"block_server_traversals": float(self.host.traversals)} if self.host else {}
+        return {"block_server_passes": float(self.host.served)} if self.host else {}
 
     # -- TCP ------------------------------------------------------------------------------------
 
-    async def _traverse(self, frame: Frame) -> Frame:
+    async def _denoise_pass(self, frame: Frame) -> Frame:
         if self.host is None:
             raise HandlerError("this block server is still loading its blocks")
         return await self.host.handle(frame)

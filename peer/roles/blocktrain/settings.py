@@ -14,7 +14,7 @@ Manifest layout (run config TOML)::
               evaluates after each version; 0: none), route_timeout_s (a client's deadline
               for one whole route through the block servers; each host forwards within what is
               left of it),
-              max_batch (most sequences one traversal frame may carry)
+              max_batch (most sequences one route frame may carry)
 """
 
 from __future__ import annotations
