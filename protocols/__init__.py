@@ -18,6 +18,9 @@ Map of the package:
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
 - ``blocktrain`` BlockTrain: blocks as denoisers over equal-probability noise bands, the one-block
                  training step, one Euler step per block in a traversal, generation.
+- ``context``    compressed context parallelism: ring attention whose keys and values travel as
+                 subspace coefficients; each ring member's step as a sans-I/O state machine, the
+                 coefficient message format and its checks (a subpackage; see its docstring).
 - ``traversal``  TL++: virtual batches grouped by node, the model split at the cut, the exact
                  (summed) gradient path, and the byte formulas.
 

@@ -23,14 +23,14 @@ Map of the package:
 - ``blockwise``  one block of attention forward/backward and the online-softmax merge.
 - ``wire``       ``KVMessage``; the frame format, ``encode_message``/``decode_message`` with every
                  check; routing (``forward_to``); the step's message plan; byte counts.
-- ``member``     ``RingMember`` (one member's step as a state machine), ``reduce_gradients``,
-                 ``apply_update``.
+- ``member``     ``RingMember`` (one member's step as a state machine), ``ring_spec`` (what a
+                 step's messages must look like), ``reduce_gradients``, ``apply_update``.
 - ``ring``       ``split_chunks`` and ``run_ring``: a whole ring in one process.
 """
 
 from gossamer.protocols.context.config import SubspaceConfig
 from gossamer.protocols.context.errors import BasisMismatch, ContextError, InvalidRing, MessageRefused
-from gossamer.protocols.context.member import Outgoing, RingMember, apply_update, reduce_gradients
+from gossamer.protocols.context.member import Outgoing, RingMember, apply_update, reduce_gradients, ring_spec
 from gossamer.protocols.context.model import build_context_model, coding_of, subspace_of
 from gossamer.protocols.context.ring import RingTrace, Sent, run_ring, split_chunks
 from gossamer.protocols.context.subspace import (
@@ -85,6 +85,7 @@ __all__ = [
     "project_basis_grads",
     "reduce_gradients",
     "retract_bases",
+    "ring_spec",
     "run_ring",
     "sequence_payload_bytes",
     "split_chunks",

@@ -13,12 +13,14 @@ Driving it::
 
     member = RingMember(model, index=p, chunks=P, step=s, tokens=x_p, targets=y_p)
     while not member.done:
-        sends = member.step()          # one unit of compute; None while it waits for a message
-        ...                            # send each Outgoing; deliver what arrives:
-        forwards = member.deliver(msg) # checks it (MessageRefused) and returns what to pass on
+        sends = member.step()    # one unit of compute; None while it waits for a message
+        ...                      # send each Outgoing; for what arrives:
+        member.deliver(msg)      # checks it (MessageRefused: refused, member unchanged)
 
-``deliver`` and ``step`` must not run at the same time (a role decodes and forwards on arrival,
-then hands messages to ``deliver`` between steps). ``loss`` is this chunk's share of the
+A kv message is also passed on to ``forward_to(member, chunks)`` (when not None) as it arrives,
+by the driver, unchanged: forwarding needs no compute and should not wait for any. ``deliver``
+and ``step`` must not run at the same time (a role decodes and forwards on arrival, queues the
+message, and hands it to ``deliver`` between steps). ``loss`` is this chunk's share of the
 sequence loss (summed token losses / all tokens of the batch), so the members' ``gradients()``
 add up (``reduce_gradients``) to the gradient of the whole sequence's mean loss.
 """
@@ -94,6 +96,17 @@ def _check_step_inputs(model: ByteTransformer, index: int, chunks: int, tokens: 
                           f"context {model.config.context}")
 
 
+def ring_spec(model: ByteTransformer, *, step: int, chunks: int, batch: int, tokens: int) -> MessageSpec:
+    """What every message of ``step`` must look like for a ring of ``chunks`` members training
+    ``model`` on [batch, chunks x tokens] sequences: a role can check a frame that arrives before
+    its member for that step exists."""
+    coding = coding_of(model.blocks[0].attn)
+    return MessageSpec(step=step, chunks=chunks, layers=len(model.blocks), batch=batch, tokens=tokens,
+                       heads=coding.n_heads, width=coding.width, mixtures=coding.mixtures,
+                       dtype=model.embed.weight.dtype,
+                       bases=tuple(basis_hash(block.attn, i) for i, block in enumerate(model.blocks)))
+
+
 class RingMember:
     """Member ``index`` of a ring of ``chunks`` for one training step (module docstring)."""
 
@@ -104,12 +117,7 @@ class RingMember:
         self.device = model.embed.weight.device
         self.tokens, self.targets = tokens.to(self.device), targets.to(self.device)
         self._codings = [coding_of(block.attn) for block in model.blocks]
-        first = self._codings[0]
-        batch, length = tokens.shape
-        self.spec = MessageSpec(step=step, chunks=chunks, layers=len(model.blocks), batch=batch, tokens=length,
-                                heads=first.n_heads, width=first.width, mixtures=first.mixtures,
-                                dtype=model.embed.weight.dtype,
-                                bases=tuple(basis_hash(b.attn, i) for i, b in enumerate(model.blocks)))
+        self.spec = ring_spec(model, step=step, chunks=chunks, batch=tokens.shape[0], tokens=tokens.shape[1])
         self.loss: Tensor | None = None
         self.done = False
         self._grads: dict[str, Tensor] = {}
@@ -120,9 +128,9 @@ class RingMember:
 
     # --- the driver's side ------------------------------------------------------------------
 
-    def deliver(self, message: KVMessage) -> list[Outgoing]:
-        """Take one arrived message (checked; ``MessageRefused`` leaves this member unchanged) and
-        return what to pass on: a kv message goes on to the successor while one needs it."""
+    def deliver(self, message: KVMessage) -> None:
+        """Take one arrived message; ``MessageRefused`` (this member unchanged) when it fails a check
+        or is not this member's to take. Passing kv messages on is the driver's (``forward_to``)."""
         check_message(message, self.spec)
         if message.key in self._seen:
             raise MessageRefused(f"order: {message.key} already arrived", code="order")
@@ -134,8 +142,6 @@ class RingMember:
                                  f"not member {self.index}'s to take", code="order")
         self._seen.add(message.key)
         self._inbox[message.key] = message.to(self.device)
-        target = forward_to(self.index, self.chunks) if message.kind == FORWARD else None
-        return [] if target is None else [Outgoing(target, message)]
 
     def step(self) -> list[Outgoing] | None:
         """Do one unit of work and return what to send; None (nothing done) while a message is missing."""

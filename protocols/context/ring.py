@@ -2,7 +2,7 @@
 
 ``split_chunks`` cuts a batch of sequences into the members' chunks; ``run_ring`` drives every
 member to the end of its step, handing each message to its recipient in the order they were sent
-(one step of every member per round), and returns a ``RingTrace`` with every message sent (for
+(one step of every member per round), passing kv messages on as ``forward_to`` says, and returns a ``RingTrace`` with every message sent (for
 byte counts and replays) and, given a ``clock``, each member's compute seconds. A ring that
 cannot progress (every member waiting, nothing in flight) raises ``InvalidRing`` rather than
 spin.
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from gossamer.protocols.context.errors import InvalidRing
 from gossamer.protocols.context.member import Outgoing, RingMember
-from gossamer.protocols.context.wire import KVMessage
+from gossamer.protocols.context.wire import FORWARD, KVMessage, forward_to
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,10 @@ def run_ring(members: Sequence[RingMember], *, clock: Callable[[], float] | None
         while in_flight:
             source, send = in_flight.popleft()
             trace.sent.append(Sent(source, send.to, send.message))
-            in_flight.extend((send.to, forward) for forward in members[send.to].deliver(send.message))
+            members[send.to].deliver(send.message)
+            onward = forward_to(send.to, len(members)) if send.message.kind == FORWARD else None
+            if onward is not None:
+                in_flight.append((send.to, Outgoing(onward, send.message)))
             progressed = True
         if not progressed:
             waiting = {m.index: m.waiting_for for m in members if not m.done}
