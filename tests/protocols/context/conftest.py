@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -15,12 +13,8 @@ CODINGS = [SubspaceConfig(), SubspaceConfig(rank=2), SubspaceConfig(rank=1), Sub
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one intra-op thread; on a busy 2-core host two threads thrash."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread: None) -> None:
+    """Every context test runs on one intra-op thread (``tests/protocols/conftest.py``)."""
 
 
 def tiny_model(subspace: SubspaceConfig, *, seed: int = 0, config: ModelConfig = TINY):

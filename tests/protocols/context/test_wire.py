@@ -25,6 +25,7 @@ from gossamer.protocols.context import (
 )
 from gossamer.protocols.context.wire import KVMessage
 from gossamer.protocols.models import ModelConfig
+from gossamer.transport.frames import Frame, FrameType, decode_frame, encode_frame
 from tests.protocols.context.conftest import batch, tiny_model
 
 
@@ -184,3 +185,15 @@ def test_a_refused_message_leaves_the_step_result_unchanged() -> None:
     want = reduce_gradients([m.gradients() for m in clean])
     got = reduce_gradients([m.gradients() for m in members])
     assert all(torch.equal(got[name], grad) for name, grad in want.items())
+
+
+def test_a_message_fits_a_gossamer_tcp_frame_unchanged() -> None:
+    message, receiver = first_messages(SubspaceConfig(rank=1, mixtures=4))
+    header, parts = encode_message(message, mixtures=receiver.spec.mixtures)
+    data = b"".join(bytes(memoryview(part).cast("B")) for part in encode_frame(Frame(FrameType.ONEWAY, header, parts)))
+
+    frame = decode_frame(bytearray(data))
+    got = decode_message(frame.header, frame.payload, receiver.spec)
+
+    assert frame.header == header
+    assert torch.equal(got.k, message.k) and torch.equal(got.index, message.index)
