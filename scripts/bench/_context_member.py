@@ -5,7 +5,10 @@ both directions), so every frame another member sends over the "wan" link crosse
 link once, and over the "direct" link it goes straight to the server on loopback. After the
 coordinator has sent every member's addresses, each member opens a connection of each kind to
 every other member. Each "go" is one training step (forward and backward, no optimizer step, so
-every repetition does the same work) of one arm (a key/value coding) over one link kind.
+every repetition does the same work) of one arm (a key/value coding) in one mode: "wan" and
+"direct" compute the step over that link kind; "link-only" sends the frames this member sent in
+its last computed step of that coding again, over the wan link, in the ring's dependency order
+(``message_plan``) but without any compute: what the link alone costs that step.
 
 On arrival a frame is decoded and checked for the step it names (``decode_message`` against
 ``ring_spec``), a kv frame is passed on unchanged to the successor at once (``forward_to``), and
@@ -37,6 +40,7 @@ from gossamer.protocols.context import (
     decode_message,
     encode_message,
     forward_to,
+    message_plan,
     ring_spec,
     split_chunks,
 )
@@ -48,23 +52,29 @@ from gossamer.transport.wan import LinkProfile, WanProxy
 
 log = logging.getLogger(__name__)
 LINKS = ("wan", "direct")
+MODES = {"wan": "wan", "direct": "direct", "link-only": "wan"}
+"""Each mode and the link kind its frames take."""
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One row: a coding and the link kind its frames take."""
+    """One row: a coding and a mode."""
 
     label: str
     subspace: SubspaceConfig
-    link: str
+    mode: str
+
+    @property
+    def link(self) -> str:
+        return MODES[self.mode]
 
 
 def arm_of(params: dict[str, Any], index: int) -> Arm:
-    """Repetition ``index`` runs combination ``index % n`` of (coding, link), codings outermost."""
-    combos = [(sub, link) for sub in params["arms"] for link in LINKS]
-    sub, link = combos[index % len(combos)]
+    """Repetition ``index`` runs combination ``index % n`` of (coding, mode), codings outermost."""
+    combos = [(sub, mode) for sub in params["arms"] for mode in MODES]
+    sub, mode = combos[index % len(combos)]
     subspace = SubspaceConfig.from_dict(sub)
-    return Arm(subspace.label(), subspace, link)
+    return Arm(subspace.label(), subspace, mode)
 
 
 def training_batch(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +102,7 @@ class MemberNode:
         self.step = -1
         self.sends: set[asyncio.Task[None]] = set()
         self.sent_bytes: dict[str, int] = {}
+        self.recorded: dict[str, dict[tuple, tuple[dict[str, Any], list[Any]]]] = {}
         self.refused = 0
 
     def spec(self, step: int) -> MessageSpec:
@@ -142,18 +153,24 @@ class MemberNode:
             del self.inboxes[stale]
         model = self.models[arm.label]
         start = time.monotonic()
-        member = RingMember(model, index=self.index, chunks=self.chunks, step=step, tokens=self.tokens,
-                            targets=self.targets)
-        compute_s, wait_s = await self._drive(member, arm)
+        loss = None
+        if arm.mode == "link-only":
+            compute_s, wait_s = 0.0, await self._replay(step, arm, len(model.blocks))
+        else:
+            member = RingMember(model, index=self.index, chunks=self.chunks, step=step, tokens=self.tokens,
+                                targets=self.targets)
+            compute_s, wait_s = await self._drive(member, arm)
+            loss = float(member.loss)
         if self.sends:
             await asyncio.wait_for(asyncio.gather(*self.sends), self.timeout_s)
         end = time.monotonic()
-        return {"arm": arm.label, "link": arm.link, "start": start, "end": end, "compute_s": compute_s,
-                "wait_s": wait_s, "loss": float(member.loss), "sent_bytes": dict(self.sent_bytes)}
+        return {"arm": arm.label, "mode": arm.mode, "start": start, "end": end, "compute_s": compute_s,
+                "wait_s": wait_s, "loss": loss, "sent_bytes": dict(self.sent_bytes)}
 
     async def _drive(self, member: RingMember, arm: Arm) -> tuple[float, float]:
         inbox = self.inbox(member.step_number)
         mixtures = member.spec.mixtures
+        recorded = self.recorded[arm.label] = {}
         compute_s = wait_s = 0.0
         while not member.done:
             while not inbox.empty():
@@ -173,8 +190,28 @@ class MemberNode:
                 continue
             for send in sends:
                 header, payload = encode_message(send.message, mixtures=mixtures)
+                recorded[send.to, send.message.key] = (header, payload)
                 self.send(arm.link, send.to, header, payload)
         return compute_s, wait_s
+
+    async def _replay(self, step: int, arm: Arm, layers: int) -> float:
+        """Send this member's recorded frames of ``arm`` once what each depends on has arrived;
+        return the seconds until every message for this member has arrived too."""
+        plan = message_plan(self.chunks, layers)
+        expected = {(p.target, *p.key) for p in plan if p.target == self.index}
+        own = [p for p in plan if p.source == self.index and p.source in (p.key[2], p.key[3])]
+        recorded = self.recorded[arm.label]
+        inbox, delivered = self.inbox(step), set()
+        began = time.perf_counter()
+        while own or delivered != expected:
+            for planned in [p for p in own if set(p.after) <= delivered]:
+                own.remove(planned)
+                header, payload = recorded[planned.target, planned.key]
+                self.send(arm.link, planned.target, {**header, "step": step}, payload)
+            if delivered != expected:
+                message = await asyncio.wait_for(inbox.get(), self.timeout_s)
+                delivered.add((self.index, *message.key))
+        return time.perf_counter() - began
 
     async def aclose(self) -> None:
         for task in list(self.sends):

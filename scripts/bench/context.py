@@ -9,7 +9,10 @@ messages as gossamer TCP frames. A repetition runs one step (forward + backward 
 gradient shares each member ends with; no optimizer step) of every combination of coding (dense,
 r = 2, r = 1 with M = 4 by default) and link: through the proxies ("wan") and straight over
 loopback ("direct", the same processes, code and CPU contention without the emulated link).
-Combinations are interleaved, one warm-up round first.
+A third mode, "link-only", sends each member's frames of its last computed step of that coding
+again over the wan links in the ring's dependency order with no compute at all: what the link
+alone costs, i.e. the step time on a device infinitely faster than this one. Combinations are
+interleaved, one warm-up round first.
 
 Per combination and repetition: step time = last member's end - first member's start. Exposed
 communication = wan step - direct step of the same repetition (what the link adds on top of
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 from _common import MB, Scenario, ScenarioRun, machine_info, markdown_table, write_json
-from _context_member import LINKS, member_worker
+from _context_member import MODES, member_worker
 
 from gossamer.protocols.context import SubspaceConfig
 
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device
     arms = [parse_arm(label) for label in args.arms.split(",")]
-    combos = len(arms) * len(LINKS)
+    combos = len(arms) * len(MODES)
     base = {"chunks": CHUNKS, "arms": arms, "model": MODEL, "batch_size": args.batch_size, "seed": 0,
             "mbit_per_s": args.mbit, "latency_ms": args.latency_ms, "device": device,
             "step_timeout_s": args.step_timeout_s}
@@ -91,20 +94,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarise(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per coding: medians of the wan and direct step, paired exposed communication, compute, bytes."""
+    """Per coding: medians of each mode's step, paired exposed communication, compute, bytes."""
     by: dict[tuple[str, str], list[list[dict[str, Any]]]] = {}
     for members in result["steps"]:
-        by.setdefault((members[0]["arm"], members[0]["link"]), []).append(members)
+        by.setdefault((members[0]["arm"], members[0]["mode"]), []).append(members)
     labels = list(dict.fromkeys(arm for arm, _ in by))
     rows: dict[str, dict[str, Any]] = {}
     for label in labels:
         wan, direct = by[(label, "wan")], by[(label, "direct")]
-        wan_s = [_step_s(m) for m in wan]
-        direct_s = [_step_s(m) for m in direct]
+        wan_s, direct_s = [_step_s(m) for m in wan], [_step_s(m) for m in direct]
+        link_s = [_step_s(m) for m in by[(label, "link-only")]]
         exposed = [w - d for w, d in zip(wan_s, direct_s, strict=True)]
         rows[label] = {
             "wan_step_s": statistics.median(wan_s), "direct_step_s": statistics.median(direct_s),
-            "wan_steps_s": wan_s, "direct_steps_s": direct_s, "exposed_s": statistics.median(exposed),
+            "link_only_s": statistics.median(link_s), "wan_steps_s": wan_s, "direct_steps_s": direct_s,
+            "link_only_steps_s": link_s, "exposed_s": statistics.median(exposed),
             "exposed_fraction": statistics.median(e / w for e, w in zip(exposed, wan_s, strict=True)),
             "compute_s": statistics.median(max(x["compute_s"] for x in m) for m in wan),
             "wait_s": statistics.median(max(x["wait_s"] for x in m) for m in wan),
@@ -115,6 +119,7 @@ def summarise(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     dense = rows.get("dense")
     for row in rows.values():
         row["speedup_vs_dense"] = dense["wan_step_s"] / row["wan_step_s"] if dense else None
+        row["link_only_speedup_vs_dense"] = dense["link_only_s"] / row["link_only_s"] if dense else None
     return rows
 
 
@@ -124,14 +129,16 @@ def _step_s(members: list[dict[str, Any]]) -> float:
 
 def render(rows: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
     header = ["coding", "K/V bytes / step (fwd + bwd)", "wan step s", "direct step s", "exposed comm s",
-              "exposed / step", "busiest member compute s", "wan speed-up vs dense"]
+              "exposed / step", "busiest member compute s", "wan speed-up vs dense", "link only s (no compute)",
+              "link-only speed-up vs dense"]
     lines = []
     for label, row in rows.items():
         total = row["kv_bytes"] + row["dkv_bytes"]
         speedup = "" if row["speedup_vs_dense"] is None else f"{row['speedup_vs_dense']:.2f}x"
+        link = "" if row["link_only_speedup_vs_dense"] is None else f"{row['link_only_speedup_vs_dense']:.2f}x"
         lines.append([label, f"{total / MB:.2f} MB", f"{row['wan_step_s']:.2f}", f"{row['direct_step_s']:.2f}",
                       f"{row['exposed_s']:.2f}", f"{100 * row['exposed_fraction']:.0f}%", f"{row['compute_s']:.2f}",
-                      speedup])
+                      speedup, f"{row['link_only_s']:.3f}", link])
     link = f"{settings['mbit_per_s']:g} Mbit/s, {settings['latency_ms']:g} ms one way"
     return f"Link: {link}; batch {settings['batch_size']} x 2048 bytes over {CHUNKS} members.\n\n" + \
         markdown_table(header, lines)

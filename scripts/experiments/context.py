@@ -19,7 +19,8 @@ bound for every arm; ``scripts/bench/context.py`` measures the overlap of a real
 
 Held-out loss (nats per byte) every ``eval_every`` steps on fixed windows of the held-out 5%, and
 at the end on ``final_windows`` windows, where each arm's difference from dense is paired per
-window (mean +- 2 standard errors over windows). Writes ``results/context[_quick].{json,md,png}``::
+window (mean +- 2 standard errors over windows). Writes
+``results/context[_seedN][_quick].{json,md,png}``::
 
     nice -n 10 .venv/bin/python scripts/experiments/context.py [--quick] [--steps 140]
         [--batch_size 2] [--arms dense,r2,r1,r2-m4,r1-m4] [--device auto]
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     result = asyncio.run(run(settings, device))
     result["load_average"] = os.getloadavg()
     result["equal_time"] = equal_time_losses(result)
-    name = "context_quick" if quick else "context"
+    name = "context" + (f"_seed{settings.seed}" if settings.seed else "") + ("_quick" if quick else "")
     markdown = render_tables(result, markdown_table)
     print(markdown)
     write_results(name, result, markdown)
