@@ -22,7 +22,10 @@ by the driver, unchanged: forwarding needs no compute and should not wait for an
 and ``step`` must not run at the same time (a role decodes and forwards on arrival, queues the
 message, and hands it to ``deliver`` between steps). ``loss`` is this chunk's share of the
 sequence loss (summed token losses / all tokens of the batch), so the members' ``gradients()``
-add up (``reduce_gradients``) to the gradient of the whole sequence's mean loss.
+add up (``reduce_gradients``: a SUM of complementary shares, not an average of estimates) to the
+gradient of the whole sequence's mean loss. A member keeps its gradients to itself and never
+touches the model's parameters or ``.grad``: a step abandoned half way (a member died) is dropped
+by dropping the members, and the model changes only in ``apply_update``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Two kinds, both one frame (a msgpack-ready header map and a raw little-endian pa
 - ``dkv`` (backward): their gradient as computed by member ``user`` (whose queries used those
   keys), sent straight back to the owner, which sums what all users sent.
 
-Header (every key required, no others)::
+Header (every key required, no others; a transport that adds its own fields, e.g. an envelope or
+a request id, carries this map as one value of its own header and hands it back unchanged)::
 
     {"v": 1, "kind": "kv"|"dkv", "step": int, "layer": int, "owner": int,
      "user": int (dkv) | None (kv), "basis": hex str, "dtype": "float32"|...,
