@@ -16,11 +16,11 @@ Map of the package:
                  ``robust_kernels`` (vectorised order statistics and distances),
                  ``robust_clipping`` (centered clipping, worker momentum, clipped gossip);
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
-- ``blocktrain`` BlockTrain: blocks as denoisers over equal-probability noise bands, the one-block
-                 training step, one Euler step per block in a traversal, generation.
 - ``context``    compressed context parallelism: ring attention whose keys and values travel as
                  subspace coefficients; each ring member's step as a sans-I/O state machine, the
                  coefficient message format and its checks (a subpackage; see its docstring).
+- ``blocktrain`` BlockTrain: blocks as denoisers over equal-probability noise bands, the one-block
+                 training step, one Euler step per block in a traversal, generation.
 - ``traversal``  TL++: virtual batches grouped by node, the model split at the cut, the exact
                  (summed) gradient path, and the byte formulas.
 
