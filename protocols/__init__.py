@@ -16,6 +16,9 @@ Map of the package:
                  ``robust_kernels`` (vectorised order statistics and distances),
                  ``robust_clipping`` (centered clipping, worker momentum, clipped gossip);
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
+- ``context``    compressed context parallelism: ring attention whose keys and values travel as
+                 subspace coefficients; each ring member's step as a sans-I/O state machine, the
+                 coefficient message format and its checks (a subpackage; see its docstring).
 - ``blocktrain`` BlockTrain (a subpackage): ``config``, ``bands`` (equal-probability noise bands,
                  EDM), ``model`` (blocks as denoisers, the stack), ``train`` (the one-block
                  training step), ``inference`` (one Euler step per block in a pass,
