@@ -18,6 +18,8 @@ Map of the package:
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
 - ``blocktrain`` BlockTrain: blocks as denoisers over equal-probability noise bands, the one-block
                  training step, one Euler step per block in a traversal, generation.
+- ``fomoe``      FoMoE: an MoE LM whose peers hold a subset of its experts, skip the tokens routed
+                 elsewhere, and average each expert only among its holders.
 - ``traversal``  TL++: virtual batches grouped by node, the model split at the cut, the exact
                  (summed) gradient path, and the byte formulas.
 
