@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -36,12 +35,7 @@ from gossamer.protocols.text_data import BatchSampler, load_text, split_text
 TINY = BlockTrainConfig(d_model=16, n_heads=2, context=8, num_blocks=3)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gen(seed: int) -> torch.Generator:

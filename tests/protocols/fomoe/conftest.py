@@ -1,8 +1,6 @@
-"""Shared fixtures of the FoMoE protocol tests: one torch thread, a tiny MoE config."""
+"""Shared parts of the FoMoE protocol tests: one torch thread, a tiny MoE config, token batches."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,12 +11,8 @@ TINY = MoEConfig(d_model=32, n_layers=2, n_heads=4, context=16, mlp_ratio=2, n_e
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one intra-op thread; on a busy 2-core host two threads thrash."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_thread(one_thread: None) -> None:
+    """Every FoMoE test runs on one intra-op thread (``one_thread`` in tests/protocols/conftest.py)."""
 
 
 def tokens(batch: int, length: int, seed: int) -> torch.Tensor:
