@@ -23,6 +23,11 @@ Map of the package (a network role needs only what ``__all__`` names):
 - ``replica``     ``FomoeReplica``: one peer's round (wraps ``protocols.diloco.DilocoReplica``).
 - ``simulation``  several peers in one process: ``simulate_round``, ``global_parameters``.
 
+A peer's model still allocates every expert (those it does not hold are never run, trained,
+sent or stepped, and go stale): the parameter names stay those of the whole model, so the DiLoCo
+machinery and checkpoints need no special case. Freeing the memory of experts a peer does not
+hold is left for later.
+
 Vocabulary: an **expert** is index e of E, held in every block; a **unit** is (block, expert),
 the piece that is averaged; a **pair** is one (token, expert) choice of a router; a peer's
 **resident** set is the experts it holds.
@@ -38,6 +43,7 @@ from gossamer.protocols.fomoe.sync import (
     FomoeUpdate,
     MixedRound,
     SyncBytes,
+    addressed_to,
     data_parallel_bytes,
     mix_round,
     plain_mean,
@@ -48,8 +54,8 @@ from gossamer.protocols.fomoe.sync import (
 
 __all__ = [
     "ExpertKey", "ExpertState", "FomoeConfig", "FomoeReplica", "FomoeUpdate", "MixedRound", "MoEConfig",
-    "MoETransformer", "ParamLayout", "Placement", "RoundReport", "Routing", "StepReport", "SyncBytes", "Transfer",
-    "build_moe_model", "data_parallel_bytes", "expert_of", "global_parameters", "mix_round", "place_experts",
-    "plain_mean", "replace_experts", "simulate_round", "sync_bytes", "token_weighted_mean", "transfers",
-    "update_bytes",
+    "MoETransformer", "ParamLayout", "Placement", "RoundReport", "Routing", "StepReport", "SyncBytes",
+    "Transfer", "addressed_to", "build_moe_model", "data_parallel_bytes", "expert_of", "global_parameters",
+    "mix_round", "place_experts", "plain_mean", "replace_experts", "simulate_round", "sync_bytes",
+    "token_weighted_mean", "transfers", "update_bytes",
 ]

@@ -7,7 +7,8 @@ peer applies (``MixedRound``):
 
 - dense: one aggregate over every peer (default the plain mean, i.e. DiLoCo's average; any
   ``protocols.robust`` aggregator can take its place);
-- each unit: one aggregate over its holders only, by default weighted by the pairs each holder
+- each unit: one aggregate over its holders only (``addressed_to`` cuts an update down to what
+  one recipient needs: the dense part and the experts both hold), by default weighted by the pairs each holder
   ran (``robust.mean(trust_weights=True)``; a robust aggregator ignores the weights). A holder
   that ran none of the unit's pairs sent an exactly zero delta and is left out (as a failure
   with that reason); a unit none of whose holders ran a pair is **idle**: it keeps its weights.
@@ -54,6 +55,14 @@ class FomoeUpdate:
     """Pseudo-gradients x - y of the dense parameters and of every unit the sender holds."""
     tokens: torch.Tensor
     """[n_layers, E] int64: (token, expert) pairs the sender ran per unit in the inner phase."""
+
+
+def addressed_to(update: FomoeUpdate, recipient: str, placement: Placement, layout: ParamLayout) -> FomoeUpdate:
+    """The part of ``update`` that ``recipient`` needs: the dense pseudo-gradient and the units
+    of the experts both hold (holder-only sync), with the counts. ``mix_round`` accepts it."""
+    shared = set(placement.resident(update.sender)) & set(placement.resident(recipient))
+    names = set(layout.dense).union(*(layout.units[key] for key in layout.units_of(shared)))
+    return FomoeUpdate(update.sender, {n: t for n, t in update.delta.items() if n in names}, update.tokens)
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +125,9 @@ def _unit_contributions(key: ExpertKey, valid: Sequence[FomoeUpdate], placement:
         if update.sender not in holders:
             continue
         ran = int(update.tokens[block, expert])
-        if ran == 0:
+        if layout.units[key][0] not in update.delta:
+            skipped.append(Failure(update.sender, f"sent nothing for expert {expert} in block {block}"))
+        elif ran == 0:
             skipped.append(Failure(update.sender, f"ran no tokens of expert {expert} in block {block}"))
         else:
             vector = robust.flatten({n: update.delta[n] for n in layout.units[key]})
@@ -141,9 +152,18 @@ def _problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> 
     if update.sender not in placement.peers:
         return "sender is not in the placement"
     resident = placement.resident(update.sender)
-    expected = layout.names_held(resident)
-    if update.delta.keys() != expected:
-        return f"parameters do not match the placement: differ in {sorted(set(update.delta) ^ expected)[:4]}"
+    names = set(update.delta)
+    missing = sorted(set(layout.dense) - names)
+    if missing:
+        return f"dense parameters missing: {missing[:4]}"
+    for key in layout.units:
+        unit = set(layout.units[key])
+        if unit & names and (key[1] not in resident or not unit <= names):
+            return f"parameters do not match the placement: expert {key[1]} in block {key[0]} " + (
+                "is not held by the sender" if key[1] not in resident else "is incomplete")
+    unknown = sorted(names - set(layout.size_bytes))
+    if unknown:
+        return f"unknown parameters: {unknown[:4]}"
     for name, tensor in update.delta.items():
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != layout.shapes[name]:
             return f"parameter {name}: not a tensor of shape {layout.shapes[name]}"

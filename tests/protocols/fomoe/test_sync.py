@@ -11,7 +11,9 @@ from gossamer.protocols.fomoe import (
     FomoeUpdate,
     ParamLayout,
     Placement,
+    addressed_to,
     build_moe_model,
+    expert_of,
     mix_round,
     place_experts,
     sync_bytes,
@@ -150,3 +152,43 @@ def test_byte_formula_matches_the_layout_by_hand() -> None:
     assert counted.counts_bytes == 4 * 2 * 4 * 8
     idle = sync_bytes(LAYOUT, placement, idle=[(1, 3)])
     assert idle.down_bytes == counted.down_bytes - 2 * LAYOUT.unit_bytes((1, 3))
+
+
+def test_each_peer_mixes_the_same_from_only_the_parts_addressed_to_it() -> None:
+    placement = place_experts(PEERS, n_experts=4, replication=2, round=0)
+    updates = synthetic_updates(placement, seed=4)
+
+    for peer in PEERS:
+        mine = placement.resident(peer)
+        received = [addressed_to(u, peer, placement, LAYOUT) for u in updates]
+        full = mix_round(updates, placement, LAYOUT, experts=mine)
+
+        partial = mix_round(received, placement, LAYOUT, experts=mine)
+
+        assert partial.rejected == ()
+        for u, r in zip(updates, received, strict=True):
+            shared = set(mine) & set(placement.resident(u.sender))
+            assert {expert_of(n)[1] for n in r.delta if expert_of(n)} == shared
+        assert all(torch.equal(partial.dense[n], full.dense[n]) for n in LAYOUT.dense)
+        assert partial.experts.keys() == full.experts.keys()
+        for key, got in partial.experts.items():
+            assert all(torch.equal(got[n], full.experts[key][n]) for n in got)
+
+
+def test_an_incomplete_expert_is_refused_and_a_holder_that_sent_nothing_is_a_failure() -> None:
+    placement = place_experts(PEERS, n_experts=4, replication=2, round=0)
+    updates = synthetic_updates(placement, seed=5)
+    sender = updates[0]
+    expert = placement.resident(sender.sender)[0]
+    one_name = LAYOUT.units[(0, expert)][0]
+    cut = FomoeUpdate(sender.sender, {n: t for n, t in sender.delta.items() if n != one_name}, sender.tokens)
+    without = FomoeUpdate(sender.sender, {n: t for n, t in sender.delta.items()
+                                          if n not in LAYOUT.units[(0, expert)]}, sender.tokens)
+
+    refused = mix_round([cut, *updates[1:]], placement, LAYOUT)
+    partial = mix_round([without, *updates[1:]], placement, LAYOUT)
+
+    assert "incomplete" in refused.rejected[0].reason
+    assert partial.rejected == ()
+    reasons = {f.sender: f.reason for f in partial.expert_results[(0, expert)].rejected}
+    assert "sent nothing" in reasons[sender.sender]
