@@ -17,7 +17,8 @@ Map of the package (a network role needs only what ``__all__`` names):
                   ``protocols.models``' scheme), ``build_moe_model``, ``expert_of``.
 - ``layout``      ``ParamLayout``: dense names, per-(block, expert) names, byte sizes.
 - ``placement``   ``place_experts`` / ``replace_experts`` / ``transfers``: who holds what,
-                  deterministic from the sorted live peer ids and the round.
+                  deterministic from the sorted live peer ids and the round; ``from_assignments``
+                  (back from published resident sets), ``coverage`` (per expert, for status).
 - ``sync``        ``FomoeUpdate``, ``mix_round`` (dense over all, experts over holders, robust
                   aggregators pluggable), ``sync_bytes`` (exact traffic per round).
 - ``replica``     ``FomoeReplica``: one peer's round (wraps ``protocols.diloco.DilocoReplica``).
@@ -36,7 +37,16 @@ the piece that is averaged; a **pair** is one (token, expert) choice of a router
 from gossamer.protocols.fomoe.config import FomoeConfig, MoEConfig
 from gossamer.protocols.fomoe.layout import ParamLayout
 from gossamer.protocols.fomoe.model import ExpertKey, MoETransformer, Routing, build_moe_model, expert_of
-from gossamer.protocols.fomoe.placement import Placement, Transfer, place_experts, replace_experts, transfers
+from gossamer.protocols.fomoe.placement import (
+    ExpertCoverage,
+    Placement,
+    Transfer,
+    coverage,
+    from_assignments,
+    place_experts,
+    replace_experts,
+    transfers,
+)
 from gossamer.protocols.fomoe.replica import ExpertState, FomoeReplica, StepReport
 from gossamer.protocols.fomoe.simulation import RoundReport, global_parameters, simulate_round
 from gossamer.protocols.fomoe.sync import (
@@ -53,9 +63,10 @@ from gossamer.protocols.fomoe.sync import (
 )
 
 __all__ = [
-    "ExpertKey", "ExpertState", "FomoeConfig", "FomoeReplica", "FomoeUpdate", "MixedRound", "MoEConfig",
-    "MoETransformer", "ParamLayout", "Placement", "RoundReport", "Routing", "StepReport", "SyncBytes",
-    "Transfer", "addressed_to", "build_moe_model", "data_parallel_bytes", "expert_of", "global_parameters",
-    "mix_round", "place_experts", "plain_mean", "replace_experts", "simulate_round", "sync_bytes",
-    "token_weighted_mean", "transfers", "update_bytes",
+    "ExpertCoverage", "ExpertKey", "ExpertState", "FomoeConfig", "FomoeReplica", "FomoeUpdate",
+    "MixedRound", "MoEConfig", "MoETransformer", "ParamLayout", "Placement", "RoundReport", "Routing",
+    "StepReport", "SyncBytes", "Transfer", "addressed_to", "build_moe_model", "coverage",
+    "data_parallel_bytes", "expert_of", "from_assignments", "global_parameters", "mix_round",
+    "place_experts", "plain_mean", "replace_experts", "simulate_round", "sync_bytes", "token_weighted_mean",
+    "transfers", "update_bytes",
 ]

@@ -12,13 +12,15 @@ peers' loads differ by more than one, an expert moves from the most to the least
 joiner fills up this way). A live holder keeps its experts unless that rebalancing needs one
 (after random departures: 2% of cases, at most 2 experts, in 20,000 trials with W <= 16, E <= 32). An expert none of whose previous holders is live is
 still given holders, and is listed in ``lost``: no live peer has its last synced weights.
-``transfers`` says which expert each peer must fetch, and from whom.
+``transfers`` says which expert each peer must fetch, and from whom. ``from_assignments`` reads a
+placement back from the resident sets peers publish (e.g. in their signed records), so a joiner
+can take the current placement from what it sees; ``coverage`` is the per-expert view for status.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from gossamer.protocols.errors import InvalidSetting
@@ -162,3 +164,42 @@ def _placement(peers: tuple[str, ...], holders: list[set[str]], replication: int
                lost: tuple[int, ...] = ()) -> Placement:
     return Placement(peers, tuple(tuple(sorted(h)) for h in holders), replication, round, lost)
 
+
+
+def from_assignments(assignments: Mapping[str, Collection[int]], *, n_experts: int, replication: int,
+                     round: int) -> Placement:
+    """The placement that peer id -> resident experts describes (no balance is enforced: it is
+    what the peers say they hold; ``lost`` lists the experts nobody holds)."""
+    _check_ints(n_experts=n_experts, replication=replication, round=round)
+    peers = _check_peers(assignments)
+    holders: list[set[str]] = [set() for _ in range(n_experts)]
+    for peer in peers:
+        experts = list(assignments[peer])
+        bad = [e for e in experts if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < n_experts]
+        if bad:
+            raise InvalidSetting(f"assignments: peer {peer} claims experts {bad} outside 0..{n_experts - 1}")
+        for expert in experts:
+            holders[expert].add(peer)
+    return _placement(peers, holders, replication, round, tuple(e for e, h in enumerate(holders) if not h))
+
+
+@dataclass(frozen=True)
+class ExpertCoverage:
+    """One expert as ``gossamer status`` shows it."""
+
+    expert: int
+    holders: tuple[str, ...]
+    lost: bool
+    """No live peer had its last synced weights when the placement was made."""
+    tokens: int
+    """(token, expert) pairs its holders ran in the round the counts come from."""
+
+
+def coverage(placement: Placement, tokens_by_expert: Collection[int] | None = None) -> tuple[ExpertCoverage, ...]:
+    """Holders, lost flag and pairs run per expert (``tokens_by_expert``: one count per expert,
+    e.g. the column sums of the round's ``FomoeUpdate.tokens``; None: zeros)."""
+    counts = [0] * placement.n_experts if tokens_by_expert is None else [int(t) for t in tokens_by_expert]
+    if len(counts) != placement.n_experts:
+        raise InvalidSetting(f"tokens_by_expert: expected {placement.n_experts} counts, got {len(counts)}")
+    return tuple(ExpertCoverage(e, holders, e in placement.lost, counts[e])
+                 for e, holders in enumerate(placement.holders))

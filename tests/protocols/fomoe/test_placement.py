@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossamer.protocols.errors import InvalidSetting
-from gossamer.protocols.fomoe import Placement, place_experts, replace_experts, transfers
+from gossamer.protocols.fomoe import (
+    Placement,
+    coverage,
+    from_assignments,
+    place_experts,
+    replace_experts,
+    transfers,
+)
 
 
 def peer_ids(n: int) -> list[str]:
@@ -150,3 +157,28 @@ def test_bad_arguments_are_refused_by_name(kwargs: dict, field: str) -> None:
     args = {"peer_ids": ["a", "b"], "n_experts": 4, "replication": 1, "round": 0, **kwargs}
     with pytest.raises(InvalidSetting, match=field):
         place_experts(args.pop("peer_ids"), **args)
+
+
+def test_a_placement_reads_back_from_what_peers_publish() -> None:
+    placement = place_experts(peer_ids(5), n_experts=8, replication=2, round=4)
+    published = {peer: list(placement.resident(peer)) for peer in placement.peers}
+
+    assert from_assignments(published, n_experts=8, replication=2, round=4) == placement
+    short = from_assignments({p: r for p, r in published.items() if p != placement.peers[0]},
+                             n_experts=8, replication=2, round=4)
+    assert short.lost == tuple(e for e, h in enumerate(placement.holders) if h == (placement.peers[0],))
+    with pytest.raises(InvalidSetting, match="outside"):
+        from_assignments({"a": [8]}, n_experts=8, replication=1, round=0)
+
+
+def test_coverage_lists_holders_lost_experts_and_tokens() -> None:
+    before = place_experts(peer_ids(4), n_experts=8, replication=1, round=0)
+    after = replace_experts(before, peer_ids(4)[1:], round=1)
+
+    rows = coverage(after, list(range(10, 18)))
+
+    assert [r.holders for r in rows] == list(after.holders)
+    assert [r.expert for r in rows if r.lost] == list(after.lost) and after.lost
+    assert [r.tokens for r in rows] == list(range(10, 18))
+    with pytest.raises(InvalidSetting, match="tokens_by_expert"):
+        coverage(after, [1, 2])
