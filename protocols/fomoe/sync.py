@@ -13,7 +13,9 @@ peer applies (``MixedRound``):
   that ran none of the unit's pairs sent an exactly zero delta and is left out (as a failure
   with that reason); a unit none of whose holders ran a pair is **idle**: it keeps its weights.
 
-The outer Nesterov step then runs on those aggregates (``FomoeReplica.finish_round``).
+The outer Nesterov step then runs on those aggregates (``FomoeReplica.finish_round``). Peers stay
+bit-identical in the dense part, and holders in their experts, only if they aggregate the same
+arrivals: the network has to agree on each round's arrived set (as the DiLoCo learner does).
 
 Traffic (``sync_bytes``): each peer sends its pseudo-gradients once and receives one aggregate of
 each part it holds, so a round moves W |dense| + sum_e r_e |expert e| up and the same down (less
