@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -35,7 +36,12 @@ from gossamer.protocols.text_data import BatchSampler, load_text, split_text
 TINY = BlockTrainConfig(d_model=16, n_heads=2, context=8, num_blocks=3)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _gen(seed: int) -> torch.Generator:
