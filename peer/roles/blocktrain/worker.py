@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from gossamer.peer.kit.messaging import SignedMessenger
-from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block, find_coordinator
 from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
@@ -78,6 +78,12 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
         return {"assignment": {"block": self.block} if self.block is not None else {},
                 "version": self.version, "shard": self.shard, "updates": dict(self.updates),
                 "last_refusal": self.last_reason, "finished": self.finished}
+
+    def health(self) -> RoleHealth:
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"the run is finished; updates {self.updates}")
+        return health
 
     # -- the cycle ------------------------------------------------------------------------------
 

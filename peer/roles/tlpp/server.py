@@ -22,7 +22,9 @@ waits.
 
 A helper failure (``HelperFailed``), or a setting the truncation guard refuses, stops training
 with one clear error: logged, in ``/status``, a ``tlpp.error`` event, and a checkpoint of the
-model so far. The daemon keeps running (its record and ``/status`` stay up).
+model so far; the role is failed (``/healthz`` answers 503) and ``gossamer orchestrator`` exits
+non-zero. When training is finished the record says so (``assignment.tlpp_finished``), so the
+nodes and the helper know the run is over.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.secure_link import SecureLinks
-from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import load_data
 from gossamer.peer.roles.tlpp.settings import TlppSettings
@@ -75,6 +77,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         self.history: History[int, StepLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/tlpp")
         self.step = 0
+        self.total_steps = 0  # known once the first schedule is built
         self.last_eval: dict[str, float] | None = None
         self.finished = False
         self.error = ""
@@ -94,8 +97,16 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     def round(self) -> int:
         return self.step
 
+    def health(self) -> RoleHealth:
+        if self.error:
+            return RoleHealth(FAILED, self.error)
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"{self.step} steps; checkpoint {self.checkpoint_path}")
+        return health
+
     def status(self) -> dict[str, Any]:
-        return {"mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
+        return {"assignment": {"tlpp_finished": True} if self.finished else {}, "mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
                 "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
                 "evaluation": self.last_eval, "ledgers": self.history.last(3)}
 
@@ -125,6 +136,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     async def _train(self) -> None:
         scheduler = await self._schedule(self.settings.min_nodes)
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
+        self.total_steps = total
         epoch = 0
         while self.step < total:
             batches, index = scheduler.epoch(epoch), 0
@@ -225,7 +237,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     async def _evaluate(self) -> dict[str, float]:
         self.last_eval = await asyncio.to_thread(self._test_metrics)
-        self.emit("eval", step=self.step, **self.last_eval)
+        self.emit("eval", step=self.step, steps=self.total_steps, **self.last_eval)
         return self.last_eval
 
     def _test_metrics(self) -> dict[str, float]:
