@@ -41,6 +41,7 @@ from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.secure_link import SecureLinks
+from gossamer.peer.kit.state_tree import pack_state, snapshot, unpack_state
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import load_data
@@ -78,11 +79,14 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/tlpp")
         self.step = 0
         self.total_steps = 0  # known once the first schedule is built
+        self.position = (0, 0)  # (epoch, index of the next virtual batch in it)
+        self.series: dict[str, list[list[float]]] = {"train_loss": [], "test_loss": []}  # for the swarm page
         self.last_eval: dict[str, float] | None = None
         self.finished = False
         self.error = ""
         self.checkpoint_path = ""
         self.done = asyncio.Event()  # set when training finished or stopped
+        self.resumed_from = self._resume()
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -108,7 +112,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     def status(self) -> dict[str, Any]:
         return {"assignment": {"tlpp_finished": True} if self.finished else {}, "mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
                 "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
-                "evaluation": self.last_eval, "ledgers": self.history.last(3)}
+                "evaluation": self.last_eval, "ledgers": self.history.last(3), "series": self.series}
 
     def gauges(self) -> dict[str, float]:
         gauges = {"tlpp_step": float(self.step)}
@@ -137,9 +141,9 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         scheduler = await self._schedule(self.settings.min_nodes)
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
         self.total_steps = total
-        epoch = 0
+        epoch, start = self.position  # (0, 0), or where an earlier life of this server stopped
         while self.step < total:
-            batches, index = scheduler.epoch(epoch), 0
+            batches, index, start = scheduler.epoch(epoch), start, 0
             while index < len(batches) and self.step < total:
                 helper = await self._helper() if self.settings.secure else None
                 ledger = await self._one_step(batches[index], helper)
@@ -220,7 +224,12 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         ledger.wall_s = round(time.monotonic() - started, 4)
         self.history.add(ledger.step, ledger)
         self.step += 1
+        self.position = (batch.epoch, batch.index + 1)
+        _add_point(self.series["train_loss"], self.step, ledger.loss)
         self.emit("step", **ledger.to_json())
+        every = self.ctx.config.checkpoint_every
+        if every and self.step % every == 0:
+            await self.checkpoint()
         if ledger.rejected:
             log.warning("step %d: dropped %s", ledger.step, {n[:12]: r for n, r in ledger.rejected.items()})
         if self.settings.eval_every and self.step % self.settings.eval_every == 0:
@@ -237,6 +246,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     async def _evaluate(self) -> dict[str, float]:
         self.last_eval = await asyncio.to_thread(self._test_metrics)
+        _add_point(self.series["test_loss"], self.step, self.last_eval["loss"])
         self.emit("eval", step=self.step, steps=self.total_steps, **self.last_eval)
         return self.last_eval
 
@@ -272,6 +282,44 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         path = await self.checkpoints.write_async(f"{self.ctx.manifest.config.name}-tlpp", params, step=str(self.step),
                                                   cut=str(self.settings.cut), mode=self.settings.mode)
         return str(path)
+
+
+    # -- resuming --------------------------------------------------------------------------------
+
+    def _state_name(self) -> str:
+        return f"{self.ctx.manifest.config.name}-tlpp-state"
+
+    async def checkpoint(self) -> str | None:
+        """The model, the optimizer, the step and the schedule position (consistent at every await:
+        a step's gradient is applied and counted without one in between)."""
+        state = snapshot({"step": self.step, "version": self.driver.version, "position": list(self.position),
+                          "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+        path = await self.checkpoints.write_async(self._state_name(), pack_state(state), kind="state",
+                                                  step=str(self.step))
+        return str(path)
+
+    def _resume(self) -> str:
+        found = self.checkpoints.read(self._state_name(), kind="state")
+        if found is None:
+            return ""
+        try:
+            state = unpack_state(found[0])
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step, self.driver.version = int(state["step"]), int(state["version"])
+            self.position = (int(state["position"][0]), int(state["position"][1]))
+        except (ConfigError, KeyError, RuntimeError, ValueError) as exc:
+            log.warning("not resuming from %s: %s", self.checkpoints.path(self._state_name()), exc)
+            return ""
+        path = str(self.checkpoints.path(self._state_name()))
+        log.info("resumed from %s at step %d", path, self.step)
+        return path
+
+
+def _add_point(points: list[list[float]], x: int, y: float, *, keep: int = 2000) -> None:
+    if y == y:  # not NaN (a step whose loss was not computed)
+        points.append([x, y])
+        del points[:-keep]
 
 
 def _optimizer(model: torch.nn.Module, settings: TlppSettings) -> torch.optim.Optimizer:
