@@ -175,7 +175,7 @@ class Swarm:
                     self._print_finish()
                     return 0
                 table, key, count = await self._table(client, ready["http"])
-                if table and key != last_table:
+                if table and count and key != last_table:
                     print(table, flush=True)
                     last_table = key
                 if count == self.num_peers + 1 and not all_seen:
