@@ -6,19 +6,23 @@ Tensors are stored under their path in the tree (``inner/state/3/exp_avg``); eve
 with the shape of the tree, goes in one JSON layout stored as a ``uint8`` tensor (so its size is
 not bound by the safetensors metadata limits). Dict keys keep their type (an optimizer's state is
 keyed by int). ``snapshot`` copies a tree's tensors to the CPU, so a role can keep the state of
-its last finished round while the next one runs.
+its last finished round while the next one runs. ``write_state`` and ``resume_state`` are what a
+role calls: the file is ``<name>.safetensors`` of kind ``state`` in the role's ``Checkpoints``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.checkpoint import Checkpoints
 
+log = logging.getLogger(__name__)
 LAYOUT = "__layout__"
 
 
@@ -79,3 +83,27 @@ def _decode(layout: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
             return tuple(_decode(value, tensors) for value in layout["$u"])
         raise ValueError(f"unknown layout entry {sorted(layout)}")
     return layout
+
+
+KIND = "state"  # the checkpoint kind of a role's resumable state
+
+
+async def write_state(files: Checkpoints, name: str, tree: Any, **metadata: str) -> str:
+    """Write ``tree`` as ``<name>.safetensors`` (kind ``state``); its path."""
+    return str(await files.write_async(name, pack_state(tree), kind=KIND, **metadata))
+
+
+def resume_state(files: Checkpoints, name: str, apply: Callable[[Any], None]) -> str:
+    """Hand the state an earlier life wrote under ``name`` to ``apply`` (which loads it into the
+    role); its path, or "" when there is none or it does not fit (said in a warning: the role
+    then starts afresh rather than from half a state)."""
+    found = files.read(name, kind=KIND)
+    if found is None:
+        return ""
+    path = str(files.path(name))
+    try:
+        apply(unpack_state(found[0]))
+    except (ConfigError, KeyError, IndexError, RuntimeError, ValueError, TypeError) as exc:
+        log.warning("not resuming from %s: %s", path, exc)
+        return ""
+    return path

@@ -229,7 +229,7 @@ def test_blocktrain_train_serve_generate(walk_of) -> None:
     walk, (orchestrator, worker, serve_low, serve_high, generate) = walk_of(
         "BlockTrain: train blocks apart, serve them across hosts")
     owner, owner_log = walk.owner_started(orchestrator)
-    proc, log = walk.start(worker)
+    proc, _log = walk.start(worker)
     walk.wait_for(owner_log, r"the run is finished .*still serving as orchestrator", owner, timeout_s=300)
     assert proc.wait(timeout=120) == 0, "a worker exits by itself once the run is finished"
     for line in (serve_low, serve_high):

@@ -27,10 +27,9 @@ from typing import Any
 
 import torch
 
-from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.messaging import SignedMessenger
-from gossamer.peer.kit.state_tree import pack_state, snapshot, unpack_state
+from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block, find_coordinator
@@ -211,25 +210,19 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
                          "updates": dict(self.updates)})
 
     async def checkpoint(self) -> str | None:
-        path = await self.checkpoints.write_async(self._state_name(), pack_state(self._boundary), kind="state")
-        return str(path)
+        return await write_state(self.checkpoints, self._state_name(), self._boundary)
 
     def _resume(self) -> str:
-        found = self.checkpoints.read(self._state_name(), kind="state")
-        if found is None:
-            return ""
-        try:
-            state = unpack_state(found[0])
+        def apply(state: dict[str, Any]) -> None:
             self.sampler.generator.set_state(state["sampler"])
             self.noise.set_state(state["noise"])
             self.updates.update({key: int(value) for key, value in state["updates"].items()})
-        except (ConfigError, KeyError, RuntimeError, ValueError, TypeError) as exc:
-            log.warning("not resuming from %s: %s", self.checkpoints.path(self._state_name()), exc)
-            return ""
-        if state["block"] is not None and state["optimizer"] is not None:
-            self._saved_optimizer = (int(state["block"]), state["optimizer"])
-        path = str(self.checkpoints.path(self._state_name()))
-        log.info("resumed from %s (block %s, updates %s)", path, state["block"], self.updates)
+            if state["block"] is not None and state["optimizer"] is not None:
+                self._saved_optimizer = (int(state["block"]), state["optimizer"])
+
+        path = resume_state(self.checkpoints, self._state_name(), apply)
+        if path:
+            log.info("resumed from %s (updates %s)", path, self.updates)
         return path
 
 

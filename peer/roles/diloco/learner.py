@@ -34,13 +34,12 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.inbox import Inbox
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.kit.state_join import download_state
-from gossamer.peer.kit.state_tree import pack_state, snapshot, unpack_state
+from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.diloco import names
@@ -56,7 +55,6 @@ from gossamer.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
 KINDS = ("params", "pgrad")
-STATE = "state"  # the checkpoint kind of a learner's resumable state
 MAX_SERIES = 2000  # loss points kept for /status (the swarm page's curves)
 
 
@@ -379,27 +377,20 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
     async def checkpoint(self) -> str | None:
         """Write the state of the last finished round (what a restart resumes from)."""
         state = self._boundary
-        path = await self.checkpoints.write_async(self._state_name(), pack_state(state), kind=STATE,
-                                                  round=str(state["round"]),
-                                                  model=json.dumps(self.settings.model.to_dict()))
-        return str(path)
+        return await write_state(self.checkpoints, self._state_name(), state, round=str(state["round"]),
+                                 model=json.dumps(self.settings.model.to_dict()))
 
     def _resume(self) -> str:
         """Load the state an earlier life of this learner wrote; its path, or "" when there is none."""
-        found = self.checkpoints.read(self._state_name(), kind=STATE)
-        if found is None:
-            return ""
-        try:
-            state = unpack_state(found[0])
+        def apply(state: dict[str, Any]) -> None:
             self.replica.load_state_dict(state)
             self.sampler.generator.set_state(state["sampler"])
-        except (ConfigError, KeyError, RuntimeError, ValueError) as exc:
-            log.warning("not resuming from %s: %s", self.checkpoints.path(self._state_name()), exc)
-            return ""
-        self.series = {key: [list(point) for point in points] for key, points in state["series"].items()}
-        self._snapshot = (self.replica.round, flat_parameters(self.replica.module))
-        path = str(self.checkpoints.path(self._state_name()))
-        log.info("resumed from %s at round %d", path, self.replica.round)
+            self.series = {key: [list(point) for point in points] for key, points in state["series"].items()}
+
+        path = resume_state(self.checkpoints, self._state_name(), apply)
+        if path:
+            self._snapshot = (self.replica.round, flat_parameters(self.replica.module))
+            log.info("resumed from %s at round %d", path, self.replica.round)
         return path
 
 

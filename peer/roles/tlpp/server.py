@@ -41,7 +41,7 @@ from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.secure_link import SecureLinks
-from gossamer.peer.kit.state_tree import pack_state, snapshot, unpack_state
+from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import load_data
@@ -294,25 +294,18 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         a step's gradient is applied and counted without one in between)."""
         state = snapshot({"step": self.step, "version": self.driver.version, "position": list(self.position),
                           "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
-        path = await self.checkpoints.write_async(self._state_name(), pack_state(state), kind="state",
-                                                  step=str(self.step))
-        return str(path)
+        return await write_state(self.checkpoints, self._state_name(), state, step=str(self.step))
 
     def _resume(self) -> str:
-        found = self.checkpoints.read(self._state_name(), kind="state")
-        if found is None:
-            return ""
-        try:
-            state = unpack_state(found[0])
+        def apply(state: dict[str, Any]) -> None:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.step, self.driver.version = int(state["step"]), int(state["version"])
             self.position = (int(state["position"][0]), int(state["position"][1]))
-        except (ConfigError, KeyError, RuntimeError, ValueError) as exc:
-            log.warning("not resuming from %s: %s", self.checkpoints.path(self._state_name()), exc)
-            return ""
-        path = str(self.checkpoints.path(self._state_name()))
-        log.info("resumed from %s at step %d", path, self.step)
+
+        path = resume_state(self.checkpoints, self._state_name(), apply)
+        if path:
+            log.info("resumed from %s at step %d", path, self.step)
         return path
 
 

@@ -25,7 +25,7 @@ def trained_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer
 
 
 def test_an_optimizer_and_a_generator_round_trip_through_a_checkpoint_file(tmp_path: Path) -> None:
-    model, optimizer = trained_optimizer(0)
+    _model, optimizer = trained_optimizer(0)
     generator = torch.Generator().manual_seed(7)
     torch.randn(3, generator=generator)
     state = snapshot({"optimizer": optimizer.state_dict(), "rng": generator.get_state(), "round": 4, "note": None})
@@ -34,7 +34,7 @@ def test_an_optimizer_and_a_generator_round_trip_through_a_checkpoint_file(tmp_p
 
     back = unpack_state(files.read("state", kind="state")[0])  # type: ignore[index]
 
-    other_model, other = trained_optimizer(1)
+    _other_model, other = trained_optimizer(1)
     other.load_state_dict(back["optimizer"])
     assert other.state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
     assert back["optimizer"]["param_groups"][0]["betas"] == (0.8, 0.9)
