@@ -233,6 +233,11 @@ class Swarm:
             print(f"[{name}] {_short(event)}", flush=True)
 
     async def aclose(self) -> None:
+        # peers that finished their part exit by themselves: a SIGTERM in their last moments (after
+        # their own clean shutdown) would only turn their exit code into -15
+        finishing = {name: proc for name, proc in self.procs.items()
+                     if name in self.finished and name != "orchestrator" and proc.returncode is None}
+        await _wait_all(finishing, STOP_TIMEOUT_S)
         for proc in self.procs.values():
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
