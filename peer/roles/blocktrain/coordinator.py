@@ -264,7 +264,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         self.emit("version", block=k, version=self.board.versions[k], used=ledger.used,
              rejected=ledger.rejected, timed_out=ledger.timed_out, train_loss=ledger.train_loss,
              update_norm=ledger.update_norm, heldout_ce=self.heldout_ce, versions=list(self.board.versions),
-             target=self.settings.versions)
+             target=self.settings.versions, deadline_s=ledger.deadline_s, slow=ledger.slow)
         log.info("block %d: version %d from %d update(s) (timed out %d, rejected %d); held-out CE %s", k,
                  self.board.versions[k], len(ledger.used), len(ledger.timed_out), len(ledger.rejected),
                  f"{self.heldout_ce:.3f}" if self.heldout_ce is not None else "-")
