@@ -21,14 +21,14 @@ Aggregators (registered in ``AGGREGATORS``; ``build_aggregator`` binds parameter
 ``trimmed_mean``                coordinate-wise mean without the f smallest and f largest
 ``geometric_median``            smoothed Weiszfeld (Pillutla et al., RFA)
 ``krum`` / ``multi_krum``       Blanchard et al. 2017: the input(s) with the lowest scores
-``centered_clipping``           iterative, from the median (see ``robust_clipping``)
-``centered_clipping_momentum``  one step around the previous aggregate, with worker momentum
+``centered_clipping``           iterative, from the coordinate-wise median (see ``robust_clipping``)
 ==============================  ===========================================================
 
-``DEFAULT`` is centered clipping with worker momentum. Either keep ``WorkerMomentum`` and the
-previous aggregate yourself and call ``centered_clipping_momentum(momenta, failures,
-center=previous)``, or let ``build_aggregator(DEFAULT, beta=0.9, ...)`` return a stateful
-``MomentumCenteredClipping`` that does both (keep one per aggregation point across rounds).
+``DEFAULT`` is iterative centered clipping: it held against every attack of
+``scripts/experiments/byzantine.py`` (EXPERIMENTS.md). The one-step form with worker momentum
+(``centered_clipping_momentum``) was retired; ``robust_clipping`` says why. ``aggregate_or_degrade`` runs an aggregator and, when peers
+withheld so many contributions that its rule cannot run (Krum's 2f + 3), falls back to the
+coordinate-wise median with the same f instead of giving up: silence never switches the defence off.
 Kernels (column blocks, comparator networks, coefficient space) live in ``robust_kernels``.
 """
 
@@ -53,17 +53,11 @@ from gossamer.protocols.robust_base import (
     sanitize,
     unflatten,
 )
-from gossamer.protocols.robust_clipping import (
-    MomentumCenteredClipping,
-    WorkerMomentum,
-    centered_clipping,
-    centered_clipping_momentum,
-    clipped_gossip,
-)
+from gossamer.protocols.robust_clipping import centered_clipping, clipped_gossip
 
 __all__ = [
-    "AGGREGATORS", "DEFAULT", "AggregateResult", "Contribution", "Failure", "MomentumCenteredClipping",
-    "WorkerMomentum", "build_aggregator", "centered_clipping", "centered_clipping_momentum", "clipped_gossip",
+    "AGGREGATORS", "DEFAULT", "AggregateResult", "Contribution", "Failure", "aggregate_or_degrade",
+    "build_aggregator", "centered_clipping", "clipped_gossip",
     "coordinate_median", "flatten", "geometric_median", "krum", "mean", "multi_krum", "sanitize",
     "trimmed_mean", "unflatten",
 ]
@@ -160,31 +154,41 @@ AGGREGATORS: Mapping[str, Callable[..., AggregateResult]] = MappingProxyType({
     "krum": krum,
     "multi_krum": multi_krum,
     "centered_clipping": centered_clipping,
-    "centered_clipping_momentum": centered_clipping_momentum,
 })
 """Aggregators by name; each is ``fn(arrived, failures, *, f=0, ...) -> AggregateResult``."""
 
-DEFAULT = "centered_clipping_momentum"
+DEFAULT = "centered_clipping"
+"""The aggregator a run gets when its manifest names none."""
 
 
 def build_aggregator(name: str, **params: object) -> Callable[..., AggregateResult]:
     """The aggregator ``name`` with ``params`` bound (checked now, not at the first round).
 
-    Unbound keyword parameters (e.g. ``f``, ``max_norm``, and ``center`` for the one-step form)
-    can still be passed on each call. ``centered_clipping_momentum`` given ``beta`` comes back as a
-    stateful ``MomentumCenteredClipping`` that keeps the worker momenta and the previous aggregate
-    itself (call it with (arrived, failures) only); without ``beta`` it is the stateless one-step
-    function, and the caller keeps the momenta and passes ``center``.
+    Unbound keyword parameters (e.g. ``f``, ``max_norm``) can still be passed on each call.
     """
     if name not in AGGREGATORS:
         raise InvalidSetting(f"unknown aggregator {name!r}; known: {sorted(AGGREGATORS)}")
-    stateful = name == "centered_clipping_momentum" and "beta" in params
-    target = MomentumCenteredClipping if stateful else AGGREGATORS[name]
+    target = AGGREGATORS[name]
     allowed = {p.name for p in inspect.signature(target).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise InvalidSetting(f"aggregator {name!r} has no parameter(s) {unknown}; it takes {sorted(allowed)}")
     check_params(**params)
-    if stateful:
-        return MomentumCenteredClipping(**params)  # type: ignore[arg-type]
-    return functools.partial(AGGREGATORS[name], **params)
+    return functools.partial(target, **params)
+
+
+def aggregate_or_degrade(aggregate: Callable[..., AggregateResult], arrived: Sequence[Contribution],
+                         failures: Sequence[Failure], *, f: int, max_norm: float | None = None,
+                         expected_numel: int | None = None) -> tuple[AggregateResult, str]:
+    """``aggregate(arrived, failures)``; when fewer usable contributions are left than its rule
+    needs (``NotEnoughUpdates``: peers withheld theirs and Krum wants 2f + 3), the coordinate-wise
+    median with the same f over the same arrivals instead: it needs only 2f + 1, the least any
+    robust rule can need, and a silent peer is never assumed honest or Byzantine. Returns the
+    result and a note that says why it degraded ('' when it did not); raises ``NotEnoughUpdates``
+    when not even the median can be robust against f among what arrived."""
+    try:
+        return aggregate(arrived, failures), ""
+    except NotEnoughUpdates as exc:
+        reason = str(exc)
+    result = coordinate_median(arrived, failures, f=f, max_norm=max_norm, expected_numel=expected_numel)
+    return result, f"degraded to the coordinate-wise median ({reason})"

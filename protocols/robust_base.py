@@ -200,12 +200,6 @@ def check_optional_positive(name: str, value: object) -> None:
         check_positive(name, value)
 
 
-def check_fraction(name: str, value: object) -> None:
-    """``value`` must be a number in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
-        raise InvalidSetting(f"{name} must be a number in [0, 1), got {value!r}")
-
-
 def check_optional_positive_int(name: str, value: object) -> None:
     """``value`` must be None or an int >= 1."""
     if value is not None:
@@ -222,7 +216,7 @@ PARAMETER_CHECKS: Mapping[str, Callable[[str, object], None]] = MappingProxyType
     "f": check_count, "max_norm": check_optional_positive, "expected_numel": check_optional_positive_int,
     "trust_weights": check_bool, "nu": check_positive, "max_iters": check_positive_int,
     "tol": check_nonnegative, "m": check_optional_positive_int, "tau": check_positive,
-    "iters": check_positive_int, "beta": check_fraction,
+    "iters": check_positive_int,
 })
 """How each aggregator parameter is validated (by name), at call time and in ``build_aggregator``."""
 
