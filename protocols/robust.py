@@ -48,8 +48,8 @@ from gossamer.protocols.robust_base import (
     Contribution,
     Failure,
     check_params,
+    checked,
     flatten,
-    prepare,
     sanitize,
     unflatten,
 )
@@ -75,28 +75,43 @@ def mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f
     if f != 0:
         raise InvalidSetting(f"mean is not Byzantine-robust: it needs f=0, got f={f}, "
                              f"n={len(arrived) + len(failures)}")
-    usable, rejected, _ = prepare("mean", arrived, failures, f=0, min_n=1, rule="n >= 1", max_norm=max_norm,
-                               expected_numel=expected_numel)
-    weights = [float(c.weight) if trust_weights else 1.0 for c in usable]
-    total = sum(weights)
-    value = kernels.combine([c.vector for c in usable], [w / total for w in weights])
+
+    def kernel(usable: list[Contribution], _f: int) -> tuple[torch.Tensor, list[float]]:
+        vectors = [c.vector for c in usable]
+        if not trust_weights:
+            return kernels.mean(vectors)
+        weights = [float(c.weight) for c in usable]
+        total = sum(weights)
+        return kernels.combine(vectors, [w / total for w in weights]), kernels.distances_to(vectors, vectors[0])[1]
+
+    value, usable, rejected = checked("mean", arrived, failures, f=0, min_n=1, rule="n >= 1", max_norm=max_norm,
+                                      expected_numel=expected_numel, kernel=kernel)
     return AggregateResult(value, _senders(usable), rejected)
 
 
 def coordinate_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
                       max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
     """Coordinate-wise median (mean of the two middle values for even n). Needs n > 2f."""
-    usable, rejected, _f_left = prepare("median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    return AggregateResult(kernels.median([c.vector for c in usable]), _senders(usable), rejected)
+    value, usable, rejected = checked("median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+                                      max_norm=max_norm, expected_numel=expected_numel,
+                                      kernel=lambda usable, _f: kernels.median([c.vector for c in usable]))
+    return AggregateResult(value, _senders(usable), rejected)
 
 
 def trimmed_mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
                  max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
     """Coordinate-wise mean after dropping the f largest and f smallest values. Needs 2f < n."""
-    usable, rejected, f_left = prepare("trimmed_mean", arrived, failures, f=f, min_n=2 * f + 1, rule="2f < n",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    return AggregateResult(kernels.trimmed_mean([c.vector for c in usable], f_left), _senders(usable), rejected)
+    value, usable, rejected = checked("trimmed_mean", arrived, failures, f=f, min_n=2 * f + 1, rule="2f < n",
+                                      max_norm=max_norm, expected_numel=expected_numel,
+                                      kernel=lambda usable, f_left: kernels.trimmed_mean([c.vector for c in usable],
+                                                                                         f_left))
+    return AggregateResult(value, _senders(usable), rejected)
+
+
+def _gram(usable: list[Contribution], _f: int) -> tuple[tuple[torch.Tensor, torch.Tensor], list[float]]:
+    """The mean-centred Gram matrix (rules that never use the center itself)."""
+    center, gram, squares = kernels.centred_gram([c.vector for c in usable], center="mean")
+    return (center, gram), squares
 
 
 def geometric_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
@@ -104,12 +119,10 @@ def geometric_median(arrived: Sequence[Contribution], failures: Sequence[Failure
                      expected_numel: int | None = None) -> AggregateResult:
     """Smoothed Weiszfeld: argmin_z sum_i max(nu, ||z - x_i||), from the mean. Needs n > 2f."""
     check_params(nu=nu, max_iters=max_iters, tol=tol)
-    usable, rejected, _f_left = prepare("geometric_median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    vectors = [c.vector for c in usable]
-    _, gram = kernels.median_and_gram(vectors)
+    (_, gram), usable, rejected = checked("geometric_median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+                                          max_norm=max_norm, expected_numel=expected_numel, kernel=_gram)
     coeffs = kernels.weiszfeld(gram, nu=nu, max_iters=max_iters, tol=tol)
-    return AggregateResult(kernels.combine(vectors, coeffs.tolist()), _senders(usable), rejected)
+    return AggregateResult(kernels.combine([c.vector for c in usable], coeffs.tolist()), _senders(usable), rejected)
 
 
 def krum(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
@@ -128,15 +141,19 @@ def multi_krum(arrived: Sequence[Contribution], failures: Sequence[Failure] = ()
 def _select(name: str, arrived: Sequence[Contribution], failures: Sequence[Failure], *, f: int, m: int | None,
             max_norm: float | None, expected_numel: int | None) -> AggregateResult:
     check_params(m=m)
-    usable, rejected, f_left = prepare(name, arrived, failures, f=f, min_n=2 * f + 3, rule="n > 2f + 2",
-                               max_norm=max_norm, expected_numel=expected_numel)
     size = len(arrived) + len(failures)
-    if m is not None and m > size - f:
-        raise InvalidSetting(f"{name} needs m <= n - f, got m={m}, f={f}, n={size}")
+
+    def kernel(usable: list[Contribution], f_left: int) -> tuple[tuple[torch.Tensor, int], list[float]]:
+        if m is not None and m > size - f:
+            raise InvalidSetting(f"{name} needs m <= n - f, got m={m}, f={f}, n={size}")
+        if m is not None and m > len(usable) - f_left:
+            raise NotEnoughUpdates(f"{name} needs m <= usable - f, got m={m}, f={f_left}, {len(usable)} usable")
+        (_, gram), squares = _gram(usable, f_left)
+        return (kernels.krum_scores(gram, f_left), f_left), squares
+
+    (scores, f_left), usable, rejected = checked(name, arrived, failures, f=f, min_n=2 * f + 3, rule="n > 2f + 2",
+                                                 max_norm=max_norm, expected_numel=expected_numel, kernel=kernel)
     count = len(usable) - f_left if m is None else m
-    if count > len(usable) - f_left:
-        raise NotEnoughUpdates(f"{name} needs m <= usable - f, got m={m}, f={f_left}, {len(usable)} usable")
-    scores = kernels.krum_scores(kernels.median_and_gram([c.vector for c in usable])[1], f_left)
     order = torch.sort(scores, stable=True).indices.tolist()
     chosen = sorted(order[:count])
     unused = tuple(Failure(usable[i].sender, f"not selected by {name} (score {float(scores[i]):.4g})")

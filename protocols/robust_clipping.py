@@ -35,10 +35,12 @@ from gossamer.protocols.robust_base import (
     Contribution,
     Failure,
     check_params,
-    prepare,
+    checked,
+    norms_pass,
     sanitize,
+    screen,
 )
-from gossamer.protocols.robust_kernels import clipping_coefficients, combine, distances_to, median_and_gram
+from gossamer.protocols.robust_kernels import centred_gram, clipping_coefficients, combine, distances_to
 
 
 def centered_clipping(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
@@ -49,17 +51,16 @@ def centered_clipping(arrived: Sequence[Contribution], failures: Sequence[Failur
     Needs n > 2f. ``tau`` is in the units of the updates: pick it near the spread of honest ones.
     """
     check_params(tau=tau, iters=iters)
-    usable, rejected, _f_left = prepare("centered_clipping", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    return _clip_from_median(usable, rejected, tau=tau, iters=iters)
 
+    def kernel(usable: list[Contribution], _f: int) -> tuple[tuple[torch.Tensor, torch.Tensor], list[float]]:
+        center, gram, squares = centred_gram([c.vector for c in usable], center="median")
+        return (center, gram), squares
 
-def _clip_from_median(usable: Sequence[Contribution], rejected: tuple[Failure, ...], *, tau: float,
-                      iters: int) -> AggregateResult:
-    vectors = [c.vector for c in usable]
-    center, gram = median_and_gram(vectors)
+    (center, gram), usable, rejected = checked("centered_clipping", arrived, failures, f=f, min_n=2 * f + 1,
+                                               rule="n > 2f", max_norm=max_norm, expected_numel=expected_numel,
+                                               kernel=kernel)
     coeffs = clipping_coefficients(gram, tau=tau, iters=iters)
-    value = combine(vectors, coeffs.tolist(), center=center, center_coeff=1.0 - float(coeffs.sum()))
+    value = combine([c.vector for c in usable], coeffs.tolist(), center=center, center_coeff=1.0 - float(coeffs.sum()))
     return AggregateResult(value, tuple(c.sender for c in usable), rejected)
 
 
@@ -78,17 +79,23 @@ def clipped_gossip(own: torch.Tensor, neighbours: Sequence[Contribution], weight
     ``sanitize`` first to learn why). Every neighbour needs a weight; weights are >= 0 and sum
     to at most 1.
     """
-    check_params(tau=tau)
+    check_params(tau=tau, max_norm=max_norm)
     _check_vector("own", own, None)
     _check_gossip_weights(weights)
-    usable, _ = sanitize(neighbours, expected_numel=own.numel(), max_norm=max_norm)
+    usable, _ = screen(neighbours, expected_numel=own.numel())
     missing = sorted(c.sender for c in usable if c.sender not in weights)
     if missing:
         raise InvalidSetting(f"weights has no entry for neighbours {missing}")
-    vectors = [c.vector for c in usable]
-    if not vectors:
+    if not usable:
         return own.clone()
-    scale = (tau / distances_to(vectors, own)).clamp(max=1.0)
+    distances, squares = distances_to([c.vector for c in usable], own)
+    if not norms_pass(squares, max_norm):  # someone sent NaN, Inf or an absurd norm: drop exactly them
+        usable, _ = sanitize(usable, expected_numel=own.numel(), max_norm=max_norm)
+        if not usable:
+            return own.clone()
+        distances, _ = distances_to([c.vector for c in usable], own)
+    vectors = [c.vector for c in usable]
+    scale = (tau / distances).clamp(max=1.0)
     coeffs = [weights[c.sender] * float(s) for c, s in zip(usable, scale, strict=True)]
     return combine(vectors, coeffs, center=own, center_coeff=1.0 - sum(coeffs))
 

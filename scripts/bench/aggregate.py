@@ -32,8 +32,10 @@ from gossamer.protocols.robust import Contribution
 _HERE = Path(__file__).resolve().parent
 
 FLOOR = "mean_floor"
-TARGETS = {"median": 8.0, "trimmed_mean": 8.0, "centered_clipping": 15.0, "centered_clipping_momentum": 15.0}
-"""Most a row may take, in multiples of the floor (median seconds over median seconds)."""
+TARGETS = {"mean": 1.5, "median": 4.0, "trimmed_mean": 4.0, "geometric_median": 8.0, "krum": 8.0, "multi_krum": 8.0,
+           "centered_clipping": 8.0, "clipped_gossip": 8.0}
+"""Most a row may take, in multiples of the floor: its paired ratio (the median over repetitions
+of the row's time over the floor's time in the same repetition)."""
 TAU = 1.0
 
 
@@ -53,7 +55,7 @@ def build_rows(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     updates = [torch.randn(args.numel, generator=generator) for _ in range(args.num_updates)]
     stacked = torch.stack(updates)
     cs = [Contribution(f"peer{i:03d}", vector) for i, vector in enumerate(updates)]
-    center, f = stacked.mean(dim=0), args.f
+    f = args.f
     neighbours = {c.sender: 1.0 / args.num_updates for c in cs[1:]}
     return {
         FLOOR: lambda: stacked.mean(dim=0),
@@ -64,7 +66,6 @@ def build_rows(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
         "krum": lambda: robust.krum(cs, f=f),
         "multi_krum": lambda: robust.multi_krum(cs, f=f),
         "centered_clipping": lambda: robust.centered_clipping(cs, f=f, tau=TAU, iters=3),
-        "centered_clipping_momentum": lambda: robust.centered_clipping_momentum(cs, f=f, center=center, tau=TAU),
         "clipped_gossip": lambda: robust.clipped_gossip(updates[0], cs[1:], neighbours, tau=TAU),
     }
 
@@ -94,7 +95,7 @@ def summarize(seconds: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
         target = TARGETS.get(name)
         out[name] = {"seconds": times, "median_s": statistics.median(times), "min_s": min(times),
                      "max_s": max(times), "ratio_to_floor": ratio, "paired_ratio_to_floor": paired,
-                     "target_max_ratio": target, "pass": None if target is None else ratio <= target}
+                     "target_max_ratio": target, "pass": None if target is None else paired <= target}
     return out
 
 
@@ -108,7 +109,7 @@ def render(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         lines.append([label, f"{1e3 * row['median_s']:.0f}", f"{1e3 * row['min_s']:.0f} - {1e3 * row['max_s']:.0f}",
                       f"{row['ratio_to_floor']:.2f}x", f"{row['paired_ratio_to_floor']:.2f}x", verdict])
     caption = (f"n = {args.num_updates} updates x {args.numel:,} float32, f = {args.f}, tau = {TAU}, "
-               f"median of {args.repeats} interleaved repetitions")
+               f"median of {args.repeats} interleaved repetitions; load average {os.getloadavg()[0]:.1f} at the end")
     return caption + "\n\n" + markdown_table(header, lines)
 
 

@@ -124,7 +124,7 @@ class WorkerMomentumClipping:
             value = centered_clipping(momenta, (), f=f_left, tau=self.tau, iters=3 if self.recentre else 1).value
         else:
             vectors, n = [c.vector for c in momenta], len(momenta)
-            scale = (self.tau / distances_to(vectors, self.center)).clamp(max=1.0)
+            scale = (self.tau / distances_to(vectors, self.center)[0]).clamp(max=1.0)
             value = combine(vectors, (scale / n).tolist(), center=self.center, center_coeff=1.0 - float(scale.sum()) / n)
         self.center = value
         return AggregateResult(value, tuple(c.sender for c in momenta), rejected)

@@ -130,7 +130,19 @@ def test_trimming_network_leaves_middle_values_for_every_f(n: int) -> None:
     xs = randoms(n, 300, seed=n)
     stacked = torch.stack(xs).sort(dim=0).values
     for f in range((n + 1) // 2):
-        torch.testing.assert_close(kernels.trimmed_mean(xs, f), stacked[f:n - f].mean(dim=0))
+        torch.testing.assert_close(kernels.trimmed_mean(xs, f)[0], stacked[f:n - f].mean(dim=0))
+
+
+@pytest.mark.parametrize("block_columns", [7, kernels.CPU_BLOCK_COLUMNS])
+def test_every_kernel_reports_the_squared_norms_it_read(block_columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norms that sanitizing needs come out of each kernel's one pass over the inputs."""
+    monkeypatch.setattr(kernels, "CPU_BLOCK_COLUMNS", block_columns)
+    xs = randoms(9, 50, seed=8, scale=3.0)
+    expected = [float(x.double().square().sum()) for x in xs]
+    for squares in (kernels.mean(xs)[1], kernels.median(xs)[1], kernels.trimmed_mean(xs, 2)[1],
+                    kernels.centred_gram(xs, center="median")[2], kernels.centred_gram(xs, center="mean")[2],
+                    kernels.distances_to(xs, xs[0])[1]):
+        assert squares == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize(("points", "expected"), [
