@@ -168,7 +168,10 @@ class OutgoingAttack:
         def oracle(vector: torch.Tensor) -> torch.Tensor:
             cs = [Contribution(f"honest{i}", v) for i, v in enumerate(honest)]
             cs += [Contribution(f"byzantine{i}", vector) for i in range(copies)]
-            return aggregate_or_degrade(self.aggregator.rule, cs, [], f=self.aggregator.f)[0].value
+            try:
+                return aggregate_or_degrade(self.aggregator.rule, cs, [], f=self.aggregator.f)[0].value
+            except (InvalidSetting, NotEnoughUpdates):  # too little seen yet (round 0): model the rule as a mean
+                return torch.stack([c.vector for c in cs]).mean(dim=0)
 
         if self.name == "radius_sign_flip":
             center = coordinate_median([Contribution(f"honest{i}", v) for i, v in enumerate(honest)]).value

@@ -145,3 +145,11 @@ def test_an_adaptive_attacker_uses_what_it_received_and_the_runs_rule() -> None:
     assert float((flipped - center).norm()) == pytest.approx(0.99 * 0.5, rel=1e-4)
     assert float(torch.dot(flipped - center, torch.stack(honest).mean(0) - center)) < 0
     assert not torch.equal(flatten(parse_attack("ipm", aggregator)(own)), flatten(own))
+
+
+@pytest.mark.parametrize("spec", ["radius_sign_flip", "alie", "ipm", "krum_capture", "mimic"])
+def test_an_adaptive_attacker_that_has_seen_nothing_yet_still_sends(spec: str) -> None:
+    """Round 0: the attacker knows only its own pseudo-gradient, too few for the run's rule."""
+    attack = parse_attack(spec, aggregator_for("krum", 1))
+    sent = attack(pseudo_gradient(3))
+    assert sent is not None and bool(torch.isfinite(flatten(sent)).all())
