@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import os
 import statistics
@@ -23,6 +24,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 from _byzantine_cell import AGGREGATORS, ATTACKS, MOMENTUM_RULES, Settings, calibrate_tau, refusal, run_cell
@@ -72,22 +74,29 @@ def plan(s: Settings, *, aggregators: list[str], attacks: list[str], fs: list[in
     return jobs, refused
 
 
-def run_jobs(jobs: dict[str, tuple], *, workers: int, device: str) -> dict[str, dict]:
-    """Every job, the clean ones first (they train all learners: the longest), in ``workers`` processes."""
-    keys = sorted(jobs, key=lambda key: "|clean|" not in key)
-    payloads = [(*jobs[key], device) for key in keys]
+def run_jobs(jobs: dict[str, tuple], *, workers: int, device: str, checkpoint: Path | None) -> dict[str, dict]:
+    """Every job, the clean ones first (they train all learners: the longest), in ``workers``
+    processes. With a ``checkpoint`` file each finished cell is appended to it as a JSON line, and
+    cells already there are not run again (a long grid survives an interruption)."""
     cells: dict[str, dict] = {}
+    if checkpoint is not None and checkpoint.exists():
+        for line in checkpoint.read_text().splitlines():
+            record = json.loads(line)
+            if record["key"] in jobs:
+                cells[record["key"]] = record["cell"]
+    keys = sorted((key for key in jobs if key not in cells), key=lambda key: "|clean|" not in key)
+    payloads = [(*jobs[key], device) for key in keys]
     start = time.perf_counter()
-    if workers <= 1:
-        results = map(_run, payloads)
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers)
-        results = pool.map(_run, payloads, chunksize=1)
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    results = pool.map(_run, payloads, chunksize=1) if pool is not None else map(_run, payloads)
     for done, (key, cell) in enumerate(zip(keys, results, strict=True), 1):
         cells[key] = cell
+        if checkpoint is not None:
+            with checkpoint.open("a") as out:
+                out.write(json.dumps({"key": key, "cell": cell}) + "\n")
         print(f"[{done}/{len(keys)} {time.perf_counter() - start:.0f} s] {key}: "
               f"{cell.get('loss', cell['outcome'])}", flush=True)
-    if workers > 1:
+    if pool is not None:
         pool.shutdown()
     return cells
 
@@ -158,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--name", default=None, help="results file stem (default byzantine[_quick])")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="JSON-lines file of finished cells: appended to, and cells in it are not rerun")
     args = parser.parse_args(argv)
     device = set_up(args.device)
     s = QUICK if args.quick else Settings()
@@ -175,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs, refused = plan(s, aggregators=aggregators, attacks=attacks, fs=fs, seeds=seeds)
     if "mean" not in aggregators:  # the clean mean is the baseline every table states
         jobs.update({f"mean|-1|clean|{seed}": ("mean", None, 0, replace(s, seed=seed)) for seed in range(seeds)})
-    cells = run_jobs(jobs, workers=args.workers, device=args.device)
+    cells = run_jobs(jobs, workers=args.workers, device=args.device, checkpoint=args.checkpoint)
     initial = build_model(model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context), seed=0,
                           device=device)
     context = {"initial_loss": task.heldout_loss(initial, context=s.context, device=device),
