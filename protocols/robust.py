@@ -26,9 +26,11 @@ Aggregators (registered in ``AGGREGATORS``; ``build_aggregator`` binds parameter
 
 ``DEFAULT`` is iterative centered clipping: it held against every attack of
 ``scripts/experiments/byzantine.py`` (EXPERIMENTS.md). The one-step form with worker momentum
-(``centered_clipping_momentum``) was retired; ``robust_clipping`` says why. ``aggregate_or_degrade`` runs an aggregator and, when peers
-withheld so many contributions that its rule cannot run (Krum's 2f + 3), falls back to the
-coordinate-wise median with the same f instead of giving up: silence never switches the defence off.
+(``centered_clipping_momentum``) was retired; ``robust_clipping`` says why.
+``aggregate_or_degrade`` runs an aggregator and, when peers withheld so many contributions that
+its rule cannot run (Krum's 2f + 3), falls back to the coordinate-wise median with the same f
+instead of giving up: silence never switches the defence off. Every aggregator reads each input
+once: the value checks of ``sanitize`` ride on the kernel's own pass (``robust_base.checked``).
 Kernels (column blocks, comparator networks, coefficient space) live in ``robust_kernels``.
 """
 

@@ -8,8 +8,7 @@ When so many withheld theirs that the configured rule cannot run (Krum needs 2f 
 round degrades to the coordinate-wise median with the same f (``robust.aggregate_or_degrade``),
 and the round's note says so. Only when not even the median can be robust against f among what
 arrived (fewer than 2f + 1 usable), or the run's f cannot fit this neighbourhood at all, does the
-learner fall back to its own pseudo-gradient, and the note says that too. For
-``centered_clipping_momentum`` the worker momenta live here, one per sender.
+learner fall back to its own pseudo-gradient, and the note says that too.
 """
 
 from __future__ import annotations
