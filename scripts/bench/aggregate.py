@@ -1,8 +1,10 @@
 """Robust aggregation benchmark: each aggregator over n float32 updates, as a multiple of one plain mean.
 
 The denominator is one pass of the plain mean over the same data, ``torch.stack(updates).mean(0)``
-on the pre-stacked [n, d] tensor (the memory-bandwidth floor: read every value once). Each
-aggregator row times the public call on the list of contributions, sanitizing included. Rows run
+on the pre-stacked [n, d] tensor with torch's default threads (the memory-bandwidth floor: read
+every value once); the same on one thread is a row beside it, since the kernels run on the
+calling thread by design (``robust_kernels``). Each aggregator row times the public call on the
+list of contributions, sanitizing included; targets apply to the paired ratio. Rows run
 interleaved (repetition k of every row before k + 1, one untimed warm-up first) so that load on
 the shared host hits all rows alike; each row reports the median of its repetitions::
 
@@ -59,6 +61,7 @@ def build_rows(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     neighbours = {c.sender: 1.0 / args.num_updates for c in cs[1:]}
     return {
         FLOOR: lambda: stacked.mean(dim=0),
+        "mean_floor_one_thread": lambda: _one_thread(lambda: stacked.mean(dim=0)),
         "mean": lambda: robust.mean(cs),
         "median": lambda: robust.coordinate_median(cs, f=f),
         "trimmed_mean": lambda: robust.trimmed_mean(cs, f=f),
@@ -68,6 +71,16 @@ def build_rows(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
         "centered_clipping": lambda: robust.centered_clipping(cs, f=f, tau=TAU, iters=3),
         "clipped_gossip": lambda: robust.clipped_gossip(updates[0], cs[1:], neighbours, tau=TAU),
     }
+
+
+def _one_thread(step: Callable[[], Any]) -> Any:
+    """``step`` with torch's intra-op pool limited to the calling thread, as the kernels run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return step()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_interleaved(rows: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
@@ -103,7 +116,8 @@ def render(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     header = ["aggregator", "median ms", "min - max ms", "x mean floor", "paired x", "target"]
     lines = []
     for name, row in rows.items():
-        label = f"{name} (`stack(updates).mean(0)`, pre-stacked)" if name == FLOOR else name
+        label = {FLOOR: f"{name} (`stack(updates).mean(0)`, pre-stacked, {torch.get_num_threads()} threads)",
+                 "mean_floor_one_thread": f"{name} (the same on 1 thread)"}.get(name, name)
         verdict = "" if row["pass"] is None else f"<= {row['target_max_ratio']:g}x: " + (
             "pass" if row["pass"] else "**FAIL**")
         lines.append([label, f"{1e3 * row['median_s']:.0f}", f"{1e3 * row['min_s']:.0f} - {1e3 * row['max_s']:.0f}",
