@@ -2,9 +2,8 @@
 
 - The strongest adaptive attack against the run's default aggregator (centered clipping), sent
   by one learner of four, leaves the honest learners' held-out loss within ``MARGIN`` of the same
-  run without it, started beside it (the same identities, so the same shards and batches; W1 off
-  and a global W2, so every replica applies the same aggregate), and centered clipping uses the
-  attacker's update (clipped) rather than rejecting anyone.
+  run without it, started beside it (the same identities, so the same shards and batches), and
+  centered clipping uses the attacker's update (clipped) rather than rejecting anyone.
 - Peers that never send their pseudo-gradients do not switch Krum off: every round the honest
   learners count them as failures and degrade to the coordinate-wise median instead of falling
   back to their own pseudo-gradients.
@@ -20,6 +19,7 @@ import pytest
 from gossamer.crypto.identity import Identity
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 from gossamer.protocols.robust import DEFAULT
+from tests.e2e.test_learners import RUN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -31,38 +31,9 @@ runs of this test landed 0.45 apart (3.6 nats at the start, 2.8-3.3 after four r
 that starts before every learner sees every other one drops a contribution, so no two runs are
 the same; the margin is that spread, and the test stands on the ledgers as much as on the loss."""
 
-RUN = """
-[run]
-name = "{name}"
-protocol = "diloco"
-heartbeat_s = 1.0
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-context = 32
-[hyper]
-rounds = {rounds}
-batch_size = 16
-w1_grace_s = 0.5
-w2_deadline_s = {w2_deadline_s}
-eval_batches = 2
-min_learners = {learners}
-[hyper.diloco]
-inner_steps = 15
-inner_lr = 0.005
-[hyper.mixing]
-w1 = "none"
-w2 = "global"
-[hyper.aggregator]
-name = "{aggregator}"
-f = {f}
-{extra}
-"""
-
-
 class Swarm:
-    """An orchestrator and one learner per identity, started at once (see ``RUN``)."""
+    """An orchestrator and one learner per identity (the run of ``test_learners.RUN``: a 1-layer
+    byte LM, 15 inner steps, global W1 and W2)."""
 
     def __init__(self, work: Path, identities: list[Path], *, name: str, rounds: int, aggregator: str, f: int,
                  attacks: dict[int, str], w2_deadline_s: float, extra: str = "") -> None:
@@ -70,7 +41,7 @@ class Swarm:
         run_dir.mkdir()
         (run_dir / "run.toml").write_text(RUN.format(name=name, rounds=rounds, w2_deadline_s=w2_deadline_s,
                                                      learners=len(identities), aggregator=aggregator, f=f,
-                                                     extra=extra))
+                                                     aggregator_extra=extra))
         self.rounds, self.attacks = rounds, attacks
         self.orchestrator = GossamerProcess(["orchestrator", "-c", str(run_dir / "run.toml"), "--new_swarm",
                                              "--events", *LOOPBACK, "--identity_path", str(run_dir / "owner.pem")],
