@@ -61,17 +61,20 @@ def block_width(vector: torch.Tensor) -> int:
     return max(1, min(limit, vector.numel()))
 
 
+def _numpy(vector: torch.Tensor) -> bool:
+    """Whether kernels work on numpy views of tensors like ``vector`` (CPU) or on torch ops."""
+    return vector.device.type == "cpu"
+
+
 def _arrays(vectors: Sequence[torch.Tensor]) -> list[Array]:
     """Zero-copy numpy views on CPU, the tensors themselves elsewhere."""
-    if vectors[0].device.type == "cpu":
-        return [v.detach().numpy() for v in vectors]
-    return list(vectors)
+    return [v.detach().numpy() for v in vectors] if _numpy(vectors[0]) else list(vectors)
 
 
 def _empty(like: torch.Tensor, *shape: int) -> tuple[torch.Tensor, Array]:
     """A new float32 tensor on ``like``'s device and its array view."""
     tensor = like.new_empty(shape)
-    return tensor, (tensor.numpy() if tensor.device.type == "cpu" else tensor)
+    return tensor, (tensor.numpy() if _numpy(tensor) else tensor)
 
 
 def _columns(numel: int, width: int) -> Iterator[slice]:

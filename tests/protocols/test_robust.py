@@ -332,3 +332,12 @@ def test_senders_caught_by_sanitize_count_against_f(name: str) -> None:
     assert {failure.sender for failure in result.rejected} >= {c.sender for c in nans}
     stacked = torch.stack([c.vector for c in honest])
     assert torch.all(result.value >= stacked.min(0).values - 1e-6) and torch.all(result.value <= stacked.max(0).values + 1e-6)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_torch_path_of_the_kernels_matches_the_numpy_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accelerators run the same kernels as torch ops: forced onto them on CPU, the results agree."""
+    cs = contributions(randoms(9, 5_001, seed=6))
+    expected = aggregate(name, cs, 2).value
+    monkeypatch.setattr(kernels, "_numpy", lambda vector: False)
+    torch.testing.assert_close(aggregate(name, cs, 2).value, expected, atol=1e-5, rtol=1e-5)
