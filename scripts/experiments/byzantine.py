@@ -75,8 +75,8 @@ def plan(s: Settings, *, aggregators: list[str], attacks: list[str], fs: list[in
 
 
 def run_jobs(jobs: dict[str, tuple], *, workers: int, device: str, checkpoint: Path | None) -> dict[str, dict]:
-    """Every job, the clean ones first (they train all learners: the longest), in ``workers``
-    processes. With a ``checkpoint`` file each finished cell is appended to it as a JSON line, and
+    """Every job, the clean ones first (they train all learners: the longest), then seed by seed
+    (a first look at every cell early), in ``workers`` processes. With a ``checkpoint`` file each finished cell is appended to it as a JSON line, and
     cells already there are not run again (a long grid survives an interruption)."""
     cells: dict[str, dict] = {}
     if checkpoint is not None and checkpoint.exists():
@@ -84,7 +84,7 @@ def run_jobs(jobs: dict[str, tuple], *, workers: int, device: str, checkpoint: P
             record = json.loads(line)
             if record["key"] in jobs:
                 cells[record["key"]] = record["cell"]
-    keys = sorted((key for key in jobs if key not in cells), key=lambda key: "|clean|" not in key)
+    keys = sorted((key for key in jobs if key not in cells), key=lambda key: ("|clean|" not in key, key.split("|")[-1]))
     payloads = [(*jobs[key], device) for key in keys]
     start = time.perf_counter()
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
