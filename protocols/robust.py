@@ -28,8 +28,9 @@ Aggregators (registered in ``AGGREGATORS``; ``build_aggregator`` binds parameter
 ``scripts/experiments/byzantine.py`` (EXPERIMENTS.md). The one-step form with worker momentum
 (``centered_clipping_momentum``) was retired; ``robust_clipping`` says why.
 ``aggregate_or_degrade`` runs an aggregator and, when peers withheld so many contributions that
-its rule cannot run (Krum's 2f + 3), falls back to the coordinate-wise median with the same f
-instead of giving up: silence never switches the defence off. Every aggregator reads each input
+its rule cannot run (Krum's 2f + 3), falls back to the coordinate-wise median with the same f, or
+with fewer once the silent peers must count as faulty: silence never switches the defence off,
+nor stalls the round. Every aggregator reads each input
 once: the value checks of ``sanitize`` ride on the kernel's own pass (``robust_base.checked``).
 Kernels (column blocks, comparator networks, coefficient space) live in ``robust_kernels``.
 """
@@ -199,15 +200,31 @@ def build_aggregator(name: str, **params: object) -> Callable[..., AggregateResu
 def aggregate_or_degrade(aggregate: Callable[..., AggregateResult], arrived: Sequence[Contribution],
                          failures: Sequence[Failure], *, f: int, max_norm: float | None = None,
                          expected_numel: int | None = None) -> tuple[AggregateResult, str]:
-    """``aggregate(arrived, failures)``; when fewer usable contributions are left than its rule
-    needs (``NotEnoughUpdates``: peers withheld theirs and Krum wants 2f + 3), the coordinate-wise
-    median with the same f over the same arrivals instead: it needs only 2f + 1, the least any
-    robust rule can need, and a silent peer is never assumed honest or Byzantine. Returns the
-    result and a note that says why it degraded ('' when it did not); raises ``NotEnoughUpdates``
-    when not even the median can be robust against f among what arrived."""
+    """``aggregate(arrived, failures)``, or, when fewer usable contributions are left than its rule
+    needs (``NotEnoughUpdates``: peers withheld theirs), the most robust rule the arrivals support:
+
+    1. the coordinate-wise median with the same f: it needs only 2f + 1 usable, the least any
+       robust rule needs, and assumes nothing about the silent peers;
+    2. when fewer than 2f + 1 arrived, the median with the largest f' the arrivals support, but
+       never below f - k for k ``failures``: a peer that sent nothing is one of the faulty ones f
+       counts (silence is a fault), so at most f - k faulty peers can be among the arrivals.
+       Withholding therefore never stalls a round either.
+
+    Returns the result and a note that says why and how far it degraded ('' when it did not);
+    raises ``NotEnoughUpdates`` only when not even f - k can be tolerated (contributions that
+    arrived but were rejected as well)."""
     try:
         return aggregate(arrived, failures), ""
     except NotEnoughUpdates as exc:
         reason = str(exc)
-    result = coordinate_median(arrived, failures, f=f, max_norm=max_norm, expected_numel=expected_numel)
-    return result, f"degraded to the coordinate-wise median ({reason})"
+    for tolerated in range(f, max(0, f - len(failures)) - 1, -1):
+        try:
+            result = coordinate_median(arrived, failures, f=tolerated, max_norm=max_norm,
+                                       expected_numel=expected_numel)
+        except NotEnoughUpdates:
+            continue
+        if tolerated == f:
+            return result, f"degraded to the coordinate-wise median ({reason})"
+        return result, (f"degraded to the coordinate-wise median with f={tolerated}: {len(failures)} peer(s) sent "
+                        f"nothing and count as faulty ({reason})")
+    raise NotEnoughUpdates(f"not even f={max(0, f - len(failures))} can be tolerated among what arrived: {reason}")

@@ -6,7 +6,7 @@
   centered clipping uses the attacker's update (clipped) rather than rejecting anyone.
 - Peers that never send their pseudo-gradients do not switch Krum off: every round the honest
   learners count them as failures and degrade to the coordinate-wise median instead of falling
-  back to their own pseudo-gradients.
+  back to their own pseudo-gradients (``robust.aggregate_or_degrade``).
 """
 
 from __future__ import annotations
@@ -122,9 +122,6 @@ def test_peers_that_never_send_do_not_switch_the_defence_off(tmp_path: Path) -> 
     for events in rounds.values():
         for e in events:
             assert ids[4] in e["timed_out"], summary(events)
-            # what arrived decides what the round could do; it never gives up while 2f + 1 = 3 are there
-            if e["pgrads_used"] + 1 >= 3:
-                assert e["note"].startswith("degraded to the coordinate-wise median"), summary(events)
-            else:
-                assert e["note"].startswith("aggregation fell back to the own pseudo-gradient"), summary(events)
+            # whatever else arrived in time, the round aggregates robustly: it never gives up
+            assert e["note"].startswith("degraded to the coordinate-wise median"), summary(events)
         assert any(e["pgrads_used"] == 3 for e in events), summary(events)

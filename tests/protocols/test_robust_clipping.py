@@ -119,11 +119,18 @@ def test_degrades_to_the_median_when_withheld_updates_leave_too_few_for_krum() -
     assert no_note == "" and torch.equal(same.value, krum(arrived, silent, f=1).value)
 
 
-def test_degrading_never_goes_below_what_f_needs() -> None:
-    honest = contributions(randoms(4, 6, seed=6))  # 4 usable < 2f + 1 = 5 for f = 2
-    silent = [Failure(f"s{i}", "timed out") for i in range(4)]
-    with pytest.raises(NotEnoughUpdates, match="needs 5 usable"):
-        aggregate_or_degrade(functools.partial(krum, f=2), honest, silent, f=2)
+def test_degrading_counts_only_the_silent_against_f() -> None:
+    """Four arrivals and one silent peer, f = 2: the median with f = 2 needs five, so the silent
+    peer counts as one of the faulty and the median tolerates f - 1 = 1 among the four. With
+    nothing usable at all the round fails."""
+    honest = contributions(randoms(4, 6, seed=6))
+    median = functools.partial(coordinate_median, f=2)
+    result, note = aggregate_or_degrade(median, honest, [Failure("s", "timed out")], f=2)
+    assert "with f=1: 1 peer(s) sent nothing" in note
+    torch.testing.assert_close(result.value, coordinate_median(honest, [Failure("s", "timed out")], f=1).value)
+    nan = [Contribution("nan", torch.full((6,), math.nan))]
+    with pytest.raises(NotEnoughUpdates, match="not even f=0"):
+        aggregate_or_degrade(median, nan, [Failure(f"s{i}", "timed out") for i in range(4)], f=2)
 
 
 def test_flatten_unflatten_round_trip_in_sorted_name_order() -> None:
@@ -140,3 +147,17 @@ def test_flatten_unflatten_round_trip_in_sorted_name_order() -> None:
         unflatten(vec[:10], params)
     with pytest.raises(InvalidSetting, match="steps"):
         flatten({"steps": torch.tensor([3])})
+
+
+def test_silent_peers_count_as_faulty_once_the_arrivals_cannot_tolerate_f() -> None:
+    """f = 3 of 8 and three peers silent: five arrivals cannot hold 3 Byzantine (the median needs
+    7), so the silent ones count against f; the median then tolerates 2 among the five (the most
+    the arrivals support, at least f - 3 = 0) instead of stalling the round."""
+    arrived = [*contributions(randoms(4, 6, seed=7)), Contribution("bad", torch.full((6,), 1e4))]
+    silent = [Failure(f"s{i}", "timed out") for i in range(3)]
+
+    result, note = aggregate_or_degrade(functools.partial(coordinate_median, f=3), arrived, silent, f=3)
+
+    assert torch.equal(result.value, coordinate_median(arrived, silent, f=2).value)
+    assert "with f=2: 3 peer(s) sent nothing and count as faulty" in note
+    assert float(result.value.abs().max()) < 10  # the one attacker among the arrivals is still outvoted

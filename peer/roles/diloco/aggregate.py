@@ -5,10 +5,11 @@ arrived): that is gossip DiLoCo exactly. With a robust aggregator the W2 neighbo
 pseudo-gradients (own included) go through it instead, and every neighbour that did not deliver
 (timed out, rejected) goes with them as a failure: silence is never mistaken for a smaller round.
 When so many withheld theirs that the configured rule cannot run (Krum needs 2f + 3 usable), the
-round degrades to the coordinate-wise median with the same f (``robust.aggregate_or_degrade``),
-and the round's note says so. Only when not even the median can be robust against f among what
-arrived (fewer than 2f + 1 usable), or the run's f cannot fit this neighbourhood at all, does the
-learner fall back to its own pseudo-gradient, and the note says that too.
+round degrades to the coordinate-wise median with the same f, and when even that cannot run,
+to the median with the largest f the arrivals support, counting the silent peers as faulty
+(``robust.aggregate_or_degrade``); the round's note says which. Only a run whose f cannot fit
+the W2 neighbourhood at all (or a round with nothing usable) falls back to this learner's own
+pseudo-gradient, and the note says that too.
 """
 
 from __future__ import annotations

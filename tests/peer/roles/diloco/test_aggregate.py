@@ -96,15 +96,32 @@ def test_silent_peers_count_as_failures_of_the_round_not_as_a_smaller_round() ->
     assert ledger.timed_out == ["l6", "l7"] and bool(torch.isfinite(flatten(out)).all())
 
 
-def test_too_few_for_any_robust_rule_falls_back_to_the_own_pseudo_gradient_and_says_so() -> None:
+def test_when_too_many_are_silent_for_f_they_count_as_faulty_and_the_round_still_aggregates() -> None:
+    """Krum, f = 2, three of the seven others silent: four usable cannot hold 2 Byzantine (the
+    median needs 5), so the silent ones count against f and the median tolerates 1 among the four."""
     aggregator = aggregator_for("krum", 2)
     own = pseudo_gradient(0)
-    arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:4], start=1)}  # 4 usable < 2f + 1
+    arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:4], start=1)}
 
-    out, _ledger = aggregate_round(aggregator, arrived, own)
+    out, ledger = aggregate_round(aggregator, arrived, own)
+
+    everyone = [Contribution(str(i), v) for i, v in enumerate([flatten(own), *(flatten(v) for v in arrived.values())])]
+    torch.testing.assert_close(flatten(out), coordinate_median(everyone, f=1).value)
+    assert "with f=1" in aggregator.note and ledger.used == LEARNERS[1:4]
+
+
+def test_a_neighbourhood_too_small_for_f_falls_back_to_the_own_pseudo_gradient_and_says_so() -> None:
+    aggregator = aggregator_for("krum", 2)
+    own = pseudo_gradient(0)
+    arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:5], start=1)}
+    ledger = ExchangeLedger(expected=LEARNERS[1:5])  # a W2 neighbourhood of five: Krum with f = 2 needs seven
+    ledger.settle(list(arrived))
+    weights = mixing_weights("global", 5, round=0, seed=0)
+
+    out = aggregator.aggregate(own, arrived, weights=weights, me=0, index_of=LEARNERS.index, ledger=ledger)
 
     assert torch.equal(flatten(out), flatten(own))
-    assert aggregator.note.startswith("aggregation fell back to the own pseudo-gradient")
+    assert aggregator.note.startswith("aggregation fell back to the own pseudo-gradient") and "n > 2f + 2" in aggregator.note
 
 
 # -- the --attack option: what a Byzantine learner sends ----------------------------------------------
