@@ -232,7 +232,7 @@ def run_cell(aggregator: str, attack: str | None, f: int, s: Settings, task: Tex
     cohort = Cohort(s, task, device, trainers=honest_count)
     target = Target(aggregator, f=f, tau=s.tau, beta=s.beta)
     attacker = Attacker(attack, [sender(i) for i in range(honest_count, s.learners)], s) if attack else None
-    skipped, degraded, byzantine_used = 0, 0, []
+    skipped, degraded, byzantine_used, trace = 0, 0, [], []
     for round in range(s.rounds):
         try:
             ds = cohort.pseudo_gradients()
@@ -255,11 +255,25 @@ def run_cell(aggregator: str, attack: str | None, f: int, s: Settings, task: Tex
             continue
         degraded += bool(note)
         byzantine_used.append(sum(who not in honest_senders for who in result.used))
+        trace.append(round_trace(honest, result.value))
         cohort.apply(unflatten(result.value, ds[0]))
     loss = cohort.heldout_loss()
     return {"outcome": "ok" if math.isfinite(loss) else "diverged", "loss": loss, "skipped_rounds": skipped,
-            "degraded_rounds": degraded, "byzantine_used": byzantine_used,
+            "degraded_rounds": degraded, "byzantine_used": byzantine_used, "trace": trace,
             "strengths": attacker.strengths if attacker else []}
+
+
+def round_trace(honest: list[torch.Tensor], aggregate: torch.Tensor) -> dict[str, float]:
+    """What a round's aggregate did, against the honest pseudo-gradients: the honest mean's norm,
+    the honest spread (median distance to their coordinate-wise median), and the aggregate's
+    offset from the honest mean, overall and along the honest mean's direction (negative: the
+    aggregate lost progress)."""
+    mean = torch.stack(honest).mean(dim=0)
+    median = coordinate_median([Contribution(sender(i), v) for i, v in enumerate(honest)]).value
+    offset = aggregate - mean
+    return {"honest_mean_norm": float(mean.norm()),
+            "honest_spread": float(torch.stack([(v - median).norm() for v in honest]).median()),
+            "offset_norm": float(offset.norm()), "offset_along_mean": float(offset @ attacks.direction(mean))}
 
 
 def calibrate_tau(s: Settings, task: TextTask, device: torch.device) -> float:
