@@ -3,8 +3,12 @@
 
 Primitives below, recipes above; the rest of gossamer uses the recipes:
 
+- ``errors``     the exception tree below.
 - ``identity``   Ed25519 identity in a 0600 file; peer id = hex SHA-256 fingerprint of the raw
                  public key.
+- ``signed``     canonical encoding and signed objects (records, manifests) under their own
+                 signing domain.
+- ``tokens``     owner-signed join tokens for allowlist runs (bound to a key, or not; expiring).
 - ``envelope``   signed envelopes (sender, recipient, run id, round, timestamp, nonce, payload
                  digest) and the replay guard that checks them.
 - ``channel``    X25519 + HKDF + ChaCha20-Poly1305 per-frame channel encryption.

@@ -1,4 +1,25 @@
-"""The composition root: the peer daemon, its CLI, configuration, roles, checkpoints and metrics.
+"""The composition root: the peer daemon, its CLI, and each protocol's roles (see
+docs/ARCHITECTURE.md for the layers, the plugin contract and each protocol's message flow).
+
+Map of the package:
+
+- ``daemon``     one running peer: identity, DHT membership, servers, heartbeat, its roles.
+- ``serving``    what any peer serves and announces: role routes and methods, state, its record.
+- ``plugin``     ``ProtocolPlugin`` (what a protocol brings) and ``PluginRegistry``.
+- ``role``       ``Role``, ``ProtocolRole[S]`` and the ``RoleContext`` the daemon hands them.
+- ``config``     ``PeerConfig``: the daemon's options, from flags and an optional TOML file.
+- ``errors``     the peer layer's exception tree.
+- ``events``     machine-readable JSON event lines (``--events``).
+- ``metrics``    Prometheus metrics and traffic counters of one daemon.
+- ``device``     ``--device auto|cpu|cuda[:N]``.
+- ``http_api``   the daemon's own ``/healthz``, ``/status`` and ``/metrics``.
+- ``run``        who is in the run: manifests, signed records, admission, the live view, joining.
+- ``kit``        what roles share: signed messaging, secure links, state sync, inboxes, ledgers,
+                 the settings reader, checkpoints.
+- ``route``      chained TCP hops through hosts (BlockTrain inference routes).
+- ``roles``      one folder per protocol, and the registry of their plugins (``PLUGINS``).
+- ``cli``        the ``gossamer`` command and its generic subcommands; presets.
+- ``testing``    shipped test support: local processes, an in-process network of roles.
 
 Vocabulary (one word per concept, used everywhere in gossamer):
 
@@ -6,7 +27,12 @@ Vocabulary (one word per concept, used everywhere in gossamer):
   public key (not hivemind's libp2p PeerID, which only addresses the DHT node).
 - **run**: one training job; **run id** = ``<name>@<owner fingerprint prefix>``.
 - **manifest**: the run's signed description, published in the DHT and over HTTP.
-- **role**: what a peer does in a run (learner, block-worker, block-server, expert-host, cp-shard,
-  node, orchestrator, helper).
-- **round**: one synchronisation period of a protocol.
+- **protocol**: the training method of a run (``run.protocol``), one plugin.
+- **role**: what a peer does in a run. The generic ``orchestrator``; ``learner`` (diloco);
+  ``block-coordinator``, ``block-worker``, ``block-server``, ``ar-stage`` (blocktrain);
+  ``tlpp-server``, ``node``, ``helper`` (tlpp).
+- **round**: one synchronisation period of a protocol (a learner's outer round, a block version,
+  a TL++ virtual batch); its **ledger** accounts for every expected contribution.
+- **route**: the chain of hosts a BlockTrain inference pass goes through; **traversal** means
+  TL++'s traversal learning only.
 """

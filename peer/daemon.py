@@ -16,41 +16,52 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from gossamer import __version__
 from gossamer.crypto.errors import IdentityError
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.device import describe_device, resolve_device
 from gossamer.peer.errors import StartupError
-from gossamer.peer.events import emit
+from gossamer.peer.events import EventSink
 from gossamer.peer.http_api import daemon_routes
 from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
-from gossamer.peer.role import Role, RoleContext, RoleFactory, build_roles, peers_key
-from gossamer.peer.roles import ROLE_FACTORIES
+from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
+from gossamer.peer.role import Role, RoleContext
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, start_membership
+from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest
 from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.run.view import PeerView
+from gossamer.peer.serving import (
+    TcpDispatch,
+    donated_state,
+    peer_record,
+    role_app,
+    role_dispatcher,
+    state_donor,
+)
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.errors import TransportError
-from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
-from gossamer.transport.tcp import HandlerError, TcpConfig, TcpServer
+from gossamer.transport.tcp import TcpConfig, TcpServer
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
+VERSION = __version__
 
 
 class Daemon:
     """One running peer. Build with ``await Daemon.create(config)``; stop with ``await aclose()``."""
 
-    def __init__(self, *, config: PeerConfig, identity: Identity, manifest: Manifest,
+    def __init__(self, *, config: PeerConfig, identity: Identity, manifest: Manifest, plugin: ProtocolPlugin,
                  membership: DhtMembership, http_client: HttpClient, view: PeerView, traffic: Traffic,
                  resources: contextlib.AsyncExitStack, device_info: dict[str, Any]) -> None:
         self.config = config
+        self.plugin = plugin
+        self.events = EventSink(enabled=config.events)
         self.identity = identity
         self.manifest = manifest
         self.membership = membership
@@ -72,9 +83,14 @@ class Daemon:
         self._closed = False
 
     @classmethod
-    async def create(cls, config: PeerConfig, *, run_config: RunConfig | None = None,
-                     role_factories: Mapping[str, RoleFactory] = ROLE_FACTORIES) -> Daemon:
-        """Start a daemon; ``role_factories`` is the registry of roles it may take (plugins extend it)."""
+    async def create(cls, config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,
+                     role_options: Mapping[str, Mapping[str, Any]] | None = None) -> Daemon:
+        """Start a daemon that takes ``config.roles`` in the run (``run_config``: host it, as its
+        owner; otherwise join ``config.run``). ``plugins`` are the protocols it knows;
+        ``role_options`` are extra keyword arguments for named roles' constructors."""
+        if run_config is not None:
+            plugins.check_roles(run_config.protocol, config.roles, run=run_config.name)
+            plugins.plugin(run_config.protocol).read_settings(run_config)  # refuse bad settings before any I/O
         identity = load_identity(config)
         device = resolve_device(config.device)
         if config.threads:
@@ -89,25 +105,29 @@ class Daemon:
             http_config = HttpConfig()
             http_client = await HttpClient.create(config=http_config)
             stack.push_async_callback(http_client.aclose)
+            plugin = plugins.plugin(manifest.config.protocol)
+            plugins.check_roles(plugin.name, config.roles, run=manifest.run_id)
+            settings = plugin.read_settings(manifest.config)
             view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
-            daemon = cls(config=config, identity=identity, manifest=manifest, membership=membership,
+            daemon = cls(config=config, identity=identity, manifest=manifest, plugin=plugin, membership=membership,
                          http_client=http_client, view=view, traffic=Traffic(), resources=stack.pop_all(),
                          device_info=describe_device(device))
         try:
-            ctx = RoleContext(identity=identity, config=config, manifest=manifest, membership=membership,
-                              http_client=http_client, view=view, device=device, traffic=daemon.traffic,
-                              now=membership.now, http_config=http_config, announce=daemon._announce.set,
+            ctx = RoleContext(identity=identity, config=config, manifest=manifest, plugin=plugin, settings=settings,
+                              membership=membership, http_client=http_client, view=view, device=device,
+                              traffic=daemon.traffic, now=membership.now, http_config=http_config,
+                              events=daemon.events, announce=daemon._announce.set,
                               view_refreshed=daemon._view_refreshed)
-            await daemon._start(ctx, role_factories)
+            await daemon._start(ctx, plugins, role_options)
         except BaseException:
             await daemon.aclose()
             raise
         return daemon
 
-    async def _start(self, ctx: RoleContext, role_factories: Mapping[str, RoleFactory]) -> None:
-        self.roles = build_roles(self.config.roles, ctx, role_factories)
-        stateful = [role for role in self.roles if role.model_state() is not None]
-        self.state_donor = StateDonor(stateful[0].model_state) if stateful else None
+    async def _start(self, ctx: RoleContext, plugins: PluginRegistry,
+                     role_options: Mapping[str, Mapping[str, Any]] | None) -> None:
+        self.roles = build_roles(plugins, self.plugin.name, self.config.roles, ctx, role_options)
+        self.state_donor = state_donor(self.roles)
         self.http = await _bind("HTTP", "--http_port", self.config.http_port,
                                 HttpServer.create(self._build_app(), host=self.config.host, port=self.config.http_port,
                                                   config=ctx.http_config))
@@ -122,45 +142,22 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 20)
-        app.add_routes(daemon_routes(self.status, self.metrics))
-        for role in self.roles:
-            app.add_routes(role.routes())
-        if self.state_donor is not None:
-            app.add_routes(self.state_donor.routes())
-        return app
+        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics))
 
-    def _tcp_dispatcher(self):
-        methods = {name: method for role in self.roles for name, method in role.tcp_methods().items()}
-
-        async def dispatch(frame: Frame, info: object) -> Frame | None:
-            method = methods.get(str(frame.header.get("method", "")))
-            if method is None:
-                raise HandlerError(f"unknown method {frame.header.get('method')!r}")
-            return await method(frame)
-
-        return dispatch
+    def _tcp_dispatcher(self) -> TcpDispatch:
+        return role_dispatcher(self.roles)
 
     # -- heartbeat and view -------------------------------------------------------------------
 
     def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
         host = self.config.advertised_host
-        return PeerRecord(
-            peer_id=self.identity.peer_id, public_key=self.identity.public_key, name=self.config.public_name,
-            http_addr=f"{host}:{self.http.address[1]}" if self.http else "",
-            tcp_addr=f"{host}:{self.tcp.address[1]}" if self.tcp else "",
-            roles=tuple(dict.fromkeys(self.config.roles)), version=VERSION, round=self.round,
-            timestamp=self.membership.now(), capacity=dict(self.device_info),
-            assignment={k: v for role in self.roles for k, v in role.status().get("assignment", {}).items()},
-            join_token=self.config.join_token, state=state or {},
-        )
+        return peer_record(identity=self.identity, config=self.config, roles=self.roles,
+                           http_addr=f"{host}:{self.http.address[1]}" if self.http else "",
+                           tcp_addr=f"{host}:{self.tcp.address[1]}" if self.tcp else "",
+                           now=self.membership.now(), capacity=self.device_info, state=state)
 
     async def publish_record(self) -> None:
-        state = None
-        if self.state_donor is not None:
-            version, digest = await self.state_donor.published()
-            state = {"version": version, "digest": digest}
-        record = self.record(state)
+        record = self.record(await donated_state(self.state_donor))
         self._record_expiration = record.timestamp + self.manifest.ttl_s
         await self.membership.store(peers_key(self.manifest.run_id), self.identity.peer_id,
                                     seal_record(self.identity, record), expiration_time=self._record_expiration)
@@ -196,7 +193,7 @@ class Daemon:
                 continue
             live = self.view.live(now=self.membership.now())
             if len(live) != last_count:
-                emit(self.config.events, "peers", count=len(live), peer_ids=[p.record.peer_id for p in live])
+                self.events.emit("peers", count=len(live), peer_ids=[p.record.peer_id for p in live])
                 last_count = len(live)
 
     # -- introspection ------------------------------------------------------------------------

@@ -4,10 +4,16 @@
 
     PeerError
      ├── ConfigError        bad flags / TOML / run config; the message names the option
+     │    └── DataSourceError   (roles.tlpp.data) a node's --data that cannot be read or is not images
      ├── ManifestError      a run manifest that does not verify or does not match the run id
      ├── RecordRejected     a peer record that is unsigned, mis-signed, expired or not admitted
      ├── StartupError       the daemon could not start (port in use, DHT, bootstrap); actionable text
-     └── StateSyncError     (peer.kit.statesync) a joiner could not get the run's state from any donor
+     ├── StateSyncError     (kit.statesync) a joiner could not get the run's state from any donor
+     ├── SecureLinkError    (kit.secure_link) an encrypted link failed; it is closed
+     ├── RequestRefused     (kit.secure_link) the peer refused a request, with a code; the link stays
+     ├── RouteFailed        (route.client) no live host is left for a unit of the route
+     └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
+          └── HelperFailed  the TL++ helper failed a request (secure mode stops with this)
 
 The CLI prints these as one-line ``error: ...`` messages (exit code 2), never as tracebacks.
 """

@@ -1,15 +1,28 @@
 """Machine-readable progress events: one JSON object per line on stdout when ``--events`` is on
-(``gossamer swarm`` and the end-to-end tests read them)."""
+(``gossamer swarm``, the end-to-end tests and scripts read them).
+
+The daemon's own events are ``ready``, ``peers`` and ``stopped``; a protocol's roles emit
+``<protocol>.<event>`` through ``ProtocolRole.emit``, with the fields their plugin documents
+(``ProtocolPlugin.events``; listed in docs/ARCHITECTURE.md).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 
-def emit(enabled: bool, event: str, **fields: Any) -> None:
-    """Write ``{"event": event, **fields}`` as one line, if ``enabled``."""
-    if enabled:
-        sys.stdout.write(json.dumps({"event": event, **fields}, sort_keys=True, default=str) + "\n")
-        sys.stdout.flush()
+class EventSink:
+    """Writes events as JSON lines to ``stream`` (stdout by default) when ``enabled``."""
+
+    def __init__(self, *, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self._stream = stream
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Write ``{"event": event, **fields}`` as one line, if enabled."""
+        if self.enabled:
+            stream = self._stream or sys.stdout
+            stream.write(json.dumps({"event": event, **fields}, sort_keys=True, default=str) + "\n")
+            stream.flush()

@@ -1,19 +1,23 @@
-"""Pluggable roles: what a peer does in a run.
+"""Roles: what a peer does in a run.
 
-A role is built from a ``RoleContext`` by a factory registered in ``peer.roles``; the daemon
-collects its HTTP routes and TCP methods before the servers start, then calls ``start()``; on
-shutdown it calls ``aclose()`` (idempotent). ``status()`` feeds ``/status``, ``/metrics`` and the
-swarm view. Later protocols add their roles (learner, block-worker, block-server, expert-host,
-cp-shard, node, helper) to the registry.
+A role is built from a ``RoleContext`` by a factory its protocol's plugin registers
+(``gossamer.peer.plugin``); the daemon collects its HTTP routes and TCP methods before the servers
+start, then calls ``start()``; on shutdown it calls ``aclose()`` (idempotent), which cancels every
+task the role spawned. ``status()`` feeds ``/status``, ``/metrics`` and the swarm view.
+
+``Role`` is the base of every role; ``ProtocolRole[S]`` is the base of a protocol's roles, with
+the run's settings ``S`` (parsed once per daemon, before any role is built) and the helpers every
+role used to write out: the live peers with a given role, the run-owner check, this peer's shard
+and seed, and events namespaced by protocol and checked against the plugin's schema.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from aiohttp import web
@@ -21,11 +25,12 @@ from aiohttp import web
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.events import EventSink
 from gossamer.peer.metrics import Traffic
+from gossamer.peer.plugin import ProtocolPlugin
 from gossamer.peer.run.manifest import Manifest
-from gossamer.peer.run.view import PeerView
+from gossamer.peer.run.view import LivePeer, PeerView
 from gossamer.transport.dht import DhtMembership
-from gossamer.transport.errors import TransportError
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
@@ -33,16 +38,18 @@ from gossamer.transport.http_client import HttpClient
 log = logging.getLogger(__name__)
 
 TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
-RoleFactory = Callable[["RoleContext"], "Role"]
+S = TypeVar("S")
 
 
 @dataclass(frozen=True, kw_only=True)
 class RoleContext:
-    """What the daemon hands every role: identity, run, device, and the shared transports."""
+    """What the daemon hands every role: identity, run, settings, device, and the shared transports."""
 
     identity: Identity
     config: PeerConfig
     manifest: Manifest
+    plugin: ProtocolPlugin
+    settings: Any  # the plugin's settings for this run, parsed once (None if it has none)
     membership: DhtMembership
     http_client: HttpClient
     view: PeerView
@@ -50,6 +57,7 @@ class RoleContext:
     traffic: Traffic
     now: Callable[[], float]
     http_config: HttpConfig
+    events: EventSink = field(default_factory=lambda: EventSink(enabled=False))
     announce: Callable[[], None] = lambda: None  # republish this peer's record now (e.g. a new round)
     view_refreshed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified after each refresh
 
@@ -62,6 +70,10 @@ class RoleContext:
                 return predicate()
         return True
 
+    @property
+    def is_run_owner(self) -> bool:
+        return self.manifest.owner_public_key == self.identity.public_key
+
 
 class Role:
     """Base class with the no-op defaults; subclasses override what they need."""
@@ -70,7 +82,8 @@ class Role:
 
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
-        self._task: asyncio.Task[None] | None = None  # the role's main loop, if it has one
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     def routes(self) -> list[web.RouteDef]:
         return []
@@ -81,15 +94,24 @@ class Role:
     async def start(self) -> None:
         return None
 
-    async def aclose(self) -> None:
-        await self.stop_task()
+    def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task this role owns: ``aclose`` cancels it and waits for it."""
+        task = asyncio.create_task(coro, name=f"{self.name}: {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
-    async def stop_task(self) -> None:
-        """Cancel the role's main loop (``self._task``) and wait until it has ended."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+    async def drain(self) -> None:
+        """Wait until every task the role has spawned so far has ended (tests, orderly shutdowns)."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Cancel every task the role spawned and wait until they have ended (idempotent)."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @property
     def round(self) -> int:
@@ -107,66 +129,60 @@ class Role:
         return {}
 
 
-def manifest_key(run_id: str) -> str:
-    return f"run/{run_id}/manifest"
-
-
-def peers_key(run_id: str) -> str:
-    return f"run/{run_id}/peers"
-
-
-class OrchestratorRole(Role):
-    """Publishes the owner-signed manifest in the DHT (refreshed every heartbeat) and over HTTP."""
-
-    name = "orchestrator"
+class ProtocolRole(Role, Generic[S]):
+    """A role of one protocol: ``self.settings`` is the run's settings of type ``S``."""
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        if ctx.manifest.owner_public_key != ctx.identity.public_key:
-            raise ConfigError("the orchestrator role needs the run owner's identity (the key that signed the manifest)")
-        self.publications = 0
+        self.settings: S = ctx.settings
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.get("/manifest", self._serve_manifest)]
+    # -- who is in the run ------------------------------------------------------------------------
 
-    async def _serve_manifest(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.ctx.manifest.blob, content_type="application/octet-stream")
+    @property
+    def peer_id(self) -> str:
+        return self.ctx.identity.peer_id
 
-    async def start(self) -> None:
-        await self.publish_once()
-        self._task = asyncio.create_task(self._publish_loop(), name="orchestrator-manifest")
+    def peers_with(self, role: str, *, include_self: bool = False) -> list[LivePeer]:
+        """Live, admitted peers whose record carries ``role``, sorted by peer id."""
+        return [p for p in self.ctx.view.live(now=self.ctx.now())
+                if role in p.record.roles and (include_self or p.record.peer_id != self.peer_id)]
 
-    async def publish_once(self) -> None:
-        expiration = self.ctx.now() + self.ctx.manifest.ttl_s
-        await self.ctx.membership.store(manifest_key(self.ctx.manifest.run_id), self.ctx.identity.peer_id,
-                                        self.ctx.manifest.blob, expiration_time=expiration)
-        self.publications += 1
+    def peer_ids_with(self, role: str, *, include_self: bool = False) -> list[str]:
+        """Peer ids of ``peers_with(role)``; with ``include_self``, this peer is among them whatever
+        its record says (its own record may not be in the view yet)."""
+        ids = {p.record.peer_id for p in self.peers_with(role)}
+        if include_self:
+            ids.add(self.peer_id)
+        return sorted(ids)
 
-    async def _publish_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
-            try:
-                await self.publish_once()
-            except TransportError as exc:
-                log.warning("could not republish the manifest: %s", exc)
+    def live_with(self, peer_id: str, role: str) -> LivePeer | None:
+        """The live record of ``peer_id`` if it carries ``role``; None otherwise."""
+        live = self.ctx.view.get(peer_id)
+        return live if live is not None and role in live.record.roles else None
 
-    def status(self) -> dict[str, Any]:
-        return {"run_id": self.ctx.manifest.run_id, "protocol": self.ctx.manifest.config.protocol,
-                "manifest_publications": self.publications}
+    def require_run_owner(self) -> None:
+        """ConfigError unless this peer holds the key that signed the manifest."""
+        if not self.ctx.is_run_owner:
+            raise ConfigError(f"the {self.name} role needs the run owner's identity (the key that signed the manifest)")
 
+    # -- this peer's share of the work ------------------------------------------------------------
 
-KNOWN_ROLES = ("learner", "block-worker", "block-server", "block-coordinator", "expert-host", "cp-shard",
-               "node", "orchestrator", "helper", "tlpp-server", "ar-stage")
+    def shard_index(self, num_shards: int) -> int:
+        """This peer's data shard: its peer id modulo ``num_shards`` (stable across restarts)."""
+        return int(self.peer_id[:8], 16) % num_shards
 
+    def peer_seed(self) -> int:
+        """A seed derived from the peer id: different on every peer, the same after a restart."""
+        return int(self.peer_id[:15], 16)
 
-def build_roles(names: tuple[str, ...], ctx: RoleContext, factories: Mapping[str, RoleFactory]) -> list[Role]:
-    """Instantiate the named roles; ConfigError for names that are unknown or not available yet."""
-    roles = []
-    for name in dict.fromkeys(names):
-        if name not in factories and name not in KNOWN_ROLES:
-            raise ConfigError(f"unknown role {name!r}; roles are: {', '.join(KNOWN_ROLES)}")
-        if name not in factories:
-            raise ConfigError(f"role {name!r} is not available in this version of gossamer "
-                              f"(available: {', '.join(factories)})")
-        roles.append(factories[name](ctx))
-    return roles
+    # -- telling the world ------------------------------------------------------------------------
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Emit ``<protocol>.<event>``; its fields must be exactly those the plugin documents."""
+        schema = self.ctx.plugin.events.get(event)
+        if schema is None:
+            raise KeyError(f"{self.ctx.plugin.name} has no event {event!r}; document it in its plugin")
+        if set(fields) != set(schema.fields):
+            raise TypeError(f"event {self.ctx.plugin.name}.{event} carries {sorted(fields)}, "
+                            f"its schema says {sorted(schema.fields)}")
+        self.ctx.events.emit(f"{self.ctx.plugin.name}.{event}", **fields)

@@ -16,10 +16,16 @@ Map of the package:
                  ``robust_kernels`` (vectorised order statistics and distances),
                  ``robust_clipping`` (centered clipping, worker momentum, clipped gossip);
                  ``attacks`` beside it (sign flip, ALIE, IPM, label flip, ...).
-- ``blocktrain`` BlockTrain: blocks as denoisers over equal-probability noise bands, the one-block
-                 training step, one Euler step per block in a traversal, generation.
-- ``traversal``  TL++: virtual batches grouped by node, the model split at the cut, the exact
-                 (summed) gradient path, and the byte formulas.
+- ``context``    compressed context parallelism: ring attention whose keys and values travel as
+                 subspace coefficients; each ring member's step as a sans-I/O state machine, the
+                 coefficient message format and its checks (a subpackage; see its docstring).
+- ``blocktrain`` BlockTrain (a subpackage): ``config``, ``bands`` (equal-probability noise bands,
+                 EDM), ``model`` (blocks as denoisers, the stack), ``train`` (the one-block
+                 training step), ``inference`` (one Euler step per block in a pass,
+                 generation), ``assignment`` (which worker trains which block).
+- ``tlpp``       TL++ traversal learning (a subpackage): ``schedule`` (virtual batches grouped by
+                 node), ``model`` (the model split at the cut), ``step`` (the exact, summed
+                 gradient path), ``traffic`` (the byte formulas).
 
 Vocabulary: a **round** is one outer step (a BlockTrain block version, a TL++ virtual batch); a **contribution** is what one peer sent for a round.
 """

@@ -5,7 +5,9 @@
     ProtocolError
      ├── InvalidSetting     a configuration that cannot work (e.g. 2f >= n for an aggregator,
      │                      an unknown topology); the message names the setting
-     └── NotEnoughUpdates   too few usable contributions arrived for a round or an aggregator
+     ├── NotEnoughUpdates   too few usable contributions arrived for a round or an aggregator
+     ├── BlockTrainError    (blocktrain) a bad BlockTrain setting, tensor or state
+     └── TraversalError     (tlpp) a TL++ model, cut or batch that cannot work
 """
 
 from __future__ import annotations

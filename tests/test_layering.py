@@ -83,3 +83,83 @@ def test_layers_are_imported_through_the_gossamer_namespace(path: Path) -> None:
 
 def test_layering_walk_finds_modules() -> None:
     assert len(list(modules(*LAYERS))) >= 4
+
+
+# -- inside peer/: rooms, and who may import whom ---------------------------------------------------
+
+GENERIC_ROOMS = ("run", "kit", "route", "testing")
+
+
+def peer_room(path: Path) -> tuple[str, ...]:
+    """``peer/roles/diloco/learner.py`` -> ("roles", "diloco"); ``peer/daemon.py`` -> ()."""
+    parts = path.relative_to(ROOT / "peer").parts[:-1]
+    return tuple(parts[:2])
+
+
+@pytest.mark.parametrize("path", list(modules("peer")), ids=relative)
+def test_rooms_inside_peer_import_in_the_allowed_direction(path: Path) -> None:
+    room = peer_room(path)
+    imported = imported_modules(path)
+    roles = {m for m in imported if m.startswith("gossamer.peer.roles")}
+    if room[:1] and room[0] in GENERIC_ROOMS:
+        assert not roles, f"{relative(path)}: peer/{room[0]} must not import the protocols' roles ({sorted(roles)})"
+        cli = {m for m in imported if m.startswith("gossamer.peer.cli")}
+        assert not cli, f"{relative(path)}: peer/{room[0]} must not import the CLI ({sorted(cli)})"
+    if room[:1] == ("roles",) and len(room) == 2:
+        others = {m for m in roles if m.split(".")[3:4] and m.split(".")[3] != room[1]}
+        assert not others, f"{relative(path)}: roles/{room[1]} imports another protocol's room: {sorted(others)}"
+        assert "gossamer.peer.roles" not in imported, f"{relative(path)} imports the registry from inside a protocol"
+        assert not {m for m in imported if m.startswith("gossamer.peer.cli")}, \
+            f"{relative(path)}: a protocol's commands get the CLI's kit as an argument; never import the CLI"
+    if not room:  # the generic top of peer/: the registry, never a protocol's room
+        named = {m for m in roles if m != "gossamer.peer.roles"}
+        assert not named, f"{relative(path)} names a protocol's modules: {sorted(named)}"
+
+
+def test_only_the_registry_module_lists_plugins() -> None:
+    listing = [relative(p) for p in modules("peer") if "PluginRegistry(" in p.read_text(encoding="utf-8")]
+    assert listing == ["peer/plugin.py", "peer/roles/__init__.py"], listing
+
+
+@pytest.mark.parametrize("path", list(modules("scripts")), ids=relative)
+def test_scripts_never_import_the_tests(path: Path) -> None:
+    wrong = {m for m in imported_modules(path) if m.split(".")[0] == "tests"}
+    assert not wrong, f"{relative(path)} imports {sorted(wrong)}: shipped test support lives in gossamer.peer.testing"
+
+
+# -- maps and trees in the docstrings say what exists -----------------------------------------------
+
+PACKAGES = sorted({p.parent for layer in LAYERS for p in (ROOT / layer).rglob("__init__.py")
+                   if "_gossamer" not in p.parts and "presets" not in p.parts})
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_package_docstring_maps_its_modules(package: Path) -> None:
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    members = sorted({p.stem for p in package.glob("*.py") if p.stem != "__init__" and p.stem != "__main__"}
+                     | {p.name for p in package.iterdir() if (p / "__init__.py").is_file() and p.name != "_gossamer"})
+    missing = [name for name in members if f"``{name}``" not in doc]
+    assert not missing, f"{package.relative_to(ROOT)}/__init__.py's docstring does not map {missing}"
+
+
+ERROR_TREES = {"peer": "peer/errors.py", "protocols": "protocols/errors.py", "transport": "transport/__init__.py",
+               "crypto": "crypto/__init__.py"}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_every_exception_is_in_its_layers_tree(layer: str) -> None:
+    defined: dict[str, list[str]] = {}
+    for path in modules(layer):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+    errors = {"Exception", "ValueError", "ConnectionResetError"}
+    changed = True
+    while changed:
+        found = {name for name, bases in defined.items() if set(bases) & errors} - errors
+        changed = bool(found - errors)
+        errors |= found
+    errors -= {"Exception", "ValueError", "ConnectionResetError"}
+    tree = ast.get_docstring(ast.parse((ROOT / ERROR_TREES[layer]).read_text(encoding="utf-8"))) or ""
+    missing = sorted(name for name in errors if name not in tree)
+    assert not missing, f"{ERROR_TREES[layer]}'s exception tree does not list {missing}"

@@ -5,6 +5,7 @@ Map of the package:
 - ``errors``    the exception tree below; every foreign error (OSError, asyncio.TimeoutError,
                 aiohttp, msgpack) is translated into it once, here, at the transport boundary.
 - ``limits``    ``Limits``: hard caps on every length, count, depth and size a peer can claim.
+- ``header``    msgpack headers, decoded exactly and within every cap.
 - ``codec``     tensor codec: a msgpack header per tensor (name, dtype from an allowlist, shape,
                 byte length, optional fp16/bf16/int8 quantisation) and raw little-endian bytes,
                 decoded zero-copy.
@@ -20,7 +21,8 @@ Map of the package:
                 slowloris, connection cap, tensor helpers) and ``http_client``.
 - ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
                 (``wan_link`` holds the per-link profile and pacing).
-- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys.
+- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys
+                (a subpackage: ``membership``, ``config``, ``startup``, ``records``).
 
 Exceptions::
 
@@ -29,7 +31,14 @@ Exceptions::
      │    ├── LimitExceeded    a claimed length / count / depth / size over a cap
      │    └── NonFiniteTensor  NaN or Inf where the caller asked for finite values
      ├── ConnectionClosed      the peer closed or reset the connection (also mid-frame)
+     │    └── ConnectFailed    (tcp_client) no connection could be opened to the address
      ├── TransportTimeout      a deadline passed (connect, read, request)
      ├── Overloaded            a connection cap or bounded queue is full
-     └── RemoteError           the peer answered with an error frame or HTTP error status
+     ├── RemoteError           the peer answered with an error frame or HTTP error status
+     ├── BootstrapFailed       (dht.startup) no initial peer answered; the message says what to check
+     └── DhtStartFailed        (dht.startup) the DHT node (p2pd) could not start; the message says why
+
+Two signals that never reach a caller: ``HandlerError`` (tcp_server), raised by a request
+handler to refuse a request (the peer gets its message as an error frame), and
+``InjectedReset`` (wan_link), the WAN emulator's own way to reset a link on purpose.
 """

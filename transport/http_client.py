@@ -102,6 +102,12 @@ class HttpClient:
                           extra_headers: Mapping[str, str] | None = None) -> Any:
         """Upload ``tensors`` as a streamed safetensors body; the decoded JSON answer ({} if empty)."""
         total_bytes, chunks = encode_safetensors(tensors, metadata)
+        return await self.put_body(url, total_bytes, chunks, extra_headers=extra_headers)
+
+    async def put_body(self, url: str, total_bytes: int, chunks: list[memoryview], *,
+                       extra_headers: Mapping[str, str] | None = None) -> Any:
+        """Upload a body already encoded as ``chunks`` (``total_bytes`` in all), streamed; the
+        decoded JSON answer ({} if empty)."""
         answer = await self._put_stream(url, total_bytes, chunks, extra_headers)
         return {} if answer is None else answer
 

@@ -1,4 +1,5 @@
-"""The ``gossamer`` command: identity, peer, orchestrator, helper, serve, generate, token, status, swarm.
+"""The ``gossamer`` command: identity, peer, orchestrator, token, status, swarm, and the commands
+each protocol's plugin brings (``serve`` and ``generate`` for BlockTrain, ``helper`` for TL++).
 
 Errors the user can act on (bad flags, unreachable bootstrap peers, a port in use, a manifest
 that does not verify) end as one ``error: ...`` line and exit code 2, never as a traceback.
@@ -11,28 +12,48 @@ import logging
 import secrets
 import sys
 import time
-from functools import partial
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from gossamer import __version__
 from gossamer.crypto.errors import CryptoError
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.tokens import issue_join_token
 from gossamer.peer.cli.flags import add_peer_flags, peer_options
-from gossamer.peer.cli.service import run_daemon
-from gossamer.peer.cli.status import run_status
-from gossamer.peer.cli.swarm import SwarmOptions, run_swarm
-from gossamer.peer.config import DEFAULT_IDENTITY, build_peer_config, load_toml_options
+from gossamer.peer.config import DEFAULT_IDENTITY, PeerConfig, build_peer_config, load_toml_options
 from gossamer.peer.errors import PeerError
-from gossamer.peer.roles import ROLE_FACTORIES
-from gossamer.peer.roles.blocktrain.ar_stage import ArStageRole
-from gossamer.peer.roles.blocktrain.commands import GenerateOptions, run_generate
-from gossamer.peer.roles.blocktrain.server import BlockServerRole
+from gossamer.peer.plugin import Command, PluginRegistry
+from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import load_run_config, make_run_id
 
 
-def build_parser() -> argparse.ArgumentParser:
+class CliKit:
+    """The ``CommandKit`` plugins' commands use: the daemon's flags, config and runner."""
+
+    def __init__(self, plugins: PluginRegistry) -> None:
+        self.plugins = plugins
+
+    def add_peer_flags(self, parser: argparse.ArgumentParser, *, skip: Sequence[str] = ()) -> None:
+        parser.add_argument("-c", "--config", type=Path, help="TOML file with the same options as the flags")
+        add_peer_flags(parser, skip=tuple(skip))
+
+    def peer_config(self, args: argparse.Namespace, *, roles: Sequence[str]) -> PeerConfig:
+        options = peer_options(args)
+        options["roles"] = [*roles, *(r for r in options.get("roles") or [] if r not in roles)]
+        return build_peer_config(load_toml_options(args.config) if args.config else {}, options)
+
+    def run_daemon(self, config: PeerConfig, *, role_options: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+        from gossamer.peer.cli.service import run_daemon  # torch and hivemind load here, after parsing
+
+        return run_daemon(config, plugins=self.plugins, role_options=role_options)
+
+
+def build_parser(plugins: PluginRegistry = PLUGINS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gossamer", description="Decentralized peer-to-peer training network")
+    parser.add_argument("--version", action="version", version=f"gossamer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    kit = CliKit(plugins)
 
     ident = sub.add_parser("identity", help="create or show this host's Ed25519 identity")
     ident.add_argument("action", choices=["new", "show"])
@@ -46,29 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     orch.add_argument("-c", "--config", type=Path, required=True, help="run config TOML")
     add_peer_flags(orch, skip=("run", "manifest"))
 
-    helper = sub.add_parser("helper", help="host the second server of a TL++ secure-mode run (a peer with role helper)")
-    helper.add_argument("-c", "--config", type=Path, help="TOML file with the same options as the flags")
-    add_peer_flags(helper)
-
-    serve = sub.add_parser("serve", help="serve blocks of a BlockTrain run over TCP (a block server)")
-    serve.add_argument("-c", "--config", type=Path, help="TOML file with the same options as the flags")
-    add_peer_flags(serve, skip=("roles",))
-    serve.add_argument("--blocks", type=int, nargs="+", default=None, help="blocks to serve (default: all)")
-    serve.add_argument("--ar_stages", "--ar-stages", type=int, nargs="+", default=None,
-                       help="also serve these stages of the matched autoregressive pipeline (the baseline)")
-
-    gen = sub.add_parser("generate", help="generate text through a BlockTrain run's block servers")
-    gen.add_argument("prompt", help="text to continue")
-    gen.add_argument("--run", required=True)
-    gen.add_argument("--initial_peers", "--initial-peers", nargs="+", required=True)
-    gen.add_argument("--new_bytes", "--new-bytes", type=int, default=64, help="bytes to generate")
-    gen.add_argument("--traversals", type=int, default=4, help="refinement traversals per segment")
-    gen.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    gen.add_argument("--seed", type=int, default=0, help="seed of the noise and of the sampling")
-    gen.add_argument("--timeout_s", "--timeout-s", type=float, default=30.0)
-    gen.add_argument("--baseline", choices=["ar"], default="", help="use the matched autoregressive pipeline")
-    gen.add_argument("--device", default="cpu", help="where the client reads out the logits")
-    gen.add_argument("--json", action="store_true", help="print a JSON summary instead of the text")
+    for _plugin, command in plugins.commands():
+        command.add_arguments(sub.add_parser(command.name, help=command.help), kit)
 
     token = sub.add_parser("token", help="issue a join token for an allowlist run (owner only)")
     token.add_argument("-c", "--config", type=Path, required=True, help="the run config TOML")
@@ -93,11 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, plugins: PluginRegistry = PLUGINS) -> int:
+    args = build_parser(plugins).parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return _dispatch(args)
+        return _dispatch(args, plugins)
     except (PeerError, CryptoError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -105,52 +105,42 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace, plugins: PluginRegistry) -> int:
+    """Run the parsed command. The heavy imports (torch, hivemind, aiohttp) happen here, after the
+    arguments parsed, so ``--help`` and a wrong flag answer at once."""
+    commands: dict[str, Command] = {command.name: command for _plugin, command in plugins.commands()}
+    kit = CliKit(plugins)
+    if args.command in commands:
+        return commands[args.command].execute(args, kit)
     if args.command == "identity":
         return _identity(args)
     if args.command == "peer":
         file_options = load_toml_options(args.config) if args.config else {}
-        return run_daemon(build_peer_config(file_options, peer_options(args)))
-    if args.command == "helper":
-        options = peer_options(args)
-        options["roles"] = ["helper", *(r for r in options.get("roles") or [] if r != "helper")]
-        return run_daemon(build_peer_config(load_toml_options(args.config) if args.config else {}, options))
+        return kit.run_daemon(build_peer_config(file_options, peer_options(args)))
     if args.command == "orchestrator":
-        run_config = load_run_config(args.config)
-        options = peer_options(args)
-        options["roles"] = ["orchestrator", *orchestrator_roles(run_config.protocol),
-                            *(options.get("roles") or [])]
-        return run_daemon(build_peer_config(run_config.peer, options), run_config=run_config)
-    if args.command == "serve":
-        return _serve_blocks(args)
-    if args.command == "generate":
-        return run_generate(GenerateOptions(
-            run=args.run, initial_peers=tuple(args.initial_peers), prompt=args.prompt,
-            new_bytes=args.new_bytes, traversals=args.traversals, temperature=args.temperature, seed=args.seed,
-            timeout_s=args.timeout_s, baseline=args.baseline, device=args.device, as_json=args.json))
+        return _orchestrator(args, plugins)
     if args.command == "token":
         return _token(args)
     if args.command == "status":
+        from gossamer.peer.cli.status import run_status
+
         return run_status(run=args.run, initial_peers=tuple(args.initial_peers), timeout_s=args.timeout_s,
-                          as_json=args.json)
+                          as_json=args.json, plugins=plugins)
+    from gossamer.peer.cli.swarm import SwarmOptions, run_swarm
+
     return run_swarm(SwarmOptions(config=args.config, preset=args.preset, peers=args.peers,
-                                  duration_s=args.duration_s, workdir=args.workdir))
+                                  duration_s=args.duration_s, workdir=args.workdir), plugins=plugins)
 
 
-def orchestrator_roles(protocol: str) -> list[str]:
-    """Roles the orchestrator takes besides ``orchestrator`` for a run of ``protocol``."""
-    return {"blocktrain": ["block-coordinator"], "tlpp": ["tlpp-server"]}.get(protocol, [])
+def _orchestrator(args: argparse.Namespace, plugins: PluginRegistry) -> int:
+    """The run owner's daemon: ``orchestrator`` plus the roles its protocol gives the owner."""
+    from gossamer.peer.cli.service import run_daemon
 
-
-def _serve_blocks(args: argparse.Namespace) -> int:
-    """``gossamer serve``: a daemon with the block-server role (and ar-stage with --ar_stages)."""
-    file_options = load_toml_options(args.config) if args.config else {}
+    run_config = load_run_config(args.config)
+    plugin = plugins.plugin(run_config.protocol)
     options = peer_options(args)
-    options["roles"] = ["block-server", *(["ar-stage"] if args.ar_stages else [])]
-    blocks = tuple(args.blocks) if args.blocks else None
-    factories = {**ROLE_FACTORIES, "block-server": partial(BlockServerRole, blocks=blocks),
-                 "ar-stage": partial(ArStageRole, stages=tuple(args.ar_stages or ()))}
-    return run_daemon(build_peer_config(file_options, options), role_factories=factories)
+    options["roles"] = ["orchestrator", *plugin.owner_roles, *(options.get("roles") or [])]
+    return run_daemon(build_peer_config(run_config.peer, options), plugins=plugins, run_config=run_config)
 
 
 def _identity(args: argparse.Namespace) -> int:

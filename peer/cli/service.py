@@ -13,12 +13,11 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
-from gossamer.peer.events import emit
-from gossamer.peer.role import RoleFactory
-from gossamer.peer.roles import ROLE_FACTORIES
+from gossamer.peer.plugin import PluginRegistry
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.peer.testing.localproc import child_pids
 
@@ -26,20 +25,20 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 20.0
 
 
-def run_daemon(config: PeerConfig, *, run_config: RunConfig | None = None,
-               role_factories: Mapping[str, RoleFactory] = ROLE_FACTORIES) -> int:
-    """Run one daemon until SIGINT/SIGTERM; returns the process exit code. ``role_factories``: the
-    roles it may take (``gossamer serve`` binds its ``--blocks`` into the block-server factory)."""
+def run_daemon(config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,
+               role_options: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+    """Run one daemon until SIGINT/SIGTERM; returns the process exit code. ``role_options``: extra
+    keyword arguments for named roles (``gossamer serve`` passes its ``--blocks`` this way)."""
     logging.getLogger().setLevel(config.log_level.upper())
-    return asyncio.run(_serve(config, run_config, role_factories))
+    return asyncio.run(_serve(config, plugins, run_config, role_options))
 
 
-async def _serve(config: PeerConfig, run_config: RunConfig | None,
-                 role_factories: Mapping[str, RoleFactory]) -> int:
+async def _serve(config: PeerConfig, plugins: PluginRegistry, run_config: RunConfig | None,
+                 role_options: Mapping[str, Mapping[str, Any]] | None) -> int:
     stop = asyncio.Event()
     _install_signal_handlers(stop)
-    creating = asyncio.create_task(Daemon.create(config, run_config=run_config,
-                                                 role_factories=role_factories))
+    creating = asyncio.create_task(Daemon.create(config, plugins=plugins, run_config=run_config,
+                                                 role_options=role_options))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({creating, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not creating.done():
@@ -56,7 +55,7 @@ async def _serve(config: PeerConfig, run_config: RunConfig | None,
     except TimeoutError:
         log.error("clean shutdown took longer than %.0fs; forcing exit", SHUTDOWN_TIMEOUT_S)
         force_exit(1)
-    emit(config.events, "stopped", peer_id=daemon.identity.peer_id)
+    daemon.events.emit("stopped", peer_id=daemon.identity.peer_id)
     return 0
 
 
@@ -79,7 +78,7 @@ def _announce(daemon: Daemon) -> None:
           f"  http {status['addresses']['http']}  tcp {status['addresses']['tcp']}  roles {','.join(status['roles']) or '-'}\n"
           f"  to join this network, pass:\n    --run {daemon.manifest.run_id} --initial_peers {' '.join(maddrs)}",
           file=sys.stderr, flush=True)
-    emit(daemon.config.events, "ready", wall_time=time.time(), peer_id=daemon.identity.peer_id,
+    daemon.events.emit("ready", wall_time=time.time(), peer_id=daemon.identity.peer_id,
          run_id=daemon.manifest.run_id, maddrs=maddrs,
          http=status["addresses"]["http"], tcp=status["addresses"]["tcp"], roles=status["roles"])
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from gossamer.peer.cli.status import format_table
 from gossamer.peer.errors import ConfigError, StartupError
+from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin
+from gossamer.peer.run.manifest import run_config_from_dict
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
@@ -41,8 +43,8 @@ class SwarmOptions:
     workdir: Path | None = None
 
 
-def load_swarm_config(options: SwarmOptions) -> tuple[str, dict[str, Any]]:
-    """The run config text and its ``[swarm]`` table, from a file or a built-in preset."""
+def load_swarm_config(options: SwarmOptions) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The run config text, the parsed document and its ``[swarm]`` table, from a file or a preset."""
     if options.preset is not None:
         preset = resources.files("gossamer.peer.cli.presets") / f"{options.preset}.toml"
         if not preset.is_file():
@@ -54,28 +56,32 @@ def load_swarm_config(options: SwarmOptions) -> tuple[str, dict[str, Any]]:
         except OSError as exc:
             raise ConfigError(f"cannot read {options.config}: {exc.strerror}") from exc
     try:
-        swarm = tomllib.loads(text).get("swarm", {})
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"run config is not valid TOML: {exc}") from exc
-    return text, swarm
+    swarm = doc.get("swarm", {})
+    if not isinstance(swarm, dict):
+        raise ConfigError("[swarm] must be a table")
+    return text, doc, swarm
 
 
 class Swarm:
     """The processes of one local swarm and the tasks that stream their output."""
 
-    def __init__(self, options: SwarmOptions) -> None:
-        self.text, table = load_swarm_config(options)
+    def __init__(self, options: SwarmOptions, plugins: PluginRegistry) -> None:
+        self.text, doc, table = load_swarm_config(options)
+        run_config = run_config_from_dict(doc, source=str(options.config or f"preset {options.preset}"))
+        self.plugin: ProtocolPlugin = plugins.plugin(run_config.protocol)
         self.num_peers = options.peers if options.peers is not None else int(table.get("peers", 3))
         self.duration_s = options.duration_s if options.duration_s is not None else table.get("duration_s")
-        self.roles = [str(r) for r in table.get("roles", [])]
+        self.roles = [str(r) for r in table.get("roles", self.plugin.swarm_roles)]
         self.threads = int(table.get("threads", 1))
         self.finished: dict[str, dict[str, Any]] = {}
         if self.num_peers < 0:
             raise ConfigError("--peers must be >= 0")
-        min_learners = tomllib.loads(self.text).get("hyper", {}).get("min_learners", 1)
-        if "learner" in self.roles and isinstance(min_learners, int) and min_learners > self.num_peers:
-            raise ConfigError(f"hyper.min_learners = {min_learners} but this swarm starts {self.num_peers} learner(s), "
-                              f"so round 0 would never start; pass --peers {min_learners} or more")
+        plugins.check_roles(run_config.protocol, self.roles, run=run_config.name)
+        self.plugin.read_settings(run_config)  # a bad setting ends here, before any process starts
+        self.plugin.swarm_check(run_config, self.num_peers, self.roles)
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="gossamer-swarm-"))
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(maxsize=1024)
@@ -139,9 +145,9 @@ class Swarm:
                     if event["event"] == "exited":
                         print(f"swarm: {name} exited unexpectedly (code {event['code']}); see {self.workdir / name}.log")
                         return 1
-                    if event["event"] == "finished":
+                    if self._finishes(name, event):
                         self.finished[name] = event
-                if self.roles and len(self.finished) == self.num_peers:
+                if self._done():
                     self._print_finish()
                     return 0
                 table, count = await self._table(client, ready["http"])
@@ -165,32 +171,39 @@ class Swarm:
             row["last_seen_s"] = "-"  # keeps the table stable between refreshes
         return f"live peers of {status.get('run_id')}:\n{format_table(rows)}", len(rows)
 
+    def _finishes(self, name: str, event: dict[str, Any]) -> bool:
+        """Whether ``event`` is the protocol's end-of-run event from a process that counts for it."""
+        rule = self.plugin.finish
+        if rule is None or event.get("event") != f"{self.plugin.name}.{rule.event}":
+            return False
+        return (name == "orchestrator") == (rule.by == "owner")
+
+    def _done(self) -> bool:
+        rule = self.plugin.finish
+        if rule is None:
+            return False
+        return len(self.finished) >= (1 if rule.by == "owner" else max(1, self.num_peers))
+
     def _print_finish(self) -> None:
         name, event = sorted(self.finished.items())[0]
-        print(f"swarm: all {len(self.finished)} learners finished; checkpoint of {name}: {event['checkpoint']}")
-        print(f"swarm: sample from {name}'s model (prompt 'The '):\n{event['sample']!r}", flush=True)
+        who = "the orchestrator" if self.plugin.finish and self.plugin.finish.by == "owner" \
+            else f"all {len(self.finished)} peers"
+        print(f"swarm: the run is finished ({who}); see {self.workdir}", flush=True)
+        if "checkpoint" in event:
+            print(f"swarm: checkpoint of {name}: {event['checkpoint']}", flush=True)
+        if "sample" in event:
+            print(f"swarm: sample from {name}'s model (prompt 'The '):\n{event['sample']!r}", flush=True)
 
-    @staticmethod
-    def _print_event(name: str, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "round":
-            print(f"[{name}] round {event['round']}: train loss {event['train_loss']:.3f}  held-out {event['heldout_loss']:.3f}"
-                  f"  params from {event['params_from']}  pseudo-gradients used {event['pgrads_used']}"
-                  f"  sent {event['bytes_sent'] / 1e6:.1f} MB{'  timed out ' + str(len(event['timed_out'])) if event['timed_out'] else ''}"
-                  f"{'  ' + event['note'] if event.get('note') else ''}", flush=True)
-        elif kind == "finished":
-            print(f"[{name}] finished at round {event['round']}, held-out loss {event['heldout_loss']:.3f}", flush=True)
+    def _print_event(self, name: str, event: dict[str, Any]) -> None:
+        kind = str(event.get("event"))
+        protocol, _dot, short = kind.partition(".")
+        if protocol == self.plugin.name and short:
+            line = self.plugin.describe_event(short, event)
+            print(f"[{name}] {line}" if line is not None else f"[{name}] {json.dumps(event)}", flush=True)
         elif kind == "ready":
             print(f"[{name}] ready: peer {event['peer_id'][:12]} http {event['http']} roles {event.get('roles')}", flush=True)
         elif kind == "peers":
             print(f"[{name}] sees {event['count']} peer(s)", flush=True)
-        elif kind == "waiting":
-            print(f"[{name}] waiting for learners before round 0: {event['learners']} of {event['wanted']} live", flush=True)
-        elif kind == "ahead":
-            print(f"[{name}] at round {event['round']}, ahead of the learners' median {event['median']}: "
-                  f"waiting up to {event['wait_s']:.0f} s for them", flush=True)
-        elif kind == "adopted":
-            print(f"[{name}] {event['why']}: now at round {event['round']} ({event['donors']} donor(s))", flush=True)
         elif kind not in ("exited", "stopped"):
             print(f"[{name}] {json.dumps(event)}", flush=True)
 
@@ -220,12 +233,14 @@ async def _wait_all(procs: dict[str, asyncio.subprocess.Process], timeout_s: flo
     return dict(zip(procs, codes, strict=True))
 
 
-def run_swarm(options: SwarmOptions) -> int:
+def run_swarm(options: SwarmOptions, *, plugins: PluginRegistry) -> int:
+    swarm = Swarm(options, plugins)  # refuses a config that cannot work before anything starts
+
     async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        return await Swarm(options).run(stop)
+        return await swarm.run(stop)
 
     return asyncio.run(main())

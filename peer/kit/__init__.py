@@ -1,0 +1,11 @@
+"""What roles of different protocols share (a protocol's room never imports another's).
+
+- ``settings``     one reader from manifest tables into a protocol's settings dataclass.
+- ``messaging``    signed tensor messages over HTTP (``SignedMessenger``: send, request, receive).
+- ``secure_link``  encrypted request/response links over TCP (TL++ traffic).
+- ``inbox``        contributions other peers sent, per (kind, round, sender), bounded.
+- ``ledger``       the one ledger (``Exchange``) and its bounded ``History``.
+- ``checkpoint``   atomic safetensors checkpoints, read back only for the same run and format.
+- ``statesync``    serving and downloading a replicated state in shards from several donors.
+- ``state_join``   choosing donors for a joiner and downloading the run's state from them.
+"""

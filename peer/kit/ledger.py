@@ -1,63 +1,112 @@
-"""Per-round accounting: who was expected, who arrived, who was rejected (and why), who timed out.
+"""Accounting for every round of every protocol: who was expected to contribute, and what became
+of each contribution. One ledger shape for the learner's rounds, BlockTrain's block versions and
+TL++'s virtual batches, and one bounded history of them.
 
-Nothing is silently partial: every expected contribution of a round ends in exactly one of
-arrived (and then used or rejected) or timed out, and the ledger says which.
+Nothing is silently partial: once a round is settled, every expected peer is in exactly one of
+``used``, ``rejected`` (with the reason) or ``timed_out``; ``arrived`` lists what came in time
+(and was then used or rejected). A contribution from a peer that was not expected (a stale
+update, say) may still be rejected in the ledger, with its reason. ``balance_problems`` says what
+breaks these rules (the tests check every ledger they see).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 
 @dataclass
-class ExchangeLedger:
-    """One exchange (parameter mix or pseudo-gradient mix) of one round."""
+class Exchange:
+    """One exchange of one round: the peers expected to contribute and what became of each."""
 
     expected: list[str] = field(default_factory=list)
     arrived: list[str] = field(default_factory=list)
     used: list[str] = field(default_factory=list)
-    rejected: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)  # peer -> why
     timed_out: list[str] = field(default_factory=list)
-    send_failures: dict[str, str] = field(default_factory=dict)
+    send_failures: dict[str, str] = field(default_factory=dict)  # our own sends to peers that failed, and why
 
-    def settle(self, arrived: list[str]) -> None:
-        self.arrived = sorted(arrived)
-        self.timed_out = sorted(set(self.expected) - set(arrived))
+    def expect(self, peers: Iterable[str]) -> None:
+        """Add peers expected to contribute (while the round is open)."""
+        self.expected = sorted(set(self.expected) | set(peers))
 
+    def arrive(self, peer: str) -> None:
+        if peer not in self.arrived:
+            self.arrived = sorted([*self.arrived, peer])
 
-@dataclass
-class RoundLedger:
-    """Everything that happened in one outer round of a learner."""
+    def reject(self, peer: str, reason: str) -> None:
+        """``peer``'s contribution is refused, with ``reason``; it is not used."""
+        self.rejected[peer] = reason
+        self.used = [p for p in self.used if p != peer]
 
-    round: int
-    learners: list[str] = field(default_factory=list)
-    params: ExchangeLedger = field(default_factory=ExchangeLedger)
-    pseudo_gradients: ExchangeLedger = field(default_factory=ExchangeLedger)
-    train_loss: float = float("nan")
-    heldout_loss: float = float("nan")
-    compute_s: float = 0.0
-    wall_s: float = 0.0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    note: str = ""
+    def use(self, peers: Iterable[str]) -> None:
+        self.used = sorted(set(peers) - set(self.rejected))
+
+    def settle(self, arrived: Iterable[str] | None = None) -> None:
+        """Close the exchange: ``arrived`` (if given) is what came in time; every expected peer
+        neither heard from nor refused timed out."""
+        if arrived is not None:
+            self.arrived = sorted(set(arrived))
+        heard = set(self.arrived) | set(self.rejected)
+        self.timed_out = sorted(set(self.expected) - heard)
+
+    def balance_problems(self) -> list[str]:
+        """What breaks the ledger's rules (see the module docstring); empty when it balances."""
+        problems = []
+        for name in ("expected", "arrived", "used", "timed_out"):
+            values = getattr(self, name)
+            if len(values) != len(set(values)):
+                problems.append(f"{name} has duplicates: {values}")
+        used, rejected, timed_out = set(self.used), set(self.rejected), set(self.timed_out)
+        for a, b, name in ((used, rejected, "used and rejected"), (used, timed_out, "used and timed out"),
+                           (rejected, timed_out, "rejected and timed out")):
+            if a & b:
+                problems.append(f"{sorted(a & b)} are both {name}")
+        unaccounted = set(self.expected) - used - rejected - timed_out
+        if unaccounted:
+            problems.append(f"expected {sorted(unaccounted)} are neither used, rejected nor timed out")
+        if not used <= set(self.arrived):
+            problems.append(f"used {sorted(used - set(self.arrived))} never arrived")
+        if timed_out & set(self.arrived):
+            problems.append(f"{sorted(timed_out & set(self.arrived))} arrived but are counted as timed out")
+        return problems
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-class LedgerHistory:
-    """The last ``maxlen`` round ledgers."""
+K = TypeVar("K", bound=Hashable)
+L = TypeVar("L")
+
+
+class History(Generic[K, L]):
+    """The ``maxlen`` most recent ledgers, by key (a round, a (block, version), a step)."""
 
     def __init__(self, maxlen: int = 64) -> None:
-        self._rounds: deque[RoundLedger] = deque(maxlen=maxlen)
+        self._maxlen = maxlen
+        self._ledgers: OrderedDict[K, L] = OrderedDict()
 
-    def append(self, ledger: RoundLedger) -> None:
-        self._rounds.append(ledger)
+    def add(self, key: K, ledger: L) -> L:
+        self._ledgers[key] = ledger
+        self._ledgers.move_to_end(key)
+        while len(self._ledgers) > self._maxlen:
+            self._ledgers.popitem(last=False)
+        return ledger
+
+    def get(self, key: K) -> L | None:
+        return self._ledgers.get(key)
+
+    def values(self) -> list[L]:
+        return list(self._ledgers.values())
+
+    def __iter__(self) -> Iterator[L]:
+        return iter(list(self._ledgers.values()))
 
     def last(self, count: int = 5) -> list[dict[str, Any]]:
-        return [ledger.to_json() for ledger in list(self._rounds)[-count:]]
+        """The ``count`` most recent ledgers as JSON (``to_json`` of each)."""
+        return [ledger.to_json() for ledger in list(self._ledgers.values())[-count:]]  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
-        return len(self._rounds)
+        return len(self._ledgers)

@@ -15,6 +15,7 @@ import binascii
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from aiohttp import web
@@ -31,6 +32,14 @@ from gossamer.transport.safetensors_stream import decode_safetensors, encode_saf
 
 ENVELOPE_HEADER = "X-Gossamer-Envelope"
 MAX_ENVELOPE_CHARS = 8192
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The recipient's answer to a message, and the size of the body that was sent."""
+
+    answer: dict[str, Any]
+    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -57,15 +66,24 @@ class SignedMessenger:
         self._max_body_bytes = max_body_bytes
         self._guard = ReplayGuard()
 
-    async def send(self, url: str, *, recipient: str, round: int, tensors: Mapping[str, torch.Tensor],
-                   metadata: dict[str, str] | None = None) -> int:
-        """PUT ``tensors`` to ``url`` for ``recipient``; returns the body size. Transport errors propagate."""
+    async def request(self, url: str, *, recipient: str, round: int, tensors: Mapping[str, torch.Tensor],
+                      metadata: dict[str, str] | None = None) -> Reply:
+        """PUT ``tensors`` to ``url`` for ``recipient``; the recipient's JSON answer and the body size.
+        Transport errors propagate; an answer that is not a JSON object is a DecodeError."""
         total_bytes, chunks = encode_safetensors(tensors, metadata)
         envelope = seal(self._identity, recipient=recipient, run_id=self._run_id, round=round,
                         payload_digest=payload_digest(*chunks), now=self._now(), nonce=secrets.token_bytes(16))
         header = base64.b64encode(envelope).decode("ascii")
-        await self._client.put_tensors(url, tensors, metadata, extra_headers={ENVELOPE_HEADER: header})
-        return total_bytes
+        answer = await self._client.put_body(url, total_bytes, chunks, extra_headers={ENVELOPE_HEADER: header})
+        if not isinstance(answer, dict):
+            raise DecodeError(f"{url} answered with {type(answer).__name__}, not a JSON object")
+        return Reply(answer=answer, size_bytes=total_bytes)
+
+    async def send(self, url: str, *, recipient: str, round: int, tensors: Mapping[str, torch.Tensor],
+                   metadata: dict[str, str] | None = None) -> int:
+        """``request``, when only delivery matters: returns the body size."""
+        reply = await self.request(url, recipient=recipient, round=round, tensors=tensors, metadata=metadata)
+        return reply.size_bytes
 
     async def receive(self, request: web.Request) -> Received:
         """Verify and decode a message; raises 403 (opaque) or 400 (bad body) HTTP errors."""

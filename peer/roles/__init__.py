@@ -1,28 +1,23 @@
-"""The roles this version of gossamer can take, by name (later protocols add theirs here)."""
+"""The protocols this build of gossamer knows: the one list of plugins (``PLUGINS``).
+
+Each protocol is a folder here whose ``__init__.py`` defines its ``PLUGIN``: ``none``
+(membership only), ``diloco`` (gossip DiLoCo), ``blocktrain`` (BlockTrain), ``tlpp`` (TL++).
+``orchestrator`` is the one generic role every run has. To add a protocol, write its folder and
+add one line below (docs/ARCHITECTURE.md, "Adding a protocol").
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
+from gossamer.peer.plugin import PluginRegistry
+from gossamer.peer.roles import blocktrain, diloco, none, tlpp
 
-from gossamer.peer.role import OrchestratorRole, RoleFactory
-from gossamer.peer.roles.blocktrain.ar_stage import ArStageRole
-from gossamer.peer.roles.blocktrain.coordinator import BlockCoordinatorRole
-from gossamer.peer.roles.blocktrain.server import BlockServerRole
-from gossamer.peer.roles.blocktrain.worker import BlockWorkerRole
-from gossamer.peer.roles.diloco.learner import LearnerRole
-from gossamer.peer.roles.tlpp.helper import TlppHelperRole
-from gossamer.peer.roles.tlpp.node import TlppNodeRole
-from gossamer.peer.roles.tlpp.server import TlppServerRole
+GENERIC_COMMANDS = ("identity", "peer", "orchestrator", "token", "status", "swarm")
 
-ROLE_FACTORIES: Mapping[str, RoleFactory] = MappingProxyType({
-    "orchestrator": OrchestratorRole,
-    "learner": LearnerRole,
-    "block-coordinator": BlockCoordinatorRole,
-    "block-worker": BlockWorkerRole,
-    "block-server": BlockServerRole,
-    "ar-stage": ArStageRole,
-    "tlpp-server": TlppServerRole,
-    "node": TlppNodeRole,
-    "helper": TlppHelperRole,
-})
+PLUGINS = PluginRegistry(
+    none.PLUGIN,
+    diloco.PLUGIN,
+    blocktrain.PLUGIN,
+    tlpp.PLUGIN,
+    generic_roles={"orchestrator": "gossamer.peer.roles.orchestrator:OrchestratorRole"},
+    reserved_commands=GENERIC_COMMANDS,
+)

@@ -1,13 +1,13 @@
-"""The client side of a traversal: a route through the live hosts, and retries around failed ones.
+"""The client side of a route: hops through the live hosts, and retries around failed ones.
 
-``route_through`` (pure) covers the units in traversal order greedily: at each point it takes the
+``route_through`` (pure) covers the units in route order greedily: at each point it takes the
 host that holds the current unit and the longest run of the units after it, so a route has as few
 hops as the announced hosts allow (ties go to the lower peer id). ``RemoteRoute.run`` sends one
-traversal along such a route; when the answer names a failed hop (dead, hung, refusing) it
+request along such a route; when the answer names a failed hop (dead, hung, refusing) it
 refreshes the table of hosts, routes again without that host and resends the same tensors, so a
-host that dies mid-traversal costs a retry through another host serving the same units (and is
+host that dies mid-request costs a retry through another host serving the same units (and is
 avoided for a while after, since its record outlives it by up to a TTL). When no live host is
-left for some unit it raises ``TraversalFailed`` saying which unit and what went wrong with each
+left for some unit it raises ``RouteFailed`` saying which unit and what went wrong with each
 host tried.
 """
 
@@ -30,8 +30,8 @@ from gossamer.transport.errors import DecodeError
 REREAD_PAUSE_S = 0.1
 
 
-class TraversalFailed(PeerError):
-    """A traversal could not be completed: no live host is left for some unit, or every try failed."""
+class RouteFailed(PeerError):
+    """A route request could not be completed: no live host is left for some unit, or every try failed."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def hosts_from_view(view: PeerView, *, now: float, role: str, key: str) -> list[
 
 def route_through(order: Sequence[int], hosts: Sequence[HostEntry], *,
                   exclude: Collection[str] = ()) -> tuple[Hop, ...]:
-    """Hops covering ``order`` (see the module docstring); TraversalFailed naming the unit nobody holds."""
+    """Hops covering ``order`` (see the module docstring); RouteFailed naming the unit nobody holds."""
     usable = sorted((h for h in hosts if h.addr not in exclude), key=lambda h: h.peer_id)
     hops: list[Hop] = []
     position = 0
@@ -70,19 +70,19 @@ def route_through(order: Sequence[int], hosts: Sequence[HostEntry], *,
             if run > best_run:
                 best, best_run = host, run
         if best is None:
-            raise TraversalFailed(f"no live host serves unit {order[position]} "
-                                  f"({len(usable)} usable host(s), {len(exclude)} excluded)")
+            raise RouteFailed(f"no live host serves unit {order[position]} "
+                              f"({len(usable)} usable host(s), {len(exclude)} excluded)")
         hops.append(Hop(addr=best.addr, units=tuple(order[position:position + best_run])))
         position += best_run
     return tuple(hops)
 
 
 class RemoteRoute:
-    """Traversals of one kind (``method``, units in ``order``) over the hosts ``hosts(refresh)`` returns.
+    """Route requests of one kind (``method``, units in ``order``) over the hosts ``hosts(refresh)`` returns.
 
     A host that failed is avoided for ``avoid_s`` seconds (its record may outlive it by up to a TTL);
     ``failures`` keeps the last reason of every host that failed. Each attempt may take ``budget_s``
-    to find a route and ``budget_s`` to traverse it.
+    to find a route and ``budget_s`` to go along it.
     """
 
     def __init__(self, *, method: str, run_id: str, order: Sequence[int],
@@ -104,7 +104,7 @@ class RemoteRoute:
         self._failed_at: dict[str, float] = {}
 
     async def run(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The last hop's answer, retrying around failed hops; TraversalFailed when none is left."""
+        """The last hop's answer, retrying around failed hops; RouteFailed when none is left."""
         request_id = secrets.token_hex(8)
         for attempt in range(self._max_attempts):  # after a failure the DHT is read again
             route = await self._route(refresh=attempt > 0, deadline=self._now() + self._budget_s)
@@ -120,7 +120,7 @@ class RemoteRoute:
             self.failures[answer.addr] = answer.reason
             self._failed_at[answer.addr] = self._now()
             self.retries += 1
-        raise TraversalFailed(f"traversal failed {self._max_attempts} times; failed hosts: {self._failed()}")
+        raise RouteFailed(f"route request failed {self._max_attempts} times; failed hosts: {self._failed()}")
 
     async def _route(self, *, refresh: bool, deadline: float) -> tuple[Hop, ...]:
         """A route around the hosts that failed lately. When the table has nobody for some unit it is
@@ -131,9 +131,9 @@ class RemoteRoute:
         while True:
             try:
                 return route_through(self.order, await self._hosts(refresh), exclude=avoid)
-            except TraversalFailed as exc:
+            except RouteFailed as exc:
                 if self._now() + pause_s > deadline:
-                    raise TraversalFailed(f"{exc}; failed hosts: {self._failed()}") from None
+                    raise RouteFailed(f"{exc}; failed hosts: {self._failed()}") from None
             await asyncio.sleep(pause_s)
             refresh, pause_s = True, min(2 * pause_s, 1.0)
 

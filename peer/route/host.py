@@ -1,4 +1,4 @@
-"""What every host of a traversal route does with a frame, whatever it computes.
+"""What every host of a route does with a frame, whatever it computes.
 
 ``RouteHost.handle``: decode the frame (``peer.route.wire``), check that it is for this run,
 that the route is well formed and its first hop lists only units this host holds, and that the
@@ -38,7 +38,7 @@ class RouteHost:
         self.run_id = run_id
         self.units = tuple(units)
         self.max_batch = max_batch
-        self.traversals = 0
+        self.served = 0
         self.refused = 0
         self._pool = pool
         self._next_hop_ok = next_hop_ok
@@ -46,13 +46,13 @@ class RouteHost:
         self._slots = asyncio.Semaphore(max_inflight)
 
     async def handle(self, frame: Frame) -> Frame:
-        """Apply this host's units to a traversal frame and answer (or forward and relay)."""
+        """Apply this host's units to a route frame and answer (or forward and relay)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             request = parse_request(frame, limits=self._limits)
             if request.run_id != self.run_id:
-                raise HandlerError(f"traversal for run {request.run_id[:80]!r}; this host serves run "
+                raise HandlerError(f"route request for run {request.run_id[:80]!r}; this host serves run "
                                    f"{self.run_id}")
             hop = request.route[0]
             foreign = [u for u in hop.units if u not in self.units]
@@ -64,12 +64,12 @@ class RouteHost:
         except HandlerError:
             self.refused += 1
             raise
-        compute = self.computation()  # taken now: a refresh may swap weights; this traversal keeps its own
+        compute = self.computation()  # taken now: a refresh may swap weights; this request keeps its own
         async with self._slots:
             if loop.time() - started >= request.budget_s:
-                raise HandlerError("the traversal's time budget ran out while this host was busy")
+                raise HandlerError("the route's time budget ran out while this host was busy")
             outputs = await asyncio.to_thread(compute, hop.units, inputs)
-        self.traversals += 1
+        self.served += 1
         rest = request.route[1:]
         if not rest:
             return result_frame(self.answer(outputs))
@@ -83,7 +83,7 @@ class RouteHost:
     def check_batch(self, batch: int, length: int, context: int) -> None:
         """HandlerError unless 1..max_batch sequences of 1..context positions."""
         if not 1 <= batch <= self.max_batch or not 1 <= length <= context:
-            raise HandlerError(f"malformed traversal frame: {batch} sequence(s) of {length} positions; this "
+            raise HandlerError(f"malformed route frame: {batch} sequence(s) of {length} positions; this "
                                f"host takes 1..{self.max_batch} sequences of 1..{context}")
 
     # -- what a subclass says -------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""Calling the next hop of a traversal: pooled TCP connections, shrinking budgets, failures as answers.
+"""Calling the next hop of a route: pooled TCP connections, shrinking budgets, failures as answers.
 
 Every caller of a route, the client and each host forwarding onwards, goes through ``HopPool.call``.
 It sends the request with a budget ``margin`` smaller than its own and waits ``margin / 2`` longer
 than the budget it gave: a hop that hangs is therefore reported by the host just before it, while
 everyone further upstream is still waiting, and the client learns exactly which host to avoid.
 Any failure of the hop (unreachable, reset, timed out, refused) becomes a ``failed_hop`` answer
-naming it instead of an exception. Connections are reused across traversals (on a WAN link a new
+naming it instead of an exception. Connections are reused across requests (on a WAN link a new
 connection costs a round trip); one that turns out dead when reused is replaced once.
 """
 
@@ -56,7 +56,7 @@ class HopPool:
         hop = route[0]
         margin = hop_margin(budget_s)
         if budget_s - margin <= 0:
-            return failed_hop_frame(hop.addr, "the traversal's time budget is used up")
+            return failed_hop_frame(hop.addr, "the route's time budget is used up")
         frame = request_frame(method, run_id=run_id, request_id=request_id, route=route,
                               budget_s=budget_s - margin, tensors=tensors)
         wait_s = budget_s - margin / 2

@@ -1,6 +1,6 @@
-"""Traversal frames: what a client and the hosts of a route send each other over TCP.
+"""Route frames: what a client and the hosts of a route send each other over TCP.
 
-A traversal request is a REQUEST frame whose header names the method, the run, a request id, the
+A route request is a REQUEST frame whose header names the method, the run, a request id, the
 **route** still to go (``[[host:port, [unit, ...]], ...]``; the first hop is the host receiving
 the frame, ``unit`` is a BlockTrain block or an AR pipeline stage) and the **budget** (seconds
 this host and everything after it may take), plus the codec entries of the tensors in the
@@ -49,8 +49,8 @@ class Hop:
 
 
 @dataclass(frozen=True)
-class TraversalRequest:
-    """A decoded, checked traversal request (see the module docstring)."""
+class RouteRequest:
+    """A decoded, checked route request (see the module docstring)."""
 
     method: str
     run_id: str
@@ -77,41 +77,41 @@ def request_frame(method: str, *, run_id: str, request_id: str, route: tuple[Hop
     return Frame(FrameType.REQUEST, header, buffers)
 
 
-def parse_request(frame: Frame, *, limits: Limits = DEFAULT_LIMITS) -> TraversalRequest:
+def parse_request(frame: Frame, *, limits: Limits = DEFAULT_LIMITS) -> RouteRequest:
     """Decode and check a request's header and tensors; HandlerError names what is wrong."""
     header = frame.header
     method, run_id, request_id = header.get("method"), header.get("run"), header.get("request")
     if not isinstance(run_id, str) or not run_id:
-        raise HandlerError("malformed traversal frame: field 'run' must be a non-empty string")
+        raise HandlerError("malformed route frame: field 'run' must be a non-empty string")
     if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
-        raise HandlerError(f"malformed traversal frame: field 'request' must be 1-{MAX_REQUEST_ID_CHARS} "
+        raise HandlerError(f"malformed route frame: field 'request' must be 1-{MAX_REQUEST_ID_CHARS} "
                            "characters")
     budget = header.get("budget_s")
     if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 < budget < math.inf:
-        raise HandlerError(f"malformed traversal frame: field 'budget_s' must be a positive number, "
+        raise HandlerError(f"malformed route frame: field 'budget_s' must be a positive number, "
                            f"got {budget!r}")
     route = parse_route(header.get("route"))
     try:
         tensors = decode_tensors(header.get("tensors"), frame.payload, limits=limits)
     except DecodeError as exc:
-        raise HandlerError(f"malformed traversal frame: {exc}") from exc
-    return TraversalRequest(method=str(method), run_id=run_id, request_id=request_id, route=route,
+        raise HandlerError(f"malformed route frame: {exc}") from exc
+    return RouteRequest(method=str(method), run_id=run_id, request_id=request_id, route=route,
                             budget_s=float(budget), tensors=tensors)
 
 
 def parse_route(route: object) -> tuple[Hop, ...]:
     """The route field as hops; HandlerError when it is not a non-empty list of [addr, [int, ...]]."""
     if not isinstance(route, list) or not 0 < len(route) <= MAX_ROUTE_HOPS:
-        raise HandlerError(f"malformed traversal frame: field 'route' must be a list of 1-{MAX_ROUTE_HOPS} "
+        raise HandlerError(f"malformed route frame: field 'route' must be a list of 1-{MAX_ROUTE_HOPS} "
                            "hops")
     hops = []
     for index, hop in enumerate(route):
         ok = isinstance(hop, list) and len(hop) == 2 and isinstance(hop[0], str) and isinstance(hop[1], list)
         if not ok or not 0 < len(hop[0]) <= MAX_ADDR_CHARS or not 0 < len(hop[1]) <= MAX_UNITS:
-            raise HandlerError(f"malformed traversal frame: route hop {index} must be "
+            raise HandlerError(f"malformed route frame: route hop {index} must be "
                                "[\"host:port\", [unit, ...]]")
         if not all(isinstance(u, int) and not isinstance(u, bool) for u in hop[1]):
-            raise HandlerError(f"malformed traversal frame: route hop {index} has a unit that is not an "
+            raise HandlerError(f"malformed route frame: route hop {index} has a unit that is not an "
                                "integer")
         hops.append(Hop(addr=hop[0], units=tuple(hop[1])))
     return tuple(hops)
@@ -122,10 +122,10 @@ def expect_tensor(tensors: Mapping[str, torch.Tensor], name: str, *, dtype: torc
     """``tensors[name]``, which must exist with ``dtype`` and ``ndim`` dimensions; HandlerError otherwise."""
     tensor = tensors.get(name)
     if tensor is None:
-        raise HandlerError(f"malformed traversal frame: tensor {name!r} is missing "
+        raise HandlerError(f"malformed route frame: tensor {name!r} is missing "
                            f"(got {sorted(tensors)[:8]})")
     if tensor.dtype != dtype or tensor.dim() != ndim:
-        raise HandlerError(f"malformed traversal frame: tensor {name!r} must be {ndim}-D {dtype}, "
+        raise HandlerError(f"malformed route frame: tensor {name!r} must be {ndim}-D {dtype}, "
                            f"got {tuple(tensor.shape)} {tensor.dtype}")
     return tensor
 
@@ -145,6 +145,6 @@ def parse_answer(frame: Frame, *, limits: Limits = DEFAULT_LIMITS) -> dict[str, 
     if failed is not None:
         reason = frame.header.get("reason")
         if not isinstance(failed, str) or not isinstance(reason, str):
-            raise DecodeError("malformed traversal answer: 'failed_hop' and 'reason' must be strings")
+            raise DecodeError("malformed route answer: 'failed_hop' and 'reason' must be strings")
         return FailedHop(addr=failed[:MAX_ADDR_CHARS], reason=reason[:MAX_REASON_CHARS])
     return decode_tensors(frame.header.get("tensors"), frame.payload, limits=limits, require_finite=True)

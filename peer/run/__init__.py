@@ -1,0 +1,9 @@
+"""Who is in the run.
+
+- ``manifest``   run configs and the owner-signed manifest; the run id binds the owner's key.
+- ``keys``       the run's DHT keys (the manifest, the peer records).
+- ``records``    signed peer records: what each peer publishes, and the checks on reading one.
+- ``admission``  the run's admission policy (open, allowlist, join tokens).
+- ``view``       the live peer table, rebuilt from verified, admitted records.
+- ``joining``    starting the DHT node with actionable errors; finding and verifying a manifest.
+"""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.errors import ConfigError, ManifestError, StartupError
-from gossamer.peer.role import manifest_key
+from gossamer.peer.run.keys import manifest_key
 from gossamer.peer.run.manifest import Manifest, parse_run_id, verify_manifest
 from gossamer.transport.dht import BootstrapFailed, DhtConfig, DhtMembership, DhtStartFailed
 from gossamer.transport.errors import TransportError

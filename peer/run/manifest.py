@@ -7,10 +7,11 @@ manifest it fetched is the owner's: the signer's fingerprint must start with the
 
 Run config layout::
 
-    [run]        name, protocol, description, heartbeat_s (record refresh period; TTL is 3x)
-    [model]      free-form table handed to the protocol
+    [run]        name, protocol (one of the plugins in ``gossamer.peer.roles``), description,
+                 heartbeat_s (record refresh period; TTL is 3x)
+    [model]      tables read by the protocol's settings (``gossamer.peer.kit.settings``)
     [data]       source = "builtin:pydoc" | "PATH", ...
-    [hyper]      free-form hyperparameters
+    [hyper]      hyperparameters, likewise
     [admission]  policy = "open" | "allowlist"; allow = ["<hex public key>", ...]
     [peer]       optional daemon options for the orchestrator itself (same names as the flags)
 """
@@ -30,7 +31,6 @@ from gossamer.peer.errors import ConfigError, ManifestError
 
 RUN_ID_KEY_HEX = 16
 MAX_MANIFEST_BYTES = 48 * 1024
-PROTOCOLS = ("none", "diloco", "blocktrain", "fomoe", "context", "tlpp")
 POLICIES = ("open", "allowlist")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -58,8 +58,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ConfigError(f"run.name {self.name!r} must be 1-64 characters of letters, digits, '.', '_', '-'")
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"run.protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if not _NAME.match(self.protocol):
+            raise ConfigError(f"run.protocol {self.protocol!r} is not a protocol name (see gossamer --help)")
         if not isinstance(self.heartbeat_s, int | float) or not 0.2 <= self.heartbeat_s <= 600:
             raise ConfigError(f"run.heartbeat_s must be a number of seconds in [0.2, 600], got {self.heartbeat_s!r}")
         if self.policy not in POLICIES:

@@ -1,26 +1,26 @@
-"""Inference benchmark: output bytes per second of BlockTrain traversals vs the matched autoregressive
+"""Inference benchmark: output bytes per second of BlockTrain passes vs the matched autoregressive
 pipeline, over three hosts behind emulated WAN links.
 
 Three host processes (spawned) each serve one BlockTrain block and one stage of the matched causal
 LM (``peer.roles.blocktrain.ar_stage``: same width, heads and context, one layer per block, split into as many
 stages as there are blocks), with the real ``BlockHost`` / ``ArStageHost`` behind a ``TcpServer``;
 a ``WanProxy`` in front of each host shapes every connection into it (``--latency_ms`` one way,
-``--mbit`` each direction), so each hop of a traversal (client -> host 1 -> host 2 -> host 3, and
+``--mbit`` each direction), so each hop of a pass (client -> host 1 -> host 2 -> host 3, and
 the answer back along the same connections) crosses one emulated link each way. The client (this
 process) generates ``L`` bytes for each ``--sizes`` L:
 
-- BlockTrain: ``BlockTrainClient.generate`` (segments of context // 2 new bytes, ``--traversals``
-  refinement traversals each), route block 2 -> 1 -> 0;
-- AR pipeline: ``ArClient.generate``, one traversal stage 0 -> 1 -> 2 per byte.
+- BlockTrain: ``BlockTrainClient.generate`` (segments of context // 2 new bytes, ``--passes``
+  refinement passes each), route block 2 -> 1 -> 0;
+- AR pipeline: ``ArClient.generate``, one pass stage 0 -> 1 -> 2 per byte.
 
 Both carry [1, T <= context, d_model] float32 activations between hosts. Weights are the seeded
 initialisation (this measures speed, not quality); each row also checks that the networked text
 equals the same generation in one process. Target: the BlockTrain/AR ratio of bytes per second is
-at least L / N, N = BlockTrain traversals for the L bytes (one BlockTrain traversal costs no more
-than one AR traversal)::
+at least L / N, N = BlockTrain passes for the L bytes (one BlockTrain pass costs no more
+than one AR pass)::
 
     .venv/bin/python scripts/bench/inference.py [--sizes 64 256 1024] [--latency_ms 50] [--mbit 100]
-        [--traversals 4] [--json scripts/bench/results/inference.json]
+        [--passes 4] [--json scripts/bench/results/inference.json]
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="bytes generated per row")
     parser.add_argument("--latency_ms", type=float, default=50.0, help="one-way latency of each hop")
     parser.add_argument("--mbit", type=float, default=100.0, help="bandwidth of each hop, each direction")
-    parser.add_argument("--traversals", type=int, default=4,
-                        help="BlockTrain refinement traversals per segment")
+    parser.add_argument("--passes", type=int, default=4,
+                        help="BlockTrain refinement passes per segment")
     parser.add_argument("--d_model", type=int, default=128)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--json", type=Path, default=_HERE / "results" / "inference.json")
@@ -130,8 +130,8 @@ async def _host(conn: Connection, params: dict[str, Any]) -> None:
         allowed.update(await asyncio.to_thread(conn.recv))
         await asyncio.to_thread(conn.recv)  # "stop"
         stats = proxy.stats
-        conn.send(("done", {"block_traversals": block_host.traversals,
-                            "stage_traversals": stage_host.traversals,
+        conn.send(("done", {"block_passes": block_host.served,
+                            "stage_passes": stage_host.served,
                             "bytes_into_host": stats.up.bytes_forwarded,
                             "bytes_out_of_host": stats.down.bytes_forwarded}))
     finally:
@@ -165,7 +165,7 @@ async def measure(args: argparse.Namespace, addrs: list[str]) -> list[dict[str, 
         ar = ArClient(RemoteRoute(method=AR_METHOD, run_id=RUN_ID, order=[0, 1, 2], hosts=stages, pool=pool,
                                   budget_s=budget), context=config.context, vocab=config.vocab)
         # warm-up: connections, first kernel calls
-        await bt.generate(PROMPT, new_bytes=1, traversals=1, generator=torch.Generator().manual_seed(99))
+        await bt.generate(PROMPT, new_bytes=1, passes=1, generator=torch.Generator().manual_seed(99))
         await ar.generate(PROMPT, new_bytes=1, generator=torch.Generator().manual_seed(99))
         for size in args.sizes:
             rows.append(await one_size(args, size, bt, ar, reference, ar_model))
@@ -179,13 +179,13 @@ async def one_size(args: argparse.Namespace, size: int, bt: BlockTrainClient, ar
     row: dict[str, Any] = {"bytes": size}
     for name, client in (("blocktrain", bt), ("ar", ar)):
         print(f"{name}: generating {size} bytes", file=sys.stderr, flush=True)
-        before = client.traversals
+        before = client.passes
         started = time.perf_counter()
         if name == "blocktrain":
-            text = await bt.generate(PROMPT, new_bytes=size, traversals=args.traversals,
+            text = await bt.generate(PROMPT, new_bytes=size, passes=args.passes,
                                      generator=torch.Generator().manual_seed(size), temperature=0.8)
             seconds = time.perf_counter() - started
-            local = generate(reference, PROMPT, new_bytes=size, traversals=args.traversals,
+            local = generate(reference, PROMPT, new_bytes=size, passes=args.passes,
                              generator=torch.Generator().manual_seed(size), temperature=0.8)
         else:
             text = await ar.generate(PROMPT, new_bytes=size, generator=torch.Generator().manual_seed(size),
@@ -193,12 +193,12 @@ async def one_size(args: argparse.Namespace, size: int, bt: BlockTrainClient, ar
             seconds = time.perf_counter() - started
             local = ar_generate(ar_model, PROMPT, max_new_bytes=size, temperature=0.8,
                                 generator=torch.Generator().manual_seed(size))
-        traversals = client.traversals - before
-        row[name] = {"seconds": seconds, "traversals": traversals, "bytes_per_s": size / seconds,
-                     "s_per_traversal": seconds / traversals, "retries": client.route.retries,
+        passes = client.passes - before
+        row[name] = {"seconds": seconds, "passes": passes, "bytes_per_s": size / seconds,
+                     "s_per_pass": seconds / passes, "retries": client.route.retries,
                      "matches_in_process": text == local}
     row["speedup"] = row["blocktrain"]["bytes_per_s"] / row["ar"]["bytes_per_s"]
-    row["target_speedup"] = size / row["blocktrain"]["traversals"]
+    row["target_speedup"] = size / row["blocktrain"]["passes"]
     row["pass"] = row["speedup"] >= row["target_speedup"]
     return row
 
@@ -228,20 +228,20 @@ def start_hosts(args: argparse.Namespace) -> tuple[list[Any], list[Connection], 
 
 
 def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    header = ["bytes", "BlockTrain traversals", "BlockTrain bytes/s", "AR traversals", "AR bytes/s",
-              "s per traversal (BT / AR)", "speedup", "target L / N", "met",
+    header = ["bytes", "BlockTrain passes", "BlockTrain bytes/s", "AR passes", "AR bytes/s",
+              "s per pass (BT / AR)", "speedup", "target L / N", "met",
               "same text as one process (BT / AR)"]
     lines = []
     for row in rows:
         bt, ar = row["blocktrain"], row["ar"]
-        lines.append([str(row["bytes"]), str(bt["traversals"]), f"{bt['bytes_per_s']:.1f}",
-                      str(ar["traversals"]), f"{ar['bytes_per_s']:.2f}",
-                      f"{bt['s_per_traversal']:.3f} / {ar['s_per_traversal']:.3f}", f"{row['speedup']:.2f}x",
+        lines.append([str(row["bytes"]), str(bt["passes"]), f"{bt['bytes_per_s']:.1f}",
+                      str(ar["passes"]), f"{ar['bytes_per_s']:.2f}",
+                      f"{bt['s_per_pass']:.3f} / {ar['s_per_pass']:.3f}", f"{row['speedup']:.2f}x",
                       f"{row['target_speedup']:.2f}x", "yes" if row["pass"] else "**no**",
                       f"{bt['matches_in_process']} / {ar['matches_in_process']}"])
     caption = (f"3 hosts, each behind a WAN proxy ({args.latency_ms:g} ms one way, {args.mbit:g} Mbit/s per "
                f"direction); d_model {args.d_model}, context {args.context}, 3 blocks / stages of 1 layer; "
-               f"BlockTrain {args.traversals} refinement traversals per segment of {args.context // 2} bytes")
+               f"BlockTrain {args.passes} refinement passes per segment of {args.context // 2} bytes")
     return caption + "\n\n" + markdown_table(header, lines)
 
 

@@ -13,12 +13,12 @@ One process, one device, fixed seeds, ``builtin:pydoc`` bytes (the held-out part
   replicas of one block are averaged every ``average_every`` steps, as the block coordinator's
   versioned checkpoint does (AdamW state stays with the worker).
 - **Generation**: for held-out prompts, ``protocols.blocktrain.generate`` with 1, 2, 4 and
-  context // 2 (= exact autoregressive) traversals per segment; each continuation is scored by the
+  context // 2 (= exact autoregressive) passes per segment; each continuation is scored by the
   end-to-end model (4 x steps) as nats/byte, and greedy continuations by the byte-match rate with
   the true held-out continuation.
 
-Held-out CE for BlockTrain is the next-byte CE of the logits after ONE traversal
-(``heldout_ce``); the mean of the softmax over 4 traversals is reported next to it. Writes
+Held-out CE for BlockTrain is the next-byte CE of the logits after ONE pass
+(``heldout_ce``); the mean of the softmax over 4 passes is reported next to it. Writes
 ``scripts/experiments/results/blocktrain[_quick].{json,md}``::
 
     .venv/bin/python scripts/experiments/blocktrain.py [--quick] [--steps N] [--device cpu]
@@ -42,9 +42,9 @@ from gossamer.protocols.blocktrain import (
     block_loss,
     block_parameters,
     build_stack,
+    denoise_pass,
     generate,
     heldout_ce,
-    traverse,
 )
 from gossamer.protocols.models import (
     BatchSampler,
@@ -171,8 +171,8 @@ def train_end_to_end(n_layers: int, steps: int, checkpoints: tuple[int, ...], da
 
 
 @torch.no_grad()
-def mean_of_traversals_ce(stack: BlockStack, heldout: bytes, s: Settings, *, traversals: int) -> float:
-    """CE of the softmax averaged over ``traversals`` independent traversals (same windows as heldout_ce)."""
+def mean_of_passes_ce(stack: BlockStack, heldout: bytes, s: Settings, *, passes: int) -> float:
+    """CE of the softmax averaged over ``passes`` independent passes (same windows as heldout_ce)."""
     tokens = torch.frombuffer(bytearray(heldout), dtype=torch.uint8)
     last = tokens.numel() - s.context - 1
     count = min(32 * s.eval_batches, last + 1)
@@ -180,9 +180,9 @@ def mean_of_traversals_ce(stack: BlockStack, heldout: bytes, s: Settings, *, tra
     generator, device, total = torch.Generator().manual_seed(77), stack.embed.weight.device, 0.0
     for chunk in starts.split(32):
         window = tokens[chunk[:, None] + torch.arange(s.context + 1)].to(device=device, dtype=torch.long)
-        probs = sum(torch.softmax(traverse(stack, window[:, :-1], generator=generator), dim=-1)
-                    for _ in range(traversals))
-        total += float(F.nll_loss((probs / traversals).log().flatten(0, 1), window[:, 1:].flatten(), reduction="sum"))
+        probs = sum(torch.softmax(denoise_pass(stack, window[:, :-1], generator=generator), dim=-1)
+                    for _ in range(passes))
+        total += float(F.nll_loss((probs / passes).log().flatten(0, 1), window[:, 1:].flatten(), reduction="sum"))
     return total / (count * s.context)
 
 
@@ -213,18 +213,18 @@ def generation_quality(stack: BlockStack, judge: torch.nn.Module, heldout: bytes
         nats = sum(_judge_nats(judge, p, c, device) for (p, _), c in zip(pairs, sampled, strict=True))
         matches = None if greedy is None else sum(
             a == b for (_, truth), out in zip(pairs, greedy, strict=True) for a, b in zip(out, truth, strict=True))
-        return {"traversals": label, "judge_nats": nats / len(pairs),
+        return {"passes": label, "judge_nats": nats / len(pairs),
                 "greedy_match": None if matches is None else matches / (len(pairs) * span),
                 "space_share": sum(c.count(b" ") for c in sampled) / (len(pairs) * span),
                 "example": sampled[0].decode("utf-8", "replace")}
 
     rows = []
-    for traversals in (1, 2, 4, span):
+    for passes in (1, 2, 4, span):
         generator = torch.Generator().manual_seed(11)
-        sampled = [generate(stack, p, new_bytes=span, traversals=traversals, generator=generator) for p, _ in pairs]
-        greedy = [generate(stack, p, new_bytes=span, traversals=traversals, generator=generator, temperature=0)
+        sampled = [generate(stack, p, new_bytes=span, passes=passes, generator=generator) for p, _ in pairs]
+        greedy = [generate(stack, p, new_bytes=span, passes=passes, generator=generator, temperature=0)
                   for p, _ in pairs]
-        rows.append(row(traversals, sampled, greedy))
+        rows.append(row(passes, sampled, greedy))
     generator = torch.Generator().manual_seed(11)
     own = [generate_e2e(judge, p, max_new_bytes=span, temperature=1.0, generator=generator) for p, _ in pairs]
     return [*rows, row("judge's own samples (reference)", own, None),
@@ -236,29 +236,29 @@ def generation_quality(stack: BlockStack, judge: torch.nn.Module, heldout: bytes
 
 def render(s: Settings, rows: list[dict], gens: list[dict], edges: dict[str, list[float]]) -> str:
     main = markdown_table(
-        ["arm", "updates per layer/block", "optimizer steps", "held-out CE (nats/byte)", "mean of 4 traversals",
+        ["arm", "updates per layer/block", "optimizer steps", "held-out CE (nats/byte)", "mean of 4 passes",
          "train CE per block (last 100)", "wall s"],
         [[r["arm"], r["per_layer"], r["steps"], f"{r['ce']:.3f}", f"{r['ce4']:.3f}" if "ce4" in r else "",
           " / ".join(f"{v:.2f}" for v in r.get("block_ce", [])), f"{r['wall_s']:.0f}"] for r in rows])
     gen = markdown_table(
-        ["traversals per 32-byte segment", "judge CE of sampled continuation (nats/byte)", "greedy byte match",
+        ["passes per 32-byte segment", "judge CE of sampled continuation (nats/byte)", "greedy byte match",
          "space share", "first sampled continuation"],
-        [[g["traversals"], f"{g['judge_nats']:.3f}", "" if g["greedy_match"] is None else f"{g['greedy_match']:.3f}",
+        [[g["passes"], f"{g['judge_nats']:.3f}", "" if g["greedy_match"] is None else f"{g['greedy_match']:.3f}",
           f"{g['space_share']:.2f}", repr(g["example"][:32])] for g in gens])
     ce = {r["key"]: r["ce"] for r in rows}
     lines = [
         "# BlockTrain vs end-to-end (builtin:pydoc)", "",
         f"Settings: {asdict(s)}. Bands [1, 10]: {[round(e, 3) for e in edges['main']]}; "
         f"[0.002, 80]: {[round(e, 3) for e in edges['leak']]}.", "",
-        "Held-out next-byte CE; BlockTrain rows: logits after ONE traversal (the mean-of-4 column "
-        "averages the softmax of 4 independent traversals).", "", main, "",
+        "Held-out next-byte CE; BlockTrain rows: logits after ONE pass (the mean-of-4 column "
+        "averages the softmax of 4 independent passes).", "", main, "",
         f"Gap BlockTrain - e2e 4-layer: {ce['blocktrain'] - ce['e2e']:+.3f} nats at equal per-layer updates, "
         f"{ce['blocktrain'] - ce['e2e_4x']:+.3f} at equal optimizer steps (expectation: +0.05 to +0.2). "
         f"Target leakage ([0.002, 80]) vs [1, 10]: {ce['leak'] - ce['blocktrain']:+.3f}. "
         f"Six workers vs one per block: {ce['six'] - ce['blocktrain']:+.3f}.", "",
         f"Generation (BlockTrain [1, 10] stack): {s.prompts} held-out prompts of {s.context // 2} bytes, as many new "
         "bytes; judge = the e2e 4-layer model after 4x steps (nats/byte of the sampled continuation given the "
-        f"prompt; lower = more plausible to it, but repetition scores well); {s.context // 2} traversals = exact "
+        f"prompt; lower = more plausible to it, but repetition scores well); {s.context // 2} passes = exact "
         "autoregressive sampling.", "", gen,
     ]
     return "\n".join(lines)
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         stack, block_ce = train_blocktrain(_blocktrain_config(s, **overrides), workers, shards, s, device)
         stacks[key] = stack
         record(key, arm, s.steps, len(workers) * s.steps, start, ce=stack_ce(stack, heldout_bytes, s),
-               ce4=mean_of_traversals_ce(stack, heldout_bytes, s, traversals=4), block_ce=block_ce)
+               ce4=mean_of_passes_ce(stack, heldout_bytes, s, passes=4), block_ce=block_ce)
     start = time.perf_counter()
     gens = generation_quality(stacks["blocktrain"], judge, heldout_bytes, s, device)
     print(f"generation: {time.perf_counter() - start:.0f} s", flush=True)

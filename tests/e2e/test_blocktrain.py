@@ -2,7 +2,7 @@
 block coordinator) and three block workers train every block to the target version while a
 SIGKILLed worker's block is reassigned; then ``gossamer serve`` processes serve the trained blocks
 and ``gossamer generate`` produces, across three of them, exactly the text one process produces
-from the same checkpoints; a traversal equals the in-process one bit for bit; malformed frames are
+from the same checkpoints; a pass equals the in-process one bit for bit; malformed frames are
 refused by a server that keeps serving; a hung host is routed around (same text), and with no host
 left for a block the client fails naming it.
 
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.roles.blocktrain.commands import GenerateOptions, NetworkGenerator
+from gossamer.peer.roles.blocktrain.generation import GenerateOptions, NetworkGenerator
 from gossamer.peer.roles.blocktrain.host import METHOD
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import Hop, parse_answer, request_frame
@@ -54,7 +54,7 @@ batch_size = 8
 lr = 0.003
 deadline_s = 8.0
 eval_batches = 2
-traversal_timeout_s = 4.0
+route_timeout_s = 4.0
 """
 
 
@@ -89,7 +89,7 @@ class Run:
         self.procs[name].stop()
 
     def generate(self, *extra: str) -> tuple[int, dict | None, str]:
-        result = gossamer(["generate", *self.join([]), "--json", "--new_bytes", "48", "--traversals", "3",
+        result = gossamer(["generate", *self.join([]), "--json", "--new_bytes", "48", "--passes", "3",
                            "--seed", "5", "--temperature", "0.8", *(extra or ("--timeout_s", "20")), "The "],
                           timeout_s=90)
         return result.returncode, json.loads(result.stdout) if result.returncode == 0 else None, result.stderr
@@ -129,8 +129,8 @@ def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run:
     everyone = {run.ids[f"w{i}"] for i in range(3)}
     closed, assignment = set(), {}
     while len(closed) < 3:  # every block has closed a version since all three workers were assigned
-        event = run.orch.wait_event(lambda e: e["event"] in ("version", "assignment"), timeout_s=60)
-        if event["event"] == "assignment":
+        event = run.orch.wait_event(lambda e: e["event"] in ("blocktrain.version", "blocktrain.assignment"), timeout_s=60)
+        if event["event"] == "blocktrain.assignment":
             assignment = event["assignment"]
         elif everyone <= set(assignment):
             closed.add(event["block"])
@@ -139,10 +139,10 @@ def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run:
 
     run.kill("w0")
     survivors = {run.ids["w1"], run.ids["w2"]}
-    covered = run.orch.wait_event(lambda e: e["event"] == "assignment" and victim not in e["assignment"]
+    covered = run.orch.wait_event(lambda e: e["event"] == "blocktrain.assignment" and victim not in e["assignment"]
                                   and orphan in e["assignment"].values(), timeout_s=60)
-    after = run.orch.wait_event(lambda e: e["event"] == "version" and e["block"] == orphan, timeout_s=60)
-    finished = run.orch.wait_event(lambda e: e["event"] == "finished", timeout_s=90)
+    after = run.orch.wait_event(lambda e: e["event"] == "blocktrain.version" and e["block"] == orphan, timeout_s=60)
+    finished = run.orch.wait_event(lambda e: e["event"] == "blocktrain.finished", timeout_s=90)
 
     assert set(covered["assignment"]) <= survivors
     assert set(after["used"]) <= survivors and victim in after["timed_out"], after
@@ -152,25 +152,25 @@ def test_workers_train_every_block_and_a_killed_workers_block_is_reassigned(run:
 
 
 def test_three_servers_generate_the_text_one_process_generates(run: Run) -> None:
-    if "finished" not in run.orch.latest:
-        run.orch.wait_event(lambda e: e["event"] == "finished", timeout_s=90)
+    if "blocktrain.finished" not in run.orch.latest:
+        run.orch.wait_event(lambda e: e["event"] == "blocktrain.finished", timeout_s=90)
     for name, blocks in (("s2", "2"), ("s1", "1"), ("s1b", "1"), ("s0", "0")):
         run.start(name, ["serve", "--blocks", blocks])
     for name in ("s2", "s1", "s1b", "s0"):
         run.tcp[name] = run.procs[name].wait_ready()["tcp"]
-        run.procs[name].wait_event(lambda e: e["event"] == "serving", timeout_s=60)
+        run.procs[name].wait_event(lambda e: e["event"] == "blocktrain.serving", timeout_s=60)
 
     code, result, stderr = run.generate()
 
     assert code == 0, stderr
-    expected = generate(trained_stack(run), b"The ", new_bytes=48, traversals=3,
+    expected = generate(trained_stack(run), b"The ", new_bytes=48, passes=3,
                         generator=torch.Generator().manual_seed(5), temperature=0.8)
     assert bytes.fromhex(result["text_hex"]) == expected and result["new_bytes"] == 48
     assert [hop[1] for hop in result["route"]] == [[2], [1], [0]] and result["retries"] == 0
     run.first_result = result
 
 
-async def test_a_traversal_across_the_server_processes_equals_the_in_process_one(run: Run) -> None:
+async def test_a_pass_across_the_server_processes_equals_the_in_process_one(run: Run) -> None:
     stack = trained_stack(run)
     context = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(9))
     z = initial_noise(stack.config, (2, 32), generator=torch.Generator().manual_seed(9), device="cpu")
@@ -236,7 +236,7 @@ async def test_a_hung_host_is_routed_around_and_with_none_left_generate_names_th
     other = "s1b" if hung == "s1" else "s1"
     client = await NetworkGenerator.create(GenerateOptions(
         run=run.ready["run_id"], initial_peers=tuple(run.ready["maddrs"]), prompt="The ", new_bytes=48,
-        traversals=3, seed=5, temperature=0.8, timeout_s=20.0))  # it knows the hosts: the same route
+        passes=3, seed=5, temperature=0.8, timeout_s=20.0))  # it knows the hosts: the same route
     try:
         os.kill(run.procs[hung].proc.pid, signal.SIGSTOP)  # it hangs; its record stays live for up to a TTL
         result = await client.generate()

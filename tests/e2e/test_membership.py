@@ -11,10 +11,11 @@ import pytest
 
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.signed import sign_object
-from gossamer.peer.role import peers_key
+from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, alive, gossamer
-from gossamer.transport.dht import DhtConfig, DhtMembership
+from gossamer.transport.dht.config import DhtConfig
+from gossamer.transport.dht.membership import DhtMembership
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

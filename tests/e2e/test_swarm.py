@@ -22,7 +22,7 @@ def test_demo_preset_trains_and_exits_cleanly(tmp_path: Path) -> None:
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "all 4 peers see each other" in out
-    assert "all 3 learners finished" in out and "sample from" in out
+    assert "the run is finished (all 3 peers)" in out and "sample from" in out
     assert "stopped 4 process(es) cleanly" in out
     heldout = [float(x) for x in re.findall(r"\[peer-1\] round \d+: .*?held-out (\d+\.\d+)", out)]
     assert len(heldout) == 8 and heldout[-1] < heldout[0] - 0.2, heldout

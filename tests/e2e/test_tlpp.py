@@ -63,7 +63,7 @@ def start_run(work: Path, *, mode: str, steps: int,
 
 
 def step_event(proc: GossamerProcess, at_least: int, timeout_s: float = 90) -> dict:
-    return proc.wait_event(lambda e: e["event"] == "tlpp_step" and e["step"] >= at_least, timeout_s=timeout_s)
+    return proc.wait_event(lambda e: e["event"] == "tlpp.step" and e["step"] >= at_least, timeout_s=timeout_s)
 
 
 def http_get(address: str, path: str) -> str:
@@ -78,16 +78,16 @@ def test_base_mode_trains_and_goes_on_when_a_node_is_killed(tmp_path: Path) -> N
         killed_id = nodes[2].latest["ready"]["peer_id"]
         before = step_event(orch, 5)
         nodes[2].stop(signal.SIGKILL)
-        steps = [orch.wait_event(lambda e: e["event"] in ("tlpp_step", "tlpp_finished"), timeout_s=90)]
-        while steps[-1]["event"] != "tlpp_finished":
-            steps.append(orch.wait_event(lambda e: e["event"] in ("tlpp_step", "tlpp_finished"), timeout_s=90))
+        steps = [orch.wait_event(lambda e: e["event"] in ("tlpp.step", "tlpp.finished"), timeout_s=90)]
+        while steps[-1]["event"] != "tlpp.finished":
+            steps.append(orch.wait_event(lambda e: e["event"] in ("tlpp.step", "tlpp.finished"), timeout_s=90))
         finished, steps = steps[-1], steps[:-1]
-        dropped = [e for e in steps if e["dropped"]]
+        dropped = [e for e in steps if e["rejected"]]
         assert dropped, "the killed node must show up as dropped in a step's ledger"
-        gone = set(dropped[0]["dropped"])
-        assert gone == {killed_id} and killed_id in before["answered"], dropped[0]
+        gone = set(dropped[0]["rejected"])
+        assert gone == {killed_id} and killed_id in before["used"], dropped[0]
         assert all(e["applied"] for e in steps), "every step after the kill still applies a gradient"
-        assert all(set(e["answered"]).isdisjoint(gone) and len(e["answered"]) == 2 for e in steps[-5:])
+        assert all(set(e["used"]).isdisjoint(gone) and len(e["used"]) == 2 for e in steps[-5:])
         assert finished["step"] == 60 and Path(finished["checkpoint"]).is_file()
         assert finished["test_loss"] < first["loss"] - 0.3, (first["loss"], finished["test_loss"])
         metrics = http_get(ready["http"], "/metrics")
@@ -108,10 +108,10 @@ def test_secure_mode_trains_no_server_sees_both_shares_and_a_dead_helper_stops_i
     helper = procs[0]
     try:
         first = step_event(orch, 0)
-        evaluation = orch.wait_event(lambda e: e["event"] == "tlpp_eval" and e["step"] >= 40, timeout_s=90)
+        evaluation = orch.wait_event(lambda e: e["event"] == "tlpp.eval" and e["step"] >= 40, timeout_s=90)
         assert evaluation["loss"] < first["loss"] - 0.3, (first["loss"], evaluation)
         helper.stop(signal.SIGKILL)
-        error = orch.wait_event(lambda e: e["event"] == "tlpp_error", timeout_s=40)
+        error = orch.wait_event(lambda e: e["event"] == "tlpp.error", timeout_s=40)
         assert error["kind"] == "HelperFailed" and "helper" in error["message"], error
         status = json.loads(http_get(ready["http"], "/status"))["role_status"]["tlpp-server"]
         assert status["error"] == error["message"] and not status["finished"]

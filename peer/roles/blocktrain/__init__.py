@@ -1,0 +1,74 @@
+"""Protocol ``blocktrain``: a stack of denoiser blocks, each trained on its own by a volunteer.
+
+The run owner's ``block-coordinator`` keeps a versioned checkpoint per block, assigns blocks to
+``block-worker`` peers and averages their same-block updates; ``block-server`` peers (``gossamer
+serve``) hold blocks for inference, and ``gossamer generate`` routes a sequence through them
+(``gossamer.peer.route``). ``ar-stage`` serves the matched autoregressive baseline. Modules:
+``settings``, ``names``, ``coordinator`` (+ ``versions``, ``ledger``, ``checkpoints``),
+``worker`` (+ ``fetch``, ``stack``), ``server`` (+ ``host``), ``ar_stage``, ``client``,
+``generation`` (the generating client) and ``commands`` (the ``serve`` and ``generate`` parsers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.peer.roles.blocktrain import names
+from gossamer.peer.roles.blocktrain.commands import GENERATE, SERVE
+
+EVENTS = {
+    "assignment": EventSchema("the coordinator (re)assigned blocks to workers",
+                              ("assignment", "coverage", "versions")),
+    "version": EventSchema("the coordinator closed a block version; its ledger in short",
+                           ("block", "version", "used", "rejected", "timed_out", "train_loss", "update_norm",
+                            "heldout_ce", "versions")),
+    "finished": EventSchema("every block reached hyper.versions; the coordinator's checkpoints are final",
+                            ("versions", "heldout_ce", "initial_heldout_ce", "checkpoints")),
+    "assigned": EventSchema("a worker took (or switched to) a block", ("block",)),
+    "update": EventSchema("a worker sent an update for its block", ("block", "version", "loss", "accepted", "reason")),
+    "error": EventSchema("a worker's cycle failed; it retries", ("error",)),
+    "worker_finished": EventSchema("the coordinator said the run is finished; the worker stopped", ("updates",)),
+    "serving": EventSchema("a block server holds these block versions", ("blocks", "versions")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "version":
+        ce = f"  held-out CE {e['heldout_ce']:.3f}" if e.get("heldout_ce") is not None else ""
+        return (f"block {e['block']} version {e['version']}: {len(e['used'])} update(s) used, "
+                f"{len(e['timed_out'])} timed out, {len(e['rejected'])} rejected{ce}")
+    if event == "finished":
+        return f"finished: block versions {e['versions']}, held-out CE {e['heldout_ce']}; checkpoints {e['checkpoints']}"
+    if event == "assignment":
+        return f"blocks assigned; workers per block {e['coverage']}, versions {e['versions']}"
+    if event == "assigned":
+        return f"training block {e['block']}"
+    if event == "update":
+        verdict = "accepted" if e["accepted"] else f"refused ({e['reason']})"
+        return f"update for block {e['block']} from version {e['version']}: loss {e['loss']:.3f}, {verdict}"
+    if event == "worker_finished":
+        return f"the run is finished; updates {e['updates']}"
+    if event == "serving":
+        return f"serving blocks {e['blocks']} at versions {e['versions']}"
+    if event == "error":
+        return f"cycle failed, retrying: {e['error']}"
+    return None
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="BlockTrain: denoiser blocks trained apart by volunteers, served across hosts",
+    settings="gossamer.peer.roles.blocktrain.settings:BlockTrainSettings",
+    roles={names.COORDINATOR: "gossamer.peer.roles.blocktrain.coordinator:BlockCoordinatorRole",
+           names.WORKER: "gossamer.peer.roles.blocktrain.worker:BlockWorkerRole",
+           names.SERVER: "gossamer.peer.roles.blocktrain.server:BlockServerRole",
+           names.AR_STAGE: "gossamer.peer.roles.blocktrain.ar_stage:ArStageRole"},
+    owner_roles=(names.COORDINATOR,),
+    swarm_roles=(names.WORKER,),
+    commands=(SERVE, GENERATE),
+    events=EVENTS,
+    finish=FinishRule("finished", by="owner"),
+    describe_event=describe,
+)

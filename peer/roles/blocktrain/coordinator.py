@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from gossamer.peer.events import emit
 from gossamer.peer.kit.messaging import SignedMessenger
-from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.checkpoints import BlockCheckpoints, Version
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.roles.blocktrain.stack import pack, unpack
 from gossamer.peer.roles.blocktrain.versions import BlockVersions
 from gossamer.protocols.blocktrain import build_stack, heldout_ce
@@ -45,19 +45,17 @@ from gossamer.protocols.text_data import load_text, split_text
 from gossamer.transport.http_server import stream_tensors
 
 log = logging.getLogger(__name__)
-WORKER_ROLE = "block-worker"
 MAX_WAIT_S = 1.0
 MAX_POLL_S = 30.0
 
 
-class BlockCoordinatorRole(Role):
+class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
     """See the module docstring."""
 
-    name = "block-coordinator"
+    name = names.COORDINATOR
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.settings = blocktrain_settings(ctx.manifest.config)
         config = self.settings.model
         self.stack = build_stack(config, seed=self.settings.seed, device=ctx.device)
         run_name = ctx.manifest.config.name
@@ -97,7 +95,7 @@ class BlockCoordinatorRole(Role):
 
     async def start(self) -> None:
         await self.write_checkpoints()
-        self._task = asyncio.create_task(self._run(), name="block-coordinator")
+        self.spawn(self._run(), name="versions")
 
     async def write_checkpoints(self) -> None:
         """Write every block's current version and E (at start: the initial or resumed versions)."""
@@ -122,7 +120,7 @@ class BlockCoordinatorRole(Role):
     def status(self) -> dict[str, Any]:
         return {"versions": list(self.board.versions), "assignment_by_worker": dict(self.assignment),
                 "finished": self.finished, "heldout_ce": self.heldout_ce, "checkpoints": str(self.directory),
-                "ledgers": self.board.ledgers.recent(6)}
+                "ledgers": self.board.ledgers.last(6)}
 
     # -- HTTP -----------------------------------------------------------------------------------
 
@@ -168,7 +166,7 @@ class BlockCoordinatorRole(Role):
         received = await self.messenger.receive(request)
         sender, base = received.envelope.sender, int(base_text)
         live = self.ctx.view.get(sender)
-        if received.envelope.round != base or live is None or WORKER_ROLE not in live.record.roles:
+        if received.envelope.round != base or live is None or names.WORKER not in live.record.roles:
             raise web.HTTPForbidden(text="envelope refused")
         self.ctx.traffic.add_received("block_update", received.size_bytes)
         try:
@@ -217,7 +215,7 @@ class BlockCoordinatorRole(Role):
             self.finished = True
             self.assignment = {}
             self.ctx.announce()
-            emit(self.ctx.config.events, "finished", versions=list(self.board.versions),
+            self.emit("finished", versions=list(self.board.versions),
                  heldout_ce=self.heldout_ce, initial_heldout_ce=self.initial_heldout_ce,
                  checkpoints=str(self.directory))
             log.info("all %d blocks reached version %d; checkpoints in %s", self.board.num_blocks, target,
@@ -227,7 +225,7 @@ class BlockCoordinatorRole(Role):
 
     def _reassign(self) -> None:
         live = self.ctx.view.live(now=self.ctx.now())
-        workers = [p.record.peer_id for p in live if WORKER_ROLE in p.record.roles]
+        workers = [p.record.peer_id for p in live if names.WORKER in p.record.roles]
         target = self.settings.versions
         finished = [k for k, v in enumerate(self.board.versions) if target and v >= target]
         assignment = assign_blocks(self.board.num_blocks, workers, previous=self.assignment,
@@ -236,7 +234,7 @@ class BlockCoordinatorRole(Role):
             self.board.expect(k, [w for w, b in assignment.items() if b == k])
         if assignment != self.assignment:
             self.assignment = assignment
-            emit(self.ctx.config.events, "assignment", assignment=assignment,
+            self.emit("assignment", assignment=assignment,
                  coverage=coverage(assignment, self.board.num_blocks), versions=list(self.board.versions))
 
     async def _close(self, k: int) -> None:
@@ -252,7 +250,7 @@ class BlockCoordinatorRole(Role):
         self.ctx.announce()
         self._reassign()
         await self._evaluate()
-        emit(self.ctx.config.events, "version", block=k, version=self.board.versions[k], used=ledger.used,
+        self.emit("version", block=k, version=self.board.versions[k], used=ledger.used,
              rejected=ledger.rejected, timed_out=ledger.timed_out, train_loss=ledger.train_loss,
              update_norm=ledger.update_norm, heldout_ce=self.heldout_ce, versions=list(self.board.versions))
         log.info("block %d: version %d from %d update(s) (timed out %d, rejected %d); held-out CE %s", k,

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import torch
 
 from gossamer.peer.role import RoleContext
+from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.stack import unpack
 from gossamer.peer.run.view import LivePeer
 from gossamer.transport.errors import DecodeError
 from gossamer.transport.http_client import HttpClient
 
 log = logging.getLogger(__name__)
-COORDINATOR_ROLE = "block-coordinator"
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class BlockVersion:
 
 
 def live_coordinator(ctx: RoleContext) -> LivePeer | None:
-    return next((p for p in ctx.view.live(now=ctx.now()) if COORDINATOR_ROLE in p.record.roles), None)
+    return next((p for p in ctx.view.live(now=ctx.now()) if names.COORDINATOR in p.record.roles), None)
 
 
 async def find_coordinator(ctx: RoleContext, *, timeout_s: float) -> LivePeer | None:

@@ -1,9 +1,9 @@
-"""The data plane of a block server: answering BlockTrain traversal frames for the blocks it holds.
+"""The data plane of a block server: answering BlockTrain route frames for the blocks it holds.
 
 A frame carries ``z`` (float32 [batch, T, d_model], the noisy next-byte embeddings) and
-``context`` (int64 [batch, T], the clean context bytes). On top of ``peer.route_host.RouteHost``
+``context`` (int64 [batch, T], the clean context bytes). On top of ``peer.route.host.RouteHost``
 (run, route, budget, forwarding) a block host checks that blocks fall strictly from one hop to the
-next, as a traversal runs from the highest noise band down, and that z and the context match in
+next, as a pass runs from the highest noise band down, and that z and the context match in
 shape, have the right dtypes, finite values, bytes in range and at most ``max_batch`` sequences;
 then it applies ``denoise_step`` of each of its blocks in the hop's order and passes z (and the
 context) on. The last hop answers z: the client reads out the logits with E, which it gets from
@@ -60,16 +60,16 @@ class BlockHost(RouteHost):
         context = expect_tensor(tensors, "context", dtype=torch.int64, ndim=2)
         extra = sorted(set(tensors) - {"z", "context"})
         if extra:
-            raise HandlerError(f"malformed traversal frame: unexpected tensors {extra[:8]}")
+            raise HandlerError(f"malformed route frame: unexpected tensors {extra[:8]}")
         batch, length = context.shape
         if tuple(z.shape) != (batch, length, config.d_model):
-            raise HandlerError(f"malformed traversal frame: z has shape {tuple(z.shape)}, expected "
+            raise HandlerError(f"malformed route frame: z has shape {tuple(z.shape)}, expected "
                                f"{(batch, length, config.d_model)} for context {(batch, length)}")
         self.check_batch(batch, length, config.context)
         if not bool(torch.isfinite(z).all()):
-            raise HandlerError("malformed traversal frame: z holds NaN or Inf")
+            raise HandlerError("malformed route frame: z holds NaN or Inf")
         if int(context.min()) < 0 or int(context.max()) >= config.vocab:
-            raise HandlerError(f"malformed traversal frame: context ids must lie in [0, {config.vocab})")
+            raise HandlerError(f"malformed route frame: context ids must lie in [0, {config.vocab})")
         return {"z": z, "context": context}
 
     def computation(self) -> Callable[[tuple[int, ...], Tensors], Tensors]:

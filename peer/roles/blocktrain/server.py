@@ -4,10 +4,10 @@ Once started it downloads its blocks' current versions (and E) from the run's bl
 (retrying until the coordinator is live and serves them) and builds a stack holding only those
 blocks; then it announces them in its record
 (``assignment = {"blocks": [...], "block_versions": {...}}``), which is how clients find routes
-through the DHT. Traversal frames are answered by ``peer.block_host.BlockHost`` (TCP method
+through the DHT. Route frames are answered by ``peer.roles.blocktrain.host.BlockHost`` (TCP method
 ``blocktrain.traverse``; ``blocktrain.embedding`` gives a client E for its readout). Every
 ``heartbeat_s`` it asks the coordinator for the versions and swaps in a freshly loaded stack when
-one of its blocks has a newer version; traversals in flight finish on the stack they started
+one of its blocks has a newer version; passes in flight finish on the stack they started
 with. A next hop is accepted only if it is a live block server of the run announcing the blocks
 the route asks of it.
 """
@@ -19,13 +19,13 @@ import logging
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.events import emit
-from gossamer.peer.role import Role, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import fetch_block, find_coordinator, live_coordinator
 from gossamer.peer.roles.blocktrain.host import EMBEDDING_METHOD, METHOD, BlockHost
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.roles.blocktrain.stack import partial_stack
-from gossamer.peer.route.policy import LiveHopPolicy
+from gossamer.peer.route.policy import live_hop_policy
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.blocktrain import BlockStack, BlockTrainError
@@ -34,17 +34,15 @@ from gossamer.transport.frames import Frame
 from gossamer.transport.tcp import HandlerError
 
 log = logging.getLogger(__name__)
-SERVER_ROLE = "block-server"
 
 
-class BlockServerRole(Role):
+class BlockServerRole(ProtocolRole[BlockTrainSettings]):
     """See the module docstring. ``blocks`` defaults to every block of the run."""
 
-    name = SERVER_ROLE
+    name = names.SERVER
 
     def __init__(self, ctx: RoleContext, *, blocks: tuple[int, ...] | None = None) -> None:
         super().__init__(ctx)
-        self.settings = blocktrain_settings(ctx.manifest.config)
         num_blocks = self.settings.model.num_blocks
         chosen = tuple(range(num_blocks)) if blocks is None else tuple(dict.fromkeys(blocks))
         if not chosen or any(not 0 <= k < num_blocks for k in chosen):
@@ -55,13 +53,13 @@ class BlockServerRole(Role):
         self.host: BlockHost | None = None
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
-        return {METHOD: self._traverse, EMBEDDING_METHOD: self._embedding}
+        return {METHOD: self._denoise_pass, EMBEDDING_METHOD: self._embedding}
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._serve(), name="block-server")
+        self.spawn(self._serve(), name="serving")
 
     async def aclose(self) -> None:
-        await self.stop_task()
+        await super().aclose()
         await self.pool.aclose()
 
     def status(self) -> dict[str, Any]:
@@ -69,14 +67,14 @@ class BlockServerRole(Role):
             return {"loading": list(self.blocks)}
         versions = {str(k): v for k, v in self.versions.items()}
         return {"assignment": {"blocks": list(self.blocks), "block_versions": versions},
-                "traversals": self.host.traversals, "refused": self.host.refused}
+                "passes": self.host.served, "refused": self.host.refused}
 
     def gauges(self) -> dict[str, float]:
-        return {"block_server_traversals": float(self.host.traversals)} if self.host else {}
+        return {"block_server_passes": float(self.host.served)} if self.host else {}
 
     # -- TCP ------------------------------------------------------------------------------------
 
-    async def _traverse(self, frame: Frame) -> Frame:
+    async def _denoise_pass(self, frame: Frame) -> Frame:
         if self.host is None:
             raise HandlerError("this block server is still loading its blocks")
         return await self.host.handle(frame)
@@ -104,10 +102,10 @@ class BlockServerRole(Role):
                 await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
                 continue
             self.host = BlockHost(stack, self.blocks, run_id=self.ctx.manifest.run_id, pool=self.pool,
-                                  next_hop_ok=LiveHopPolicy(self.ctx, role=SERVER_ROLE, key="blocks"),
+                                  next_hop_ok=live_hop_policy(self.ctx, role=names.SERVER, key="blocks"),
                                   max_batch=self.settings.max_batch)
         self.ctx.announce()
-        emit(self.ctx.config.events, "serving", blocks=list(self.blocks), versions=self.versions)
+        self.emit("serving", blocks=list(self.blocks), versions=self.versions)
         log.info("serving blocks %s at versions %s", list(self.blocks), self.versions)
         await self._refresh_loop()
 
@@ -140,4 +138,4 @@ class BlockServerRole(Role):
                 log.warning("could not refresh the served blocks: %s", exc)
                 continue
             self.ctx.announce()
-            emit(self.ctx.config.events, "serving", blocks=list(self.blocks), versions=self.versions)
+            self.emit("serving", blocks=list(self.blocks), versions=self.versions)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gossamer.peer.roles.blocktrain.ledger import LedgerBook, VersionLedger
+from gossamer.peer.roles.blocktrain.ledger import VersionLedger, version_history
 
 Tensors = dict[str, torch.Tensor]
 
@@ -51,18 +51,18 @@ class BlockVersions:
         self.max_norm = max_norm
         self.embedding_averaged = embedding_averaged
         self.embedding_version = embedding_version
-        self.ledgers = LedgerBook()
+        self.ledgers = version_history()
         self.deadlines = [now + deadline_s] * len(blocks)
         self._pending: list[dict[str, Update]] = [{} for _ in blocks]
         for k, version in enumerate(self.versions):
-            self.ledgers.open(k, version, now=now)
+            self.ledgers.add((k, version), VersionLedger(block=k, version=version, opened_at=now))
 
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
 
     def current(self, k: int) -> VersionLedger:
-        ledger = self.ledgers.get(k, self.versions[k])
+        ledger = self.ledgers.get((k, self.versions[k]))
         assert ledger is not None, (k, self.versions[k])
         return ledger
 
@@ -78,7 +78,7 @@ class BlockVersions:
         if not 0 <= k < self.num_blocks:
             return f"no block {k} (the run has {self.num_blocks})"
         reason = self._refusal(k, base_version, sender, tensors)
-        ledger = self.ledgers.get(k, base_version) if base_version <= self.versions[k] else self.current(k)
+        ledger = self.ledgers.get((k, base_version)) if base_version <= self.versions[k] else self.current(k)
         if reason is not None:
             if ledger is not None:
                 ledger.reject(sender, reason)
@@ -146,7 +146,7 @@ class BlockVersions:
         self._pending[k] = {}
         self.versions[k] += 1
         self.deadlines[k] = now + self.deadline_s
-        self.ledgers.open(k, self.versions[k], now=now)
+        self.ledgers.add((k, self.versions[k]), VersionLedger(block=k, version=self.versions[k], opened_at=now))
         return ledger
 
     def next_deadline(self) -> float:

@@ -17,48 +17,46 @@ assignment (``{"block": k}``) and the version it trains from as its round.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import secrets
 from typing import Any
 
 import torch
 
-from gossamer.crypto.envelope import payload_digest, seal
-from gossamer.peer.events import emit
-from gossamer.peer.kit.messaging import ENVELOPE_HEADER
-from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.kit.messaging import SignedMessenger
+from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block, find_coordinator
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.roles.blocktrain.stack import hold_block, pack, partial_stack, release_block
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.blocktrain import BlockTrainError, block_parameters, train_step
 from gossamer.protocols.text_data import BatchSampler, load_text, shard, split_text
-from gossamer.transport.errors import DecodeError, TransportError
-from gossamer.transport.safetensors_stream import encode_safetensors
+from gossamer.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0
 LONG_POLL_S = 10.0
 
 
-class BlockWorkerRole(Role):
+class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
     """See the module docstring."""
 
-    name = "block-worker"
+    name = names.WORKER
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.settings = blocktrain_settings(ctx.manifest.config)
         config = self.settings.model
         train = split_text(load_text(ctx.config.data or self.settings.data_source),
                            heldout_fraction=self.settings.heldout_fraction).train
-        self.shard_index = int(ctx.identity.peer_id[:8], 16) % self.settings.num_shards
-        seed = int(ctx.identity.peer_id[:15], 16)
-        self.sampler = BatchSampler(shard(train, index=self.shard_index, count=self.settings.num_shards),
+        self.shard = self.shard_index(self.settings.num_shards)
+        seed = self.peer_seed()
+        self.sampler = BatchSampler(shard(train, index=self.shard, count=self.settings.num_shards),
                                     batch_size=self.settings.batch_size, context=config.context,
                                     generator=torch.Generator().manual_seed(seed))
         self.noise = torch.Generator(device=ctx.device).manual_seed(seed + 1)
+        self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id, client=ctx.http_client,
+                                         view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
+                                         max_body_bytes=ctx.http_config.max_body_bytes)
         self.stack = partial_stack(config, [], device=ctx.device)
         self.block: int | None = None
         self.version: int | None = None
@@ -70,7 +68,7 @@ class BlockWorkerRole(Role):
     # -- role interface -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="block-worker")
+        self.spawn(self._run(), name="cycles")
 
     @property
     def round(self) -> int:
@@ -78,7 +76,7 @@ class BlockWorkerRole(Role):
 
     def status(self) -> dict[str, Any]:
         return {"assignment": {"block": self.block} if self.block is not None else {},
-                "version": self.version, "shard": self.shard_index, "updates": dict(self.updates),
+                "version": self.version, "shard": self.shard, "updates": dict(self.updates),
                 "last_refusal": self.last_reason, "finished": self.finished}
 
     # -- the cycle ------------------------------------------------------------------------------
@@ -100,11 +98,11 @@ class BlockWorkerRole(Role):
                 await self._cycle(coordinator, int(block))
             except (TransportError, BlockTrainError, ValueError) as exc:
                 log.warning("block worker cycle failed, retrying in %.0f s: %s", RETRY_S, exc)
-                emit(self.ctx.config.events, "worker_error", error=str(exc)[:300])
+                self.emit("error", error=str(exc)[:300])
                 await asyncio.sleep(RETRY_S)
         self.finished = True
         self._switch(None)
-        emit(self.ctx.config.events, "finished", updates=dict(self.updates))
+        self.emit("worker_finished", updates=dict(self.updates))
         log.info("the run is finished; %s", self.updates)
 
     async def _coordinator(self) -> LivePeer:
@@ -115,12 +113,16 @@ class BlockWorkerRole(Role):
     async def _cycle(self, coordinator: LivePeer, block: int) -> None:
         fetched = await self.fetch(coordinator, block)
         loss = await asyncio.to_thread(self.train, block)
-        answer = await self.send_update(coordinator, fetched, self.difference(fetched), loss)
+        reply = await self.messenger.request(update_url(coordinator, fetched), recipient=coordinator.record.peer_id,
+                                             round=fetched.version, tensors=self.difference(fetched),
+                                             metadata=update_metadata(loss, self.settings.local_steps))
+        self.ctx.traffic.add_sent("block_update", reply.size_bytes)
+        answer = reply.answer
         accepted = bool(answer.get("accepted"))
         self.updates["sent"] += 1
         self.updates["accepted" if accepted else "refused"] += 1
         self.last_reason = None if accepted else str(answer.get("reason"))
-        emit(self.ctx.config.events, "update", block=block, version=fetched.version, loss=loss,
+        self.emit("update", block=block, version=fetched.version, loss=loss,
              accepted=accepted, reason=answer.get("reason"))
 
     async def fetch(self, coordinator: LivePeer, block: int) -> BlockVersion:
@@ -144,7 +146,7 @@ class BlockWorkerRole(Role):
             hold_block(self.stack, block, device=self.ctx.device)
             self.optimizer = torch.optim.AdamW(block_parameters(self.stack, block), lr=self.settings.lr,
                                                weight_decay=0.0)
-            emit(self.ctx.config.events, "assigned", block=block)
+            self.emit("assigned", block=block)
 
     def train(self, block: int) -> float:
         """K local steps on the held block (blocking: run it in a worker thread); the mean loss."""
@@ -166,21 +168,12 @@ class BlockWorkerRole(Role):
             embedding = {name: now[name] - fetched.embedding[name] for name in now}
         return pack(update, embedding)
 
-    async def send_update(self, coordinator: LivePeer, fetched: BlockVersion,
-                          tensors: dict[str, torch.Tensor], loss: float) -> dict[str, Any]:
-        """PUT an update against ``fetched`` with a signed envelope (as ``peer.kit.messaging`` does, with
-        round = the base version) and return the coordinator's JSON answer."""
-        url = f"http://{coordinator.record.http_addr}/blocktrain/update/{fetched.block}/{fetched.version}"
-        metadata = {"loss": repr(loss), "steps": str(self.settings.local_steps)}
-        total_bytes, chunks = encode_safetensors(tensors, metadata)
-        envelope = seal(self.ctx.identity, recipient=coordinator.record.peer_id,
-                        run_id=self.ctx.manifest.run_id, round=fetched.version,
-                        payload_digest=payload_digest(*chunks), now=self.ctx.now(),
-                        nonce=secrets.token_bytes(16))
-        header = {ENVELOPE_HEADER: base64.b64encode(envelope).decode("ascii")}
-        answer = await self.ctx.http_client.put_tensors(url, tensors, metadata, extra_headers=header)
-        self.ctx.traffic.add_sent("block_update", total_bytes)
-        if not isinstance(answer, dict):
-            raise DecodeError(f"the coordinator answered an update with {type(answer).__name__}, "
-                              "not a JSON object")
-        return answer
+
+def update_url(coordinator: LivePeer, fetched: BlockVersion) -> str:
+    """Where an update trained from ``fetched`` goes (a signed message whose round is its version)."""
+    return f"http://{coordinator.record.http_addr}/blocktrain/update/{fetched.block}/{fetched.version}"
+
+
+def update_metadata(loss: float, steps: int) -> dict[str, str]:
+    """What an update says about its training: the mean loss and the number of local steps."""
+    return {"loss": repr(loss), "steps": str(steps)}

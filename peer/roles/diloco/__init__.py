@@ -1,0 +1,68 @@
+"""Protocol ``diloco``: gossip DiLoCo. Each ``learner`` trains a full replica of a byte-level LM
+on its shard for H inner steps, mixes parameters with its peers in the background (W1) and
+pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
+private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
+``learner`` (the role), ``aggregate`` (the W1 and W2 mixes), ``ledger`` (a round's ledger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.peer.roles.diloco import names
+from gossamer.peer.run.manifest import RunConfig
+
+EVENTS = {
+    "waiting": EventSchema("round 0 waits for min_learners learners to be live", ("learners", "wanted")),
+    "ahead": EventSchema("this learner is ahead of the learners' median round and waits for them",
+                         ("round", "median", "wait_s")),
+    "adopted": EventSchema("the learner downloaded the swarm's state and jumped to its round",
+                           ("round", "donors", "why")),
+    "round": EventSchema("one outer round done; its ledger in short",
+                         ("round", "train_loss", "heldout_loss", "params_from", "pgrads_used", "timed_out",
+                          "rejected", "bytes_sent", "bytes_received", "note")),
+    "finished": EventSchema("the learner reached hyper.rounds and wrote its checkpoint",
+                            ("round", "checkpoint", "sample", "heldout_loss")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "round":
+        timed_out = f"  timed out {len(e['timed_out'])}" if e["timed_out"] else ""
+        note = f"  {e['note']}" if e.get("note") else ""
+        return (f"round {e['round']}: train loss {e['train_loss']:.3f}  held-out {e['heldout_loss']:.3f}"
+                f"  params from {e['params_from']}  pseudo-gradients used {e['pgrads_used']}"
+                f"  sent {e['bytes_sent'] / 1e6:.1f} MB{timed_out}{note}")
+    if event == "finished":
+        return f"finished at round {e['round']}, held-out loss {e['heldout_loss']:.3f}; checkpoint {e['checkpoint']}"
+    if event == "waiting":
+        return f"waiting for learners before round 0: {e['learners']} of {e['wanted']} live"
+    if event == "ahead":
+        return (f"at round {e['round']}, ahead of the learners' median {e['median']}: "
+                f"waiting up to {e['wait_s']:.0f} s for them")
+    if event == "adopted":
+        return f"{e['why']}: now at round {e['round']} ({e['donors']} donor(s))"
+    return None
+
+
+def swarm_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None:
+    min_learners = config.hyper.get("min_learners", 1)
+    if names.LEARNER in roles and isinstance(min_learners, int) and min_learners > num_peers:
+        raise ConfigError(f"hyper.min_learners = {min_learners} but this swarm starts {num_peers} learner(s), "
+                          f"so round 0 would never start; pass --peers {min_learners} or more")
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="gossip DiLoCo: full replicas, background parameter mixing, robust pseudo-gradient mixing",
+    settings="gossamer.peer.roles.diloco.settings:DilocoSettings",
+    roles={names.LEARNER: "gossamer.peer.roles.diloco.learner:LearnerRole"},
+    swarm_roles=(names.LEARNER,),
+    events=EVENTS,
+    finish=FinishRule("finished", by="peers"),
+    describe_event=describe,
+    swarm_check=swarm_check,
+)

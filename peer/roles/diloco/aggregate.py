@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 import torch
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.ledger import ExchangeLedger
-from gossamer.peer.roles.diloco.settings import LearnerSettings
+from gossamer.peer.kit.ledger import Exchange
+from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.protocols import attacks
 from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.mixing import mix
@@ -41,7 +41,7 @@ Params = dict[str, torch.Tensor]
 class PseudoGradientAggregator:
     """Aggregates the W2 neighbourhood's pseudo-gradients for one learner, round after round."""
 
-    def __init__(self, settings: LearnerSettings, *, me: str) -> None:
+    def __init__(self, settings: DilocoSettings, *, me: str) -> None:
         self._me = me
         self._plan = settings.mixing
         self.name = settings.aggregator
@@ -65,7 +65,7 @@ class PseudoGradientAggregator:
         return {name: tensor for name, tensor in params.items() if self._plan.covers(name)}
 
     def aggregate(self, d: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
-                  index_of: Callable[[str], int], ledger: ExchangeLedger) -> Params:
+                  index_of: Callable[[str], int], ledger: Exchange) -> Params:
         """The mixed pseudo-gradient: aggregated on the W2 subset, own d elsewhere. ``ledger`` is
         this round's settled pseudo-gradient exchange (its timed-out and rejected peers are the
         failures); ``used`` and the aggregator's rejections are written back to it."""
@@ -86,8 +86,10 @@ class PseudoGradientAggregator:
         except (InvalidSetting, NotEnoughUpdates) as exc:
             self.note = f"aggregation fell back to the own pseudo-gradient: {exc}"
             return d
-        ledger.used = sorted(s for s in result.used if s != self._me)
-        ledger.rejected.update({x.sender: x.reason for x in result.rejected if x.sender not in ledger.timed_out})
+        for failure in result.rejected:  # the silent ones stay timed out
+            if failure.sender not in ledger.timed_out:
+                ledger.reject(failure.sender, failure.reason)
+        ledger.use(s for s in result.used if s != self._me)
         return {**d, **unflatten(result.value, own)}
 
 

@@ -21,49 +21,48 @@ import logging
 import statistics
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from aiohttp import web
 
-from gossamer.peer.events import emit
+from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.inbox import Inbox
-from gossamer.peer.kit.ledger import ExchangeLedger, LedgerHistory, RoundLedger
+from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import StateSyncError
-from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
-from gossamer.peer.roles.diloco.settings import learner_settings
+from gossamer.peer.roles.diloco.ledger import RoundLedger
+from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica
 from gossamer.protocols.mixing import neighbours
 from gossamer.protocols.models import build_model, flat_parameters, generate
 from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
 from gossamer.transport.errors import TransportError
-from gossamer.transport.safetensors_stream import save_file_atomic
 
 log = logging.getLogger(__name__)
 KINDS = ("params", "pgrad")
 
 
-class LearnerRole(Role):
+class LearnerRole(ProtocolRole[DilocoSettings]):
     """A gossip-DiLoCo learner (see the module docstring)."""
 
-    name = "learner"
+    name = names.LEARNER
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.settings = learner_settings(ctx.manifest.config)
         split = split_text(load_text(ctx.config.data or self.settings.data_source),
                            heldout_fraction=self.settings.heldout_fraction)
-        self.shard_index = int(ctx.identity.peer_id[:8], 16) % self.settings.num_shards
+        self.shard = self.shard_index(self.settings.num_shards)
         self.heldout = split.heldout
         model = build_model(self.settings.model, seed=self.settings.seed, device=ctx.device)
         self.replica = DilocoReplica(model, self.settings.diloco)
-        generator = torch.Generator().manual_seed(int(ctx.identity.peer_id[:15], 16))
-        self.sampler = BatchSampler(shard(split.train, index=self.shard_index, count=self.settings.num_shards),
+        generator = torch.Generator().manual_seed(self.peer_seed())
+        self.sampler = BatchSampler(shard(split.train, index=self.shard, count=self.settings.num_shards),
                                     batch_size=self.settings.batch_size, context=self.settings.model.context,
                                     generator=generator)
         self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id, client=ctx.http_client,
@@ -72,7 +71,8 @@ class LearnerRole(Role):
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
         self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
         self.inbox = Inbox()
-        self.history = LedgerHistory()
+        self.history: History[int, RoundLedger] = History()
+        self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
         self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
         self.finished = False
@@ -85,7 +85,7 @@ class LearnerRole(Role):
 
     async def start(self) -> None:
         await self._join_mid_run()
-        self._task = asyncio.create_task(self._run(), name="learner-rounds")
+        self.spawn(self._run(), name="rounds")
 
     @property
     def round(self) -> int:
@@ -96,7 +96,7 @@ class LearnerRole(Role):
 
     def status(self) -> dict[str, Any]:
         last = self.history.last(1)
-        return {"round": self.round, "shard": self.shard_index, "finished": self.finished,
+        return {"round": self.round, "shard": self.shard, "finished": self.finished,
                 "checkpoint": self.checkpoint_path, "aggregator": self.settings.aggregator,
                 "train_loss": last[0]["train_loss"] if last else None,
                 "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3)}
@@ -118,7 +118,7 @@ class LearnerRole(Role):
         wanted = self.settings.min_learners
         while (have := len(self._learners())) < wanted:
             log.info("waiting for learners before round 0: %d of %d live", have, wanted)
-            emit(self.ctx.config.events, "waiting", learners=have, wanted=wanted)
+            self.emit("waiting", learners=have, wanted=wanted)
             await self.ctx.until_view(lambda: len(self._learners()) >= wanted, timeout_s=10.0)
 
     async def _catch_up(self) -> None:
@@ -152,7 +152,7 @@ class LearnerRole(Role):
         limit_s = self.settings.catch_up_rounds * self.settings.w2_deadline_s
         log.info("%d rounds ahead of the median of the learners (round %d); waiting up to %.0f s for them",
                  self.replica.round - target, target, limit_s)
-        emit(self.ctx.config.events, "ahead", round=self.replica.round, median=target, wait_s=limit_s)
+        self.emit("ahead", round=self.replica.round, median=target, wait_s=limit_s)
         def in_reach() -> bool:
             target = self._out_of_step()
             return target is None or target > self.replica.round
@@ -169,13 +169,11 @@ class LearnerRole(Role):
         self.replica.adopt(tensors, version)
         self._snapshot = (version, flat_parameters(self.replica.module))
         self.ctx.announce()
-        emit(self.ctx.config.events, "adopted", round=version, donors=len(report.shards_served), why=why)
+        self.emit("adopted", round=version, donors=len(report.shards_served), why=why)
         log.info("%s at round %d with state from %d donor(s)", why, version, len(report.shards_served))
 
     def _other_learners(self) -> list[LivePeer]:
-        me = self.ctx.identity.peer_id
-        return [p for p in self.ctx.view.live(now=self.ctx.now())
-                if "learner" in p.record.roles and p.record.peer_id != me]
+        return self.peers_with(names.LEARNER)
 
     # -- receiving ------------------------------------------------------------------------------
 
@@ -185,7 +183,7 @@ class LearnerRole(Role):
             raise web.HTTPNotFound(text="unknown contribution kind or round")
         received = await self.messenger.receive(request)
         sender, round = received.envelope.sender, int(round_text)
-        if received.envelope.round != round or "learner" not in self.ctx.view.get(sender).record.roles:
+        if received.envelope.round != round or self.live_with(sender, names.LEARNER) is None:
             raise web.HTTPForbidden(text="envelope refused")
         reason = self._shape_problem(kind, received.tensors) or await self.inbox.put(kind, round, sender,
                                                                                        received.tensors)
@@ -216,8 +214,8 @@ class LearnerRole(Role):
             if self.settings.rounds and self.replica.round >= self.settings.rounds:
                 break
             ledger = await self._one_round()
-            self.history.append(ledger)
-            emit(self.ctx.config.events, "round", round=ledger.round, train_loss=ledger.train_loss,
+            self.history.add(ledger.round, ledger)
+            self.emit("round", round=ledger.round, train_loss=ledger.train_loss,
                  heldout_loss=ledger.heldout_loss, params_from=len(ledger.params.arrived),
                  pgrads_used=len(ledger.pseudo_gradients.used), timed_out=ledger.pseudo_gradients.timed_out,
                  rejected=ledger.pseudo_gradients.rejected, bytes_sent=ledger.bytes_sent,
@@ -225,9 +223,7 @@ class LearnerRole(Role):
         await self._finish()
 
     def _learners(self) -> list[str]:
-        live = self.ctx.view.live(now=self.ctx.now())
-        ids = {p.record.peer_id for p in live if "learner" in p.record.roles} | {self.ctx.identity.peer_id}
-        return sorted(ids)
+        return self.peer_ids_with(names.LEARNER, include_self=True)
 
     async def _one_round(self) -> RoundLedger:
         started, t = time.monotonic(), self.replica.round
@@ -250,6 +246,7 @@ class LearnerRole(Role):
         d = self.replica.end_inner()
         arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
         self._settle(ledger.params, "params", t, arrived)
+        ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
         m = mix_parameters(x, arrived, weights=w1, me=me, index_of=learners.index,
                            clip_tau=self.settings.w1_clip_tau, max_norm=self.settings.max_norm)
         sent_d = self.attack(d) if self.attack else d
@@ -276,14 +273,14 @@ class LearnerRole(Role):
         return evaluate(self.replica.module, self.heldout, context=self.settings.model.context,
                         max_batches=self.settings.eval_batches, device=self.ctx.device)
 
-    def _settle(self, exchange: ExchangeLedger, kind: str, round: int, arrived: Mapping[str, Any]) -> None:
+    def _settle(self, exchange: Exchange, kind: str, round: int, arrived: Mapping[str, Any]) -> None:
         exchange.settle(list(arrived))
         late = self._late_rejections.pop((kind, round), {})
         exchange.rejected.update({s: r for s, r in late.items() if s in exchange.expected})
         exchange.timed_out = [s for s in exchange.timed_out if s not in exchange.rejected]
 
     async def _send_all(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor], to: list[str],
-                        exchange: ExchangeLedger, ledger: RoundLedger) -> None:
+                        exchange: Exchange, ledger: RoundLedger) -> None:
         exchange.expected = sorted(to)
         results = await asyncio.gather(*(self._send_one(kind, round, tensors, peer_id) for peer_id in to),
                                        return_exceptions=True)
@@ -316,14 +313,13 @@ class LearnerRole(Role):
     async def _finish(self) -> None:
         params = flat_parameters(self.replica.module)
         self._snapshot = (self.replica.round, params)
-        filename = f"{self.ctx.manifest.config.name}-{self.ctx.identity.peer_id[:12]}-round{self.replica.round}.safetensors"
-        path = await asyncio.to_thread(_write_checkpoint, Path(self.ctx.config.checkpoint_dir), filename, params,
-                                       self.ctx.manifest.run_id, self.replica.round)
+        name = f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-round{self.replica.round}"
+        path = await self.checkpoints.write_async(name, params, round=str(self.replica.round))
         self.checkpoint_path = str(path)
         sample = await asyncio.to_thread(self._sample)
         self.finished = True
         last = self.history.last(1)
-        emit(self.ctx.config.events, "finished", round=self.replica.round, checkpoint=str(path), sample=sample,
+        self.emit("finished", round=self.replica.round, checkpoint=str(path), sample=sample,
              heldout_loss=last[0]["heldout_loss"] if last else None)
         log.info("finished %d rounds; checkpoint %s", self.replica.round, path)
 
@@ -342,11 +338,3 @@ def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
         return None
     median = statistics.median_high([mine, *others])
     return median if abs(median - mine) >= threshold else None
-
-
-def _write_checkpoint(directory: Path, filename: str, params: Mapping[str, torch.Tensor], run_id: str,
-                      round: int) -> Path:
-    path = directory.expanduser() / filename
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file_atomic(dict(params), path, metadata={"run_id": run_id, "round": str(round), "format": "gossamer/diloco"})
-    return path

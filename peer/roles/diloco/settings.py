@@ -23,71 +23,35 @@ The default aggregator is centered clipping iterated from the coordinate-wise me
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gossamer.peer.errors import ConfigError
-from gossamer.peer.run.manifest import RunConfig
+from gossamer.peer.kit.settings import setting
 from gossamer.protocols.diloco import DilocoConfig
-from gossamer.protocols.errors import InvalidSetting
 from gossamer.protocols.mixing import MixingPlan
 from gossamer.protocols.models import ModelConfig
 from gossamer.protocols.robust import AGGREGATORS
 
-_HYPER_KEYS = {"rounds": 0, "batch_size": 16, "seed": 0, "num_shards": 16, "w1_grace_s": 2.0,
-               "w2_deadline_s": 15.0, "eval_batches": 4, "max_norm": 1e4, "w1_clip_tau": 0.0,
-               "min_learners": 1, "catch_up_rounds": 3}
-
 
 @dataclass(frozen=True, kw_only=True)
-class LearnerSettings:
+class DilocoSettings:
     """Everything a learner needs from the manifest (see the module docstring)."""
 
-    model: ModelConfig
-    diloco: DilocoConfig
-    mixing: MixingPlan
-    aggregator: str
-    aggregator_params: dict[str, Any] = field(default_factory=dict)
-    data_source: str = "builtin:pydoc"
-    heldout_fraction: float = 0.05
-    rounds: int = 0
-    batch_size: int = 16
-    seed: int = 0
-    num_shards: int = 16
-    w1_grace_s: float = 2.0
-    w2_deadline_s: float = 15.0
-    eval_batches: int = 4
-    max_norm: float = 1e4
-    w1_clip_tau: float = 0.0
-    min_learners: int = 1
-    catch_up_rounds: int = 3
-
-    def __post_init__(self) -> None:
-        if self.min_learners < 1:
-            raise ConfigError(f"hyper.min_learners must be >= 1, got {self.min_learners}")
-        if self.catch_up_rounds < 1:
-            raise ConfigError(f"hyper.catch_up_rounds must be >= 1, got {self.catch_up_rounds}")
-
-
-def learner_settings(config: RunConfig) -> LearnerSettings:
-    """Parse and validate; ConfigError names the manifest field."""
-    hyper = dict(config.hyper)
-    nested = {name: hyper.pop(name, {}) for name in ("diloco", "mixing", "aggregator")}
-    unknown = set(hyper) - set(_HYPER_KEYS)
-    if unknown:
-        raise ConfigError(f"hyper: unknown keys {sorted(unknown)}; known: {sorted(_HYPER_KEYS)}")
-    aggregator = dict(nested["aggregator"])
-    name = str(aggregator.pop("name", "centered_clipping"))
-    if name not in AGGREGATORS:
-        raise ConfigError(f"hyper.aggregator.name {name!r} is not one of {', '.join(AGGREGATORS)}")
-    data = dict(config.data)
-    try:
-        return LearnerSettings(
-            model=ModelConfig.from_dict(config.model), diloco=DilocoConfig.from_dict(nested["diloco"]),
-            mixing=MixingPlan.from_dict(nested["mixing"]), aggregator=name, aggregator_params=aggregator,
-            data_source=str(data.get("source", "builtin:pydoc")),
-            heldout_fraction=float(data.get("heldout_fraction", 0.05)),
-            **{key: type(default)(hyper.get(key, default)) for key, default in _HYPER_KEYS.items()},
-        )
-    except (InvalidSetting, TypeError, ValueError) as exc:
-        raise ConfigError(f"run {config.name}: {exc}") from exc
+    model: ModelConfig = setting(table="model", key="*", default_factory=ModelConfig)
+    diloco: DilocoConfig = setting(table="hyper.diloco", key="*", default_factory=DilocoConfig)
+    mixing: MixingPlan = setting(table="hyper.mixing", key="*", default_factory=MixingPlan)
+    aggregator: str = setting("centered_clipping", table="hyper.aggregator", key="name", choices=tuple(AGGREGATORS))
+    aggregator_params: dict[str, Any] = setting(table="hyper.aggregator", rest=True, default_factory=dict)
+    data_source: str = setting("builtin:pydoc", table="data", key="source")
+    heldout_fraction: float = setting(0.05, table="data", above=0.0, below=1.0)
+    rounds: int = setting(0, table="hyper", low=0)
+    batch_size: int = setting(16, table="hyper", low=1)
+    seed: int = setting(0, table="hyper", low=0)
+    num_shards: int = setting(16, table="hyper", low=1)
+    w1_grace_s: float = setting(2.0, table="hyper", low=0.0)
+    w2_deadline_s: float = setting(15.0, table="hyper", above=0.0)
+    eval_batches: int = setting(4, table="hyper", low=1)
+    max_norm: float = setting(1e4, table="hyper", above=0.0)
+    w1_clip_tau: float = setting(0.0, table="hyper", low=0.0)
+    min_learners: int = setting(1, table="hyper", low=1)
+    catch_up_rounds: int = setting(3, table="hyper", low=1)

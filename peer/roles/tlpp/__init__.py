@@ -1,0 +1,67 @@
+"""Protocol ``tlpp``: TL++ traversal learning on private data.
+
+Data owners run ``node`` peers: their samples never leave them, and they run the model's layers
+below the cut. The run owner's ``tlpp-server`` holds the layers above the cut and the optimizer
+and drives virtual batches drawn across the nodes; in secure mode the cut tensors travel as
+additive secret shares to it and to an independent ``helper`` (``gossamer helper``). Modules:
+``settings``, ``names``, ``data`` (where a node's samples come from), ``server`` (+ ``steps``),
+``node``, ``helper``, ``secure`` (each party's share arithmetic), ``wire`` (what they say) and
+``commands``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.peer.roles.tlpp import names
+from gossamer.peer.roles.tlpp.commands import HELPER
+
+STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_failures", "step", "epoch", "index",
+               "mode", "planned", "samples", "loss", "accuracy", "applied", "note", "bytes_sent", "bytes_received",
+               "wall_s")  # a StepLedger's fields (a test checks they are)
+EVENTS = {
+    "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper)",
+                           ("nodes", "wanted", "helpers")),
+    "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
+                        STEP_FIELDS),
+    "eval": EventSchema("an evaluation on the orchestrator's held-out split", ("step", "loss", "accuracy", "samples")),
+    "finished": EventSchema("training reached its steps; final evaluation and checkpoint",
+                            ("step", "applied_steps", "test_loss", "test_accuracy", "checkpoint")),
+    "error": EventSchema("training stopped with an error (e.g. the helper failed); a checkpoint of the model so far",
+                         ("step", "message", "kind", "checkpoint")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "step":
+        dropped = f"  dropped {len(e['rejected'])}" if e["rejected"] else ""
+        return (f"step {e['step']} (epoch {e['epoch']}): loss {e['loss']:.3f}  accuracy {e['accuracy']:.3f}  "
+                f"{e['samples']} samples from {len(e['used'])} node(s){dropped}")
+    if event == "eval":
+        return f"held-out at step {e['step']}: loss {e['loss']:.3f}, accuracy {e['accuracy']:.3f}"
+    if event == "finished":
+        return (f"finished after {e['step']} steps: test loss {e['test_loss']:.3f}, accuracy "
+                f"{e['test_accuracy']:.3f}; checkpoint {e['checkpoint']}")
+    if event == "waiting":
+        return f"waiting for nodes: {e['nodes']} of {e['wanted']} live, {e['helpers']} helper(s)"
+    if event == "error":
+        return f"training stopped: {e['message']} (checkpoint {e['checkpoint']})"
+    return None
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="TL++ traversal learning: private data stays on its nodes; secure mode secret-shares the cut",
+    settings="gossamer.peer.roles.tlpp.settings:TlppSettings",
+    roles={names.SERVER: "gossamer.peer.roles.tlpp.server:TlppServerRole",
+           names.NODE: "gossamer.peer.roles.tlpp.node:TlppNodeRole",
+           names.HELPER: "gossamer.peer.roles.tlpp.helper:TlppHelperRole"},
+    owner_roles=(names.SERVER,),
+    swarm_roles=(names.NODE,),
+    commands=(HELPER,),
+    events=EVENTS,
+    finish=FinishRule("finished", by="owner"),
+    describe_event=describe,
+)

@@ -34,7 +34,8 @@ from torch import nn
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkServer
-from gossamer.peer.role import Role, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
     PartyShare,
@@ -43,7 +44,7 @@ from gossamer.peer.roles.tlpp.secure import (
     server_logit_share,
     server_sum,
 )
-from gossamer.peer.roles.tlpp.settings import tlpp_settings
+from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.roles.tlpp.wire import (
     ACT,
     GRADS,
@@ -113,14 +114,13 @@ class ShareStore:
         return len(self._shares)
 
 
-class TlppHelperRole(Role):
+class TlppHelperRole(ProtocolRole[TlppSettings]):
     """The TL++ helper (see the module docstring)."""
 
-    name = "helper"
+    name = names.HELPER
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.settings = tlpp_settings(ctx.manifest.config)
         if not self.settings.secure:
             raise ConfigError(f"run {ctx.manifest.run_id} trains in base mode; a helper only takes part in secure mode "
                               "(hyper.mode = \"secure\")")
@@ -130,8 +130,8 @@ class TlppHelperRole(Role):
             served = affine_server(server_side)
         except TraversalError as exc:
             raise ConfigError(f"secure mode: {exc}") from exc
-        names = {id(p): name for name, p in model.named_parameters()}
-        self.weight_name = names[id(served.weight)]
+        parameter_names = {id(p): name for name, p in model.named_parameters()}
+        self.weight_name = parameter_names[id(served.weight)]
         self._linear = nn.Linear(served.in_features, served.out_features, bias=False)
         self._grads = flat_grads(layout_numel(gradient_layout(node_side, server_side)))
         self.store = ShareStore()
@@ -162,8 +162,8 @@ class TlppHelperRole(Role):
     def _authorize(self, peer_id: str) -> bytes:
         if peer_id == self.ctx.manifest.owner_peer_id:
             return self.ctx.manifest.owner_public_key
-        live = self.ctx.view.get(peer_id)
-        if live is None or "node" not in live.record.roles:
+        live = self.live_with(peer_id, names.NODE)
+        if live is None:
             raise RequestRefused(f"peer {peer_id[:12]} is neither this run's orchestrator nor a live data node")
         return live.record.public_key
 

@@ -40,10 +40,11 @@ from gossamer.peer.kit.secure_link import (
     SecureLinks,
     SecureLinkServer,
 )
-from gossamer.peer.role import Role, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import default_node_source, load_data
 from gossamer.peer.roles.tlpp.secure import node_gradient_shares, node_share_activations
-from gossamer.peer.roles.tlpp.settings import tlpp_settings
+from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.roles.tlpp.wire import (
     ACT,
     BACKWARD,
@@ -60,14 +61,13 @@ from gossamer.protocols.tlpp import TraversalError, node_backward, node_forward
 log = logging.getLogger(__name__)
 
 
-class TlppNodeRole(Role):
+class TlppNodeRole(ProtocolRole[TlppSettings]):
     """A TL++ data node (see the module docstring)."""
 
-    name = "node"
+    name = names.NODE
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.settings = tlpp_settings(ctx.manifest.config)
         source = ctx.config.data or default_node_source(ctx.identity.peer_id, self.settings.num_shards)
         self.data = load_data(source, test_fraction=self.settings.test_fraction, split_seed=self.settings.split_seed)
         self.model = self.settings.build_model(ctx.device)
@@ -78,7 +78,6 @@ class TlppNodeRole(Role):
         self._server = SecureLinkServer(identity=ctx.identity, run_id=ctx.manifest.run_id, method=NODE_METHOD,
                                         authorize=self._authorize, handler=self._handle, traffic=ctx.traffic)
         self._lock = asyncio.Lock()
-        self._pushes: set[asyncio.Task[None]] = set()
         self.pushes_failed = 0
         self._pending: tuple[int, torch.Tensor] | None = None
         self.version = -1
@@ -93,10 +92,7 @@ class TlppNodeRole(Role):
         return self._server.tcp_methods()
 
     async def aclose(self) -> None:
-        pushes = list(self._pushes)
-        for task in pushes:
-            task.cancel()
-        await asyncio.gather(*pushes, return_exceptions=True)
+        await super().aclose()
         await self._links.aclose()
 
     @property
@@ -197,12 +193,10 @@ class TlppNodeRole(Role):
 
     def _push(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         """Start pushing share 1 to ``helper`` beside the answer (see the module docstring)."""
-        task = asyncio.create_task(self._to_helper(helper, step, kind, tensors), name=f"tlpp-push-{kind}-{step}")
-        self._pushes.add(task)
+        task = self.spawn(self._to_helper(helper, step, kind, tensors), name=f"push {kind} {step}")
         task.add_done_callback(self._pushed)
 
     def _pushed(self, task: asyncio.Task[None]) -> None:
-        self._pushes.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self.pushes_failed += 1
             log.warning("TL++ node: %s", task.exception())
@@ -213,7 +207,7 @@ class TlppNodeRole(Role):
 
         def is_helper() -> bool:
             live = self.ctx.view.get(helper)
-            return live is not None and "helper" in live.record.roles
+            return live is not None and names.HELPER in live.record.roles
 
         if not await self.ctx.until_view(is_helper, timeout_s=timeout_s):
             raise RequestRefused(f"helper {helper[:12]} is not a live helper of this run", code="helper")

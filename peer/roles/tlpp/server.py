@@ -1,15 +1,16 @@
 """Role ``tlpp-server``: the server side of a TL++ run, taken by the orchestrator (the run owner).
 
 It holds the master model and its optimizer and drives the virtual batches
-(``peer.roles.tlpp.steps``): it waits until ``min_nodes`` data nodes (and, in secure mode, a helper)
-are live, builds the schedule from the sample counts the nodes publish in their signed records
-(``VirtualBatchScheduler``, shuffled per epoch with the run seed), and runs one virtual batch
-after another until ``steps`` (or ``epochs`` passes) are done. After each step it applies the
-summed gradients with its optimizer, writes the step's ledger, emits a ``tlpp_step`` event (loss,
-accuracy, answered, dropped, bytes) and every ``eval_every`` steps a ``tlpp_eval`` on the held-out
-split it keeps (labels and loss are visible to the orchestrator by design; the test images never
-leave it). At the end: a final evaluation, a checkpoint (safetensors, written atomically) and
-``tlpp_finished``.
+(``peer.roles.tlpp.steps``): it waits until ``min_nodes`` data nodes (and, in secure mode, a
+helper) are live, builds the schedule from the sample counts the nodes publish in their signed
+records (``VirtualBatchScheduler``, shuffled per epoch with the run seed), and runs one virtual
+batch after another until ``steps`` (or ``epochs`` passes) are done. ``min_nodes`` gates the
+start only: a run whose nodes leave goes on with those that are left. After each step it applies
+the summed gradients with its optimizer, writes the step's ledger, emits a ``tlpp.step`` event
+(its ledger: loss, accuracy, nodes used and dropped, bytes) and every ``eval_every`` steps a ``tlpp.eval`` on the
+held-out split it keeps (labels and loss are visible to the orchestrator by design; the test
+images never leave it). At the end: a final evaluation, a checkpoint (safetensors, written
+atomically) and ``tlpp.finished``.
 
 Membership: a node that failed in a step is taken out of the schedule at once (the rest of the
 epoch follows the reduced schedule from the same position, so in that epoch a few samples may be
@@ -20,7 +21,7 @@ loaded host by a heartbeat; a node that still answers is still a node). With no 
 waits.
 
 A helper failure (``HelperFailed``), or a setting the truncation guard refuses, stops training
-with one clear error: logged, in ``/status``, a ``tlpp_error`` event, and a checkpoint of the
+with one clear error: logged, in ``/status``, a ``tlpp.error`` event, and a checkpoint of the
 model so far. The daemon keeps running (its record and ``/status`` stay up).
 """
 
@@ -29,38 +30,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.events import emit
+from gossamer.peer.kit.checkpoint import Checkpoints
+from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.secure_link import SecureLinks
-from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import load_data
-from gossamer.peer.roles.tlpp.settings import TlppSettings, tlpp_settings
+from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.roles.tlpp.steps import StepDriver, StepLedger, TrainingStopped, grads_finite
 from gossamer.peer.roles.tlpp.wire import ShareLog
 from gossamer.protocols.tlpp import TraversalError, VirtualBatch, VirtualBatchScheduler, affine_server
-from gossamer.transport.safetensors_stream import save_file_atomic
 
 log = logging.getLogger(__name__)
 WAIT_POLL_S = 10.0
 
 
-class TlppServerRole(Role):
+class TlppServerRole(ProtocolRole[TlppSettings]):
     """The TL++ orchestrator's server side (see the module docstring)."""
 
-    name = "tlpp-server"
+    name = names.SERVER
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        if ctx.manifest.owner_public_key != ctx.identity.public_key:
-            raise ConfigError("the tlpp-server role needs the run owner's identity (the key that signed the manifest)")
-        self.settings = settings = tlpp_settings(ctx.manifest.config)
+        self.require_run_owner()
+        settings = self.settings
         self.model = settings.build_model(ctx.device)
         node_side, server_side = settings.split(self.model)
         if settings.secure:
@@ -73,7 +72,8 @@ class TlppServerRole(Role):
         self.links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
         self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side, server_side=server_side,
                                  links=self.links, share_log=ShareLog(ctx.config.share_log or None), device=ctx.device)
-        self.history: deque[StepLedger] = deque(maxlen=64)
+        self.history: History[int, StepLedger] = History()
+        self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/tlpp")
         self.step = 0
         self.last_eval: dict[str, float] | None = None
         self.finished = False
@@ -84,10 +84,10 @@ class TlppServerRole(Role):
     # -- role interface -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="tlpp-server")
+        self.spawn(self._run(), name="training")
 
     async def aclose(self) -> None:
-        await self.stop_task()
+        await super().aclose()
         await self.links.aclose()
 
     @property
@@ -97,12 +97,12 @@ class TlppServerRole(Role):
     def status(self) -> dict[str, Any]:
         return {"mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
                 "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
-                "evaluation": self.last_eval, "ledgers": [ledger.to_json() for ledger in list(self.history)[-3:]]}
+                "evaluation": self.last_eval, "ledgers": self.history.last(3)}
 
     def gauges(self) -> dict[str, float]:
         gauges = {"tlpp_step": float(self.step)}
         if self.history:
-            gauges["tlpp_train_loss"] = self.history[-1].loss
+            gauges["tlpp_train_loss"] = self.history.values()[-1].loss
         if self.last_eval:
             gauges["tlpp_test_loss"], gauges["tlpp_test_accuracy"] = self.last_eval["loss"], self.last_eval["accuracy"]
         return gauges
@@ -123,7 +123,7 @@ class TlppServerRole(Role):
             self.done.set()
 
     async def _train(self) -> None:
-        scheduler = await self._schedule()
+        scheduler = await self._schedule(self.settings.min_nodes)
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
         epoch = 0
         while self.step < total:
@@ -134,36 +134,38 @@ class TlppServerRole(Role):
                 reduced = self._reduced(scheduler, ledger)
                 if reduced is None:
                     await self._until_nodes_change(set(scheduler.counts))
-                    reduced = await self._schedule()
+                    reduced = await self._schedule(1)
                 if reduced is not scheduler:
                     scheduler, batches = reduced, reduced.epoch(epoch)
                 index += 1
             epoch += 1
-            scheduler = await self._schedule()
+            scheduler = await self._schedule(1)
 
     def _live(self, role: str) -> list[str]:
-        return [p.record.peer_id for p in self.ctx.view.live(now=self.ctx.now()) if role in p.record.roles]
+        return [p.record.peer_id for p in self.peers_with(role)]
 
     def _node_counts(self) -> dict[str, int]:
         counts = {}
         for peer in self.ctx.view.live(now=self.ctx.now()):
             samples = peer.record.assignment.get("tlpp_samples")
-            if "node" in peer.record.roles and isinstance(samples, int) and not isinstance(samples, bool) \
+            if names.NODE in peer.record.roles and isinstance(samples, int) and not isinstance(samples, bool) \
                     and samples > 0:
                 counts[peer.record.peer_id] = samples
         return counts
 
-    async def _schedule(self) -> VirtualBatchScheduler:
-        """A schedule over the live nodes, once ``min_nodes`` of them (and a helper, in secure mode) are live."""
+    async def _schedule(self, wanted: int) -> VirtualBatchScheduler:
+        """A schedule over the live nodes, once ``wanted`` of them (and a helper, in secure mode) are
+        live: ``min_nodes`` before the first step, then one (``min_nodes`` gates the start only; a
+        run whose nodes leave goes on with those that are left)."""
         def ready() -> bool:
-            return len(self._node_counts()) >= self.settings.min_nodes and (
-                not self.settings.secure or bool(self._live("helper")))
+            return len(self._node_counts()) >= wanted and (
+                not self.settings.secure or bool(self._live(names.HELPER)))
 
         while not ready():
-            nodes, helpers = len(self._node_counts()), len(self._live("helper"))
-            log.info("waiting for TL++ nodes: %d of %d live%s", nodes, self.settings.min_nodes,
+            nodes, helpers = len(self._node_counts()), len(self._live(names.HELPER))
+            log.info("waiting for TL++ nodes: %d of %d live%s", nodes, wanted,
                      f", {helpers} helper(s)" if self.settings.secure else "")
-            emit(self.ctx.config.events, "tlpp_waiting", nodes=nodes, wanted=self.settings.min_nodes, helpers=helpers)
+            self.emit("waiting", nodes=nodes, wanted=wanted, helpers=helpers)
             await self.ctx.until_view(ready, timeout_s=WAIT_POLL_S)
         return VirtualBatchScheduler(self._node_counts(), batch_size=self.settings.batch_size, seed=self.settings.seed,
                                      drop_last=self.settings.drop_last)
@@ -174,17 +176,16 @@ class TlppServerRole(Role):
         await self.ctx.until_view(lambda: set(self._node_counts()) != failed, timeout_s=self.ctx.manifest.ttl_s)
 
     async def _helper(self) -> str:
-        helpers = self._live("helper")
+        helpers = self._live(names.HELPER)
         while not helpers:
-            emit(self.ctx.config.events, "tlpp_waiting", nodes=len(self._node_counts()), wanted=self.settings.min_nodes,
-                 helpers=0)
-            await self.ctx.until_view(lambda: bool(self._live("helper")), timeout_s=WAIT_POLL_S)
-            helpers = self._live("helper")
+            self.emit("waiting", nodes=len(self._node_counts()), wanted=1, helpers=0)
+            await self.ctx.until_view(lambda: bool(self._live(names.HELPER)), timeout_s=WAIT_POLL_S)
+            helpers = self._live(names.HELPER)
         return sorted(helpers)[0]
 
     def _reduced(self, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
         """The schedule without the nodes that failed this step; None if none is left."""
-        leaving = {n for n in scheduler.counts if n in ledger.dropped}
+        leaving = {n for n in scheduler.counts if n in ledger.rejected}
         if not leaving:
             return scheduler
         if leaving >= set(scheduler.counts):
@@ -205,11 +206,11 @@ class TlppServerRole(Role):
         ledger.bytes_sent = _tlpp_bytes(self.ctx.traffic.sent) - sent
         ledger.bytes_received = _tlpp_bytes(self.ctx.traffic.received) - received
         ledger.wall_s = round(time.monotonic() - started, 4)
-        self.history.append(ledger)
+        self.history.add(ledger.step, ledger)
         self.step += 1
-        emit(self.ctx.config.events, "tlpp_step", **ledger.to_json())
-        if ledger.dropped:
-            log.warning("step %d: dropped %s", ledger.step, {n[:12]: r for n, r in ledger.dropped.items()})
+        self.emit("step", **ledger.to_json())
+        if ledger.rejected:
+            log.warning("step %d: dropped %s", ledger.step, {n[:12]: r for n, r in ledger.rejected.items()})
         if self.settings.eval_every and self.step % self.settings.eval_every == 0:
             await self._evaluate()
         return ledger
@@ -224,7 +225,7 @@ class TlppServerRole(Role):
 
     async def _evaluate(self) -> dict[str, float]:
         self.last_eval = await asyncio.to_thread(self._test_metrics)
-        emit(self.ctx.config.events, "tlpp_eval", step=self.step, **self.last_eval)
+        self.emit("eval", step=self.step, **self.last_eval)
         return self.last_eval
 
     def _test_metrics(self) -> dict[str, float]:
@@ -242,7 +243,7 @@ class TlppServerRole(Role):
         metrics = self.last_eval if evaluated_now and self.last_eval else await self._evaluate()
         self.checkpoint_path = await self._checkpoint()
         self.finished = True
-        emit(self.ctx.config.events, "tlpp_finished", step=self.step, applied_steps=self.driver.version,
+        self.emit("finished", step=self.step, applied_steps=self.driver.version,
              test_loss=metrics["loss"], test_accuracy=metrics["accuracy"], checkpoint=self.checkpoint_path)
         log.info("TL++ training finished after %d steps: test loss %.4f, accuracy %.3f; checkpoint %s", self.step,
                  metrics["loss"], metrics["accuracy"], self.checkpoint_path)
@@ -251,23 +252,14 @@ class TlppServerRole(Role):
         self.error = str(exc)
         log.error("TL++ training stopped at step %d: %s", self.step, exc)
         self.checkpoint_path = await self._checkpoint()
-        emit(self.ctx.config.events, "tlpp_error", step=self.step, message=self.error, kind=type(exc).__name__,
+        self.emit("error", step=self.step, message=self.error, kind=type(exc).__name__,
              checkpoint=self.checkpoint_path)
 
     async def _checkpoint(self) -> str:
         params = {name: p.detach().cpu().clone() for name, p in self.model.named_parameters()}
-        metadata = {"run_id": self.ctx.manifest.run_id, "step": str(self.step), "format": "gossamer/tlpp",
-                    "cut": str(self.settings.cut), "mode": self.settings.mode}
-        path = await asyncio.to_thread(_save, Path(self.ctx.config.checkpoint_dir),
-                                       f"{self.ctx.manifest.config.name}-tlpp.safetensors", params, metadata)
+        path = await self.checkpoints.write_async(f"{self.ctx.manifest.config.name}-tlpp", params, step=str(self.step),
+                                                  cut=str(self.settings.cut), mode=self.settings.mode)
         return str(path)
-
-
-def _save(directory: Path, filename: str, params: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
-    path = directory.expanduser() / filename
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file_atomic(params, path, metadata=metadata)
-    return path
 
 
 def _optimizer(model: torch.nn.Module, settings: TlppSettings) -> torch.optim.Optimizer:

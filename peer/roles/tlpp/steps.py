@@ -46,14 +46,14 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import PeerError
+from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
 from gossamer.peer.roles.tlpp.data import IMAGE_SHAPE
 from gossamer.peer.roles.tlpp.secure import (
@@ -96,19 +96,19 @@ class HelperFailed(TrainingStopped):
     """The helper is unreachable, timed out or refused: secure mode cannot go on without it."""
 
 
-@dataclass
-class StepLedger:
-    """What happened in one virtual batch: planned samples per node, who completed, who was dropped
-    (``phase: reason``), the loss and accuracy over the forwarded samples, whether a gradient was
-    applied, and the bytes and time it took."""
+@dataclass(kw_only=True)
+class StepLedger(Exchange):
+    """What happened in one virtual batch (the kit's ``Exchange`` over the batch's nodes):
+    ``expected`` are the nodes planned into it (``planned``: their sample counts), ``arrived``
+    those that answered the forward pass, ``used`` those whose gradient the step applied, and
+    ``rejected`` those dropped, with ``phase: reason``; plus the loss and accuracy over the
+    forwarded samples, whether a gradient was applied, and the bytes and time it took."""
 
     step: int
     epoch: int
     index: int
     mode: str
     planned: dict[str, int] = field(default_factory=dict)
-    answered: list[str] = field(default_factory=list)
-    dropped: dict[str, str] = field(default_factory=dict)
     samples: int = 0
     loss: float = math.nan
     accuracy: float = math.nan
@@ -118,8 +118,9 @@ class StepLedger:
     bytes_received: int = 0
     wall_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def drop(self, node: str, phase: str, reason: object) -> None:
+        """``node`` is left out of the step from ``phase`` on, for ``reason``."""
+        self.reject(node, f"{phase}: {reason}"[:300])
 
 
 @dataclass
@@ -158,6 +159,7 @@ class StepDriver:
         """The step's summed gradients by parameter name, or None when nothing can be applied."""
         plan = batch.by_node()
         ledger.planned = batch.sizes()
+        ledger.expect(ledger.planned)
         forwarded = await self._forward_all(ledger.step, plan, ledger, helper)
         if not forwarded:
             ledger.note = "no node answered the forward pass"
@@ -187,9 +189,10 @@ class StepDriver:
         for node, result in zip(nodes, results, strict=True):
             if isinstance(result, _Forwarded):
                 forwarded[node] = result
+                ledger.arrive(node)
             elif isinstance(result, SecureLinkError | RequestRefused):
                 self._cached.pop(node, None)
-                ledger.dropped[node] = f"forward: {result}"[:300]
+                ledger.drop(node, "forward", result)
             else:
                 raise result
         return forwarded
@@ -254,7 +257,7 @@ class StepDriver:
             {"weight": weight.detach().cpu()}))
         used = _used(reply, forwarded)
         for node in sorted(set(forwarded) - set(used)):
-            ledger.dropped[node] = "logits: the helper holds no matching activation share"
+            ledger.drop(node, "logits", "the helper holds no matching activation share")
         if not used:
             ledger.note = "the helper holds no activation share of any node that answered"
             return None
@@ -285,8 +288,8 @@ class StepDriver:
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
         kept = _used(helper_sum, shares)
         for node in sorted(set(shares) - set(kept)):
-            ledger.dropped[node] = "sum: the helper holds no gradient share"
-        ledger.answered = kept
+            ledger.drop(node, "sum", "the helper holds no gradient share")
+        ledger.use(kept)
         ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
         if not kept:
             ledger.note = "the helper holds no gradient share of any node that completed the backward pass"
@@ -319,8 +322,8 @@ class StepDriver:
                 done[node] = check(ledger.step, node, result)
             except (SecureLinkError, RequestRefused) as exc:
                 self._cached.pop(node, None)
-                ledger.dropped[node] = f"backward: {exc}"[:300]
-        ledger.answered = sorted(done)
+                ledger.drop(node, "backward", exc)
+        ledger.use(done)
         ledger.samples = sum(ledger.planned.get(n, 0) for n in done)
         return done
 

@@ -14,8 +14,9 @@ from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
 from gossamer.peer.kit.state_join import choose_donors, download_state
 from gossamer.peer.kit.statesync import StateSyncError
+from gossamer.peer.plugin import ProtocolPlugin
 from gossamer.peer.role import Role
-from gossamer.peer.roles import ROLE_FACTORIES
+from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import RunConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,14 +31,15 @@ def make_state() -> dict[str, torch.Tensor]:
 class ReplicaRole(Role):
     """A role holding a replicated model at version 3 (what a DiLoCo learner will be)."""
 
-    name = "learner"
+    name = "replica"
     state = make_state()
 
     def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]]:
         return 3, self.state
 
 
-FACTORIES = {**ROLE_FACTORIES, "learner": ReplicaRole}
+REGISTRY = PLUGINS.extended(ProtocolPlugin(name="replicas", summary="test: every peer holds one replica",
+                                          roles={"replica": ReplicaRole}))
 
 
 def config(tmp_path: Path, name: str, **changes) -> PeerConfig:
@@ -55,15 +57,15 @@ async def wait_for_live(daemon: Daemon, count: int) -> None:
 
 
 async def test_joiner_downloads_verified_state_from_three_donors(tmp_path: Path) -> None:
-    owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator", "learner")),
-                                run_config=RunConfig(name="state", heartbeat_s=1.0), role_factories=FACTORIES)
+    owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator", "replica")),
+                                run_config=RunConfig(name="state", protocol="replicas", heartbeat_s=1.0), plugins=REGISTRY)
     daemons = [owner]
     try:
         join = {"run": owner.manifest.run_id, "initial_peers": tuple(owner.membership.visible_maddrs())}
         for i in range(2):
-            daemons.append(await Daemon.create(config(tmp_path, f"donor{i}", roles=("learner",), **join),
-                                               role_factories=FACTORIES))
-        joiner = await Daemon.create(config(tmp_path, "joiner", **join), role_factories=FACTORIES)
+            daemons.append(await Daemon.create(config(tmp_path, f"donor{i}", roles=("replica",), **join),
+                                               plugins=REGISTRY))
+        joiner = await Daemon.create(config(tmp_path, "joiner", **join), plugins=REGISTRY)
         daemons.append(joiner)
         for daemon in daemons[:3]:
             await daemon.publish_record()

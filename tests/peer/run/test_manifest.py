@@ -60,7 +60,7 @@ def test_tampered_manifest_is_refused() -> None:
 
 @pytest.mark.parametrize("doc, field", [
     ('[run]\nname = "bad name"\n', "run.name"),
-    ('[run]\nname = "ok"\nprotocol = "nope"\n', "run.protocol"),
+    ('[run]\nname = "ok"\nprotocol = "no pe"\n', "run.protocol"),
     ('[run]\nname = "ok"\n[admission]\npolicy = "closed"\n', "admission.policy"),
     ('[run]\nname = "ok"\n[admission]\npolicy = "allowlist"\nallow = ["zz"]\n', "admission.allow"),
     ('[run]\n', "needs a name"),

@@ -1,5 +1,5 @@
-"""Traversals through block hosts and AR stage hosts, each behind its own TcpServer on 127.0.0.1
-(port 0), announced by real signed records in a real DHT node: the remote traversal equals the
+"""Passes through block hosts and AR stage hosts, each behind its own TcpServer on 127.0.0.1
+(port 0), announced by real signed records in a real DHT node: the remote pass equals the
 in-process one bit for bit, malformed frames are refused without harming the host, a dead or hung
 host is routed around (or the client fails naming the block nobody serves any more), and the AR
 pipeline's stages compose to the whole causal LM."""
@@ -14,37 +14,35 @@ import pytest
 import torch
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.config import PeerConfig
-from gossamer.peer.metrics import Traffic
-from gossamer.peer.role import RoleContext, peers_key
 from gossamer.peer.roles.blocktrain.ar_stage import ArStageHost, build_stages, matched_model_config
 from gossamer.peer.roles.blocktrain.client import ArClient, BlockTrainClient
 from gossamer.peer.roles.blocktrain.host import METHOD, BlockHost
 from gossamer.peer.roles.blocktrain.stack import partial_stack
-from gossamer.peer.route.client import HostEntry, RemoteRoute, TraversalFailed, hosts_from_view, route_through
+from gossamer.peer.route.client import HostEntry, RemoteRoute, RouteFailed, hosts_from_view, route_through
 from gossamer.peer.route.host import RouteHost
 from gossamer.peer.route.policy import LiveHopPolicy
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import FailedHop, Hop, parse_answer, request_frame
 from gossamer.peer.run.admission import Admission
+from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.manifest import build_manifest, run_config_from_dict
 from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.run.view import PeerView
 from gossamer.protocols.blocktrain import (
     BlockTrainConfig,
     build_stack,
+    denoise_pass,
     generate,
     initial_noise,
     readout,
-    traverse,
 )
 from gossamer.protocols.models import build_model
 from gossamer.protocols.models import generate as ar_generate
 from gossamer.transport.codec import encode_tensors
-from gossamer.transport.dht import DhtConfig, DhtMembership
+from gossamer.transport.dht.config import DhtConfig
+from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
-from gossamer.transport.http import HttpConfig
 from gossamer.transport.tcp import TcpConfig, TcpServer, tcp_connect
 from gossamer.transport.wan import LinkProfile, WanProxy
 
@@ -65,12 +63,10 @@ class Hosts:
         self.servers: dict[str, tuple[Identity, RouteHost, TcpServer, HopPool]] = {}
         self.addrs: dict[str, str] = {}
 
-    def context(self, identity: Identity) -> RoleContext:
-        config = PeerConfig(identity_path=self.tmp_path / "unused.pem")
-        return RoleContext(identity=identity, config=config, manifest=self.manifest,
-                           membership=self.membership, http_client=None,  # type: ignore[arg-type]
-                           view=self.view, device=torch.device("cpu"), traffic=Traffic(),
-                           now=self.membership.now, http_config=HttpConfig())
+    def policy(self, role: str, key: str) -> LiveHopPolicy:
+        """What a host of ``role`` forwards to: live peers announcing ``key`` units in this run."""
+        return LiveHopPolicy(view=self.view, manifest=self.manifest, membership=self.membership,
+                             now=self.membership.now, role=role, key=key)
 
     async def add_blocks(self, name: str, blocks: tuple[int, ...]) -> str:
         identity, pool = Identity.generate(), HopPool()
@@ -78,7 +74,7 @@ class Hosts:
         stack.load_embedding_state(self.stack.embedding_state())
         for k in blocks:
             stack.load_block_state(k, self.stack.block_state(k))
-        policy = LiveHopPolicy(self.context(identity), role="block-server", key="blocks")
+        policy = self.policy("block-server", "blocks")
         host = BlockHost(stack, blocks, run_id=self.manifest.run_id, pool=pool, next_hop_ok=policy,
                          max_batch=4)
         return await self._serve(name, identity, host, pool)
@@ -86,7 +82,7 @@ class Hosts:
     async def add_stages(self, name: str, stages: tuple[int, ...], model) -> str:
         identity, pool = Identity.generate(), HopPool()
         held = {s: stage for s, stage in model.items() if s in stages}
-        policy = LiveHopPolicy(self.context(identity), role="ar-stage", key="ar_stages")
+        policy = self.policy("ar-stage", "ar_stages")
         host = ArStageHost(held, config=matched_model_config(CONFIG), num_stages=CONFIG.num_blocks,
                            run_id=self.manifest.run_id, pool=pool, next_hop_ok=policy)
         return await self._serve(name, identity, host, pool)
@@ -155,15 +151,15 @@ def client(hosts: Hosts, **route_options: float) -> BlockTrainClient:
     return BlockTrainClient(route, CONFIG, hosts.stack.embedding_state(), device=torch.device("cpu"))
 
 
-async def test_a_traversal_across_three_hosts_equals_the_in_process_one_bit_for_bit(hosts: Hosts) -> None:
+async def test_a_pass_across_three_hosts_equals_the_in_process_one_bit_for_bit(hosts: Hosts) -> None:
     await three_hosts(hosts)
     context = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(1))
 
-    remote = await client(hosts).traverse(context, generator=torch.Generator().manual_seed(7))
-    local = traverse(hosts.stack, context, generator=torch.Generator().manual_seed(7))
+    remote = await client(hosts).denoise_pass(context, generator=torch.Generator().manual_seed(7))
+    local = denoise_pass(hosts.stack, context, generator=torch.Generator().manual_seed(7))
 
     assert torch.equal(remote, local)
-    assert [hosts.host(f"h{k}").traversals for k in range(3)] == [1, 1, 1]
+    assert [hosts.host(f"h{k}").served for k in range(3)] == [1, 1, 1]
 
 
 async def test_generation_over_the_hosts_equals_generation_in_one_process(hosts: Hosts) -> None:
@@ -171,10 +167,10 @@ async def test_generation_over_the_hosts_equals_generation_in_one_process(hosts:
     await hosts.add_blocks("lower", (0,))
     remote = client(hosts)
 
-    text = await remote.generate(b"The ", new_bytes=20, traversals=3,
+    text = await remote.generate(b"The ", new_bytes=20, passes=3,
                                  generator=torch.Generator().manual_seed(3), temperature=0.8)
 
-    assert text == generate(hosts.stack, b"The ", new_bytes=20, traversals=3,
+    assert text == generate(hosts.stack, b"The ", new_bytes=20, passes=3,
                             generator=torch.Generator().manual_seed(3), temperature=0.8)
     assert [hop.units for hop in remote.route.last_route] == [(2, 1), (0,)]
 
@@ -200,7 +196,7 @@ def frame_with(hosts: Hosts, *, z: torch.Tensor | None = None, context: torch.Te
         ({"context": torch.full((1, 8), 300)}, "context ids must lie in [0, 256)"),
         ({"z": torch.zeros(5, 8, 16), "context": torch.zeros(5, 8, dtype=torch.long)}, "1..4 sequences"),
         ({"z": torch.zeros(1, 17, 16), "context": torch.zeros(1, 17, dtype=torch.long)}, "of 1..16"),
-        ({"run": "other@0123456789abcdef"}, "traversal for run 'other@0123456789abcdef'"),
+        ({"run": "other@0123456789abcdef"}, "route request for run 'other@0123456789abcdef'"),
         ({"route": [["HOST", [1]]]}, "does not serve block(s) [1]"),
         ({"route": [["HOST", [2]], ["127.0.0.1:1", [2]]]}, "must fall strictly"),
         ({"route": [["HOST", "2"]]}, "route hop 0 must be"),
@@ -244,7 +240,7 @@ async def test_a_host_only_forwards_to_live_hosts_announcing_the_blocks(hosts: H
     assert stranger == FailedHop("127.0.0.1:9",
                                  f"127.0.0.1:9 is not a live block-server of run {hosts.manifest.run_id}")
     assert isinstance(wrong_block, FailedHop) and "does not announce blocks [1]" in wrong_block.reason
-    assert hosts.host("h0").traversals == 0
+    assert hosts.host("h0").served == 0
 
 
 async def test_a_dead_host_is_routed_around_and_with_none_left_the_client_names_the_block(
@@ -253,16 +249,16 @@ async def test_a_dead_host_is_routed_around_and_with_none_left_the_client_names_
     spare = await hosts.add_blocks("spare", (1,))
     remote = client(hosts, budget_s=2.0)
     context = torch.zeros(1, 8, dtype=torch.long)
-    first = await remote.traverse(context, generator=torch.Generator().manual_seed(0))
+    first = await remote.denoise_pass(context, generator=torch.Generator().manual_seed(0))
     used = next(hop.addr for hop in remote.route.last_route if hop.units == (1,))
     victim = "spare" if used == spare else "h1"
 
     await hosts.kill(victim)  # its record is still live in the DHT
-    again = await remote.traverse(context, generator=torch.Generator().manual_seed(0))
+    again = await remote.denoise_pass(context, generator=torch.Generator().manual_seed(0))
     survivor = next(hop.addr for hop in remote.route.last_route if hop.units == (1,))
     await hosts.kill("h1" if victim == "spare" else "spare")
-    with pytest.raises(TraversalFailed, match=r"no live host serves unit 1") as failed:
-        await remote.traverse(context, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RouteFailed, match=r"no live host serves unit 1") as failed:
+        await remote.denoise_pass(context, generator=torch.Generator().manual_seed(0))
 
     assert torch.equal(again, first) and remote.route.retries == 2
     assert survivor != hosts.addr(victim) and hosts.addr(victim) in remote.route.failures
@@ -286,9 +282,9 @@ async def test_a_hung_host_is_reported_by_the_host_before_it_within_the_budget(h
         await hosts.refresh()
         remote = client(hosts, budget_s=2.0)
         started = time.monotonic()
-        with pytest.raises(TraversalFailed) as failed:
-            await remote.traverse(torch.zeros(1, 8, dtype=torch.long),
-                                  generator=torch.Generator().manual_seed(0))
+        with pytest.raises(RouteFailed) as failed:
+            await remote.denoise_pass(torch.zeros(1, 8, dtype=torch.long),
+                                      generator=torch.Generator().manual_seed(0))
 
     assert list(remote.route.failures) == [hung]  # named by h2, the host before it, not blamed on h2
     assert "TransportTimeout" in remote.route.failures[hung]
@@ -321,7 +317,7 @@ def test_routes_take_the_fewest_hops_and_name_the_unit_nobody_serves() -> None:
 
     assert route_through([2, 1, 0], table) == (Hop("B:1", (2, 1)), Hop("C:1", (0,)))  # tie: lower peer id
     assert route_through([2, 1, 0], table, exclude={"B:1"}) == (Hop("A:1", (2,)), Hop("C:1", (1, 0)))
-    with pytest.raises(TraversalFailed, match="no live host serves unit 1"):
+    with pytest.raises(RouteFailed, match="no live host serves unit 1"):
         route_through([2, 1, 0], table, exclude={"B:1", "C:1"})
 
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from gossamer.peer.cli.main import orchestrator_roles
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.roles.blocktrain.settings import blocktrain_settings
+from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import RunConfig
 
 
 def config(**tables) -> RunConfig:
     return RunConfig(name="bt", protocol="blocktrain", **tables)
+
+
+def blocktrain_settings(run: RunConfig):
+    return PLUGINS.plugin("blocktrain").read_settings(run)
 
 
 def test_defaults_and_manifest_values() -> None:
@@ -30,14 +33,18 @@ def test_defaults_and_manifest_values() -> None:
         ({"hyper": {"rounds": 3}}, r"hyper: unknown keys \['rounds'\]"),
         ({"hyper": {"local_steps": 0}}, "hyper.local_steps must be >= 1"),
         ({"hyper": {"versions": -1}}, "hyper.versions must be >= 0"),
-        ({"hyper": {"deadline_s": 0}}, "hyper.deadline_s must be a positive finite number"),
-        ({"hyper": {"lr": "fast"}}, "hyper.lr must be a number"),
+        ({"hyper": {"deadline_s": 0}}, "hyper.deadline_s must be > 0"),
+        ({"hyper": {"lr": "fast"}}, "hyper.lr must be a finite number"),
+        ({"hyper": {"lr": float("nan")}}, "hyper.lr must be a finite number"),
         ({"hyper": {"batch_size": 2.5}}, "hyper.batch_size must be an integer"),
-        ({"hyper": {"max_batch": True}}, "hyper.max_batch must be a number"),
+        ({"hyper": {"local_steps": 2.7}}, "hyper.local_steps must be an integer"),
+        ({"hyper": {"max_batch": True}}, "hyper.max_batch must be an integer"),
         ({"model": {"width": 3}}, r"model: .*unknown keys \['width'\]"),
-        ({"model": {"d_model": 30, "n_heads": 4}}, "d_model: 30 is not divisible"),
+        ({"model": {"d_model": 30, "n_heads": 4}}, "model: d_model: 30 is not divisible"),
+        ({"model": {"d_model": "30"}}, "model.d_model must be an integer"),
         ({"model": {"embedding": "learned"}}, "embedding: must be one of"),
-        ({"data": {"heldout_fraction": 2}}, "data.heldout_fraction must be in"),
+        ({"data": {"heldout_fraction": 2}}, "data.heldout_fraction must be < 1"),
+        ({"data": {"path": "x"}}, r"data: unknown keys \['path'\]"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(tables: dict, message: str) -> None:
@@ -46,10 +53,10 @@ def test_bad_settings_are_refused_naming_the_field(tables: dict, message: str) -
 
 
 def test_another_protocols_run_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r'need run\.protocol = "blocktrain"'):
+    with pytest.raises(ConfigError, match="uses protocol 'diloco', not 'blocktrain'"):
         blocktrain_settings(RunConfig(name="d", protocol="diloco"))
 
 
 def test_the_orchestrator_of_a_blocktrain_run_is_its_block_coordinator() -> None:
-    assert orchestrator_roles("blocktrain") == ["block-coordinator"]
-    assert orchestrator_roles("diloco") == []
+    assert PLUGINS.plugin("blocktrain").owner_roles == ("block-coordinator",)
+    assert PLUGINS.plugin("diloco").owner_roles == ()

@@ -47,7 +47,7 @@ def test_a_stale_update_is_refused_and_written_in_the_ledger_of_its_own_version(
     reason = versions.offer(0, 0, "b", update(1.0), loss=1.0)
 
     assert reason is not None and reason.startswith("stale: trained from version 0 of block 0")
-    old, new = versions.ledgers.get(0, 0), versions.ledgers.get(0, 1)
+    old, new = versions.ledgers.get((0, 0)), versions.ledgers.get((0, 1))
     assert old is not None and old.rejected == {"b": reason} and old.used == ["a"]
     assert new is not None and new.rejected == {} and new.arrived == []
     assert torch.equal(versions.blocks[0]["w"], torch.ones(2, 3))

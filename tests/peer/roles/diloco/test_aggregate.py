@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.ledger import ExchangeLedger
+from gossamer.peer.kit.ledger import Exchange
+from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
-from gossamer.peer.roles.diloco.settings import learner_settings
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.protocols.mixing import mixing_weights
 from gossamer.protocols.robust import Contribution, coordinate_median, flatten
@@ -48,7 +48,7 @@ LEARNERS = [f"l{i}" for i in range(8)]  # l0 is this learner; W2 is global
 
 def aggregator_for(name: str, f: int, **params: float) -> PseudoGradientAggregator:
     config = RunConfig(name="r", protocol="diloco", hyper={"aggregator": {"name": name, "f": f, **params}})
-    return PseudoGradientAggregator(learner_settings(config), me="l0")
+    return PseudoGradientAggregator(PLUGINS.plugin("diloco").read_settings(config), me="l0")
 
 
 def pseudo_gradient(seed: int) -> dict[str, torch.Tensor]:
@@ -57,8 +57,8 @@ def pseudo_gradient(seed: int) -> dict[str, torch.Tensor]:
 
 
 def aggregate_round(aggregator: PseudoGradientAggregator, arrived: dict[str, dict[str, torch.Tensor]],
-                    own: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], ExchangeLedger]:
-    ledger = ExchangeLedger(expected=LEARNERS[1:])
+                    own: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Exchange]:
+    ledger = Exchange(expected=LEARNERS[1:])
     ledger.settle(list(arrived))
     weights = mixing_weights("global", len(LEARNERS), round=0, seed=0)
     out = aggregator.aggregate(own, arrived, weights=weights, me=0, index_of=LEARNERS.index, ledger=ledger)
@@ -114,7 +114,7 @@ def test_a_neighbourhood_too_small_for_f_falls_back_to_the_own_pseudo_gradient_a
     aggregator = aggregator_for("krum", 2)
     own = pseudo_gradient(0)
     arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:5], start=1)}
-    ledger = ExchangeLedger(expected=LEARNERS[1:5])  # a W2 neighbourhood of five: Krum with f = 2 needs seven
+    ledger = Exchange(expected=LEARNERS[1:5])  # a W2 neighbourhood of five: Krum with f = 2 needs seven
     ledger.settle(list(arrived))
     weights = mixing_weights("global", 5, round=0, seed=0)
 

@@ -6,9 +6,14 @@ import pytest
 
 from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.learner import out_of_step
-from gossamer.peer.roles.diloco.settings import learner_settings
+from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.peer.run.manifest import RunConfig
+
+
+def learner_settings(run: RunConfig) -> DilocoSettings:
+    return PLUGINS.plugin("diloco").read_settings(run)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +49,6 @@ def test_settings_refuse_a_count_below_one(key: str) -> None:
 
 def test_a_swarm_too_small_for_min_learners_is_refused_before_anything_starts(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"min_learners = 3 .* 2 learner"):
-        Swarm(SwarmOptions(preset="demo", peers=2, workdir=tmp_path / "swarm"))
+        Swarm(SwarmOptions(preset="demo", peers=2, workdir=tmp_path / "swarm"), PLUGINS)
 
     assert not (tmp_path / "swarm").exists()

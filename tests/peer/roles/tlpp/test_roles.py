@@ -19,7 +19,6 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
 from gossamer.peer.roles.tlpp.data import load_data
 from gossamer.peer.roles.tlpp.secure import gradient_layout, layout_numel
-from gossamer.peer.roles.tlpp.settings import tlpp_settings
 from gossamer.peer.roles.tlpp.steps import StepLedger
 from gossamer.peer.roles.tlpp.wire import GRADS, HELPER_METHOD, NODE_METHOD, SHARE, SUM, ShareLog
 from gossamer.protocols.tlpp import VirtualBatch, VirtualBatchScheduler, digits_cnn
@@ -85,7 +84,7 @@ async def test_base_mode_is_centralized_training_and_secure_mode_matches_it(tmp_
         assert max_difference(trained_secure, reference) < 1e-3
         for net in (base, secure):
             assert net.orchestrator.finished and not net.orchestrator.error
-            assert all(ledger.applied and len(ledger.answered) == 3 for ledger in net.orchestrator.history)
+            assert all(ledger.applied and len(ledger.used) == 3 for ledger in net.orchestrator.history)
     finally:
         await base.aclose()
         await secure.aclose()
@@ -114,9 +113,9 @@ async def test_a_node_failing_mid_batch_is_dropped_and_the_gradient_is_that_of_t
         await train(net)
         ledgers = list(net.orchestrator.history)
         assert [ledger.applied for ledger in ledgers] == [True] * 4 and net.orchestrator.finished
-        assert list(ledgers[1].dropped) == [net.id_of("node1")] and "backward: " in ledgers[1].dropped[net.id_of("node1")]
-        assert "injected fault" in ledgers[1].dropped[net.id_of("node1")]
-        assert ledgers[1].answered == sorted([net.id_of("node0"), net.id_of("node2")])
+        assert list(ledgers[1].rejected) == [net.id_of("node1")] and "backward: " in ledgers[1].rejected[net.id_of("node1")]
+        assert "injected fault" in ledgers[1].rejected[net.id_of("node1")]
+        assert ledgers[1].used == sorted([net.id_of("node0"), net.id_of("node2")])
         assert ledgers[1].samples == ledgers[1].planned[net.id_of("node0")] + ledgers[1].planned[net.id_of("node2")]
         assert all(net.id_of("node1") not in ledger.planned for ledger in ledgers[2:])
         reference = centralized(net, [(0, ALL), (1, {"node0", "node2"}), (2, {"node0", "node2"}),
@@ -136,11 +135,11 @@ async def test_secure_mode_survives_nodes_failing_in_either_phase_and_no_server_
         await train(net)
         ledgers = list(net.orchestrator.history)
         assert [ledger.applied for ledger in ledgers] == [True] * 4 and not net.orchestrator.error
-        assert list(ledgers[1].dropped) == [net.id_of("node1")] and ledgers[1].dropped[net.id_of("node1")].startswith(
+        assert list(ledgers[1].rejected) == [net.id_of("node1")] and ledgers[1].rejected[net.id_of("node1")].startswith(
             "backward: ")
-        assert list(ledgers[2].dropped) == [net.id_of("node2")] and ledgers[2].dropped[net.id_of("node2")].startswith(
+        assert list(ledgers[2].rejected) == [net.id_of("node2")] and ledgers[2].rejected[net.id_of("node2")].startswith(
             "forward: ")
-        assert ledgers[3].answered == [net.id_of("node0")]
+        assert ledgers[3].used == [net.id_of("node0")]
         reference = centralized(net, [(0, ALL), (1, {"node0", "node2"}), (2, {"node0"}), (3, {"node0"})],
                                 lr=HYPER["lr"])
         assert max_difference(dict(net.orchestrator.model.named_parameters()), reference) < 1e-3
@@ -205,7 +204,7 @@ async def test_a_node_that_lost_its_weights_gets_them_again(tmp_path: Path) -> N
         node.version = -1  # type: ignore[attr-defined]  # as after a restart
         again = StepLedger(step=1, epoch=0, index=0, mode="base")
         assert await driver.run(batch, again, None) is not None
-        assert again.answered == [net.id_of("node0")] and not again.dropped and node.version == 0  # type: ignore[attr-defined]
+        assert again.used == [net.id_of("node0")] and not again.rejected and node.version == 0  # type: ignore[attr-defined]
     finally:
         await net.aclose()
 
@@ -219,7 +218,7 @@ async def test_a_replayed_share_frame_is_refused_by_the_helper(tmp_path: Path) -
         helper = net.peers["helper"].role
         taken = helper.shares_received  # type: ignore[attr-defined]
         frame = [f for f in net.received["helper"] if f.header.get("op") == SHARE][-1]
-        conn = await tcp_connect(*net.peers["helper"].server.address)  # type: ignore[union-attr]
+        conn = await tcp_connect(*net.peers["helper"].tcp.address)  # type: ignore[union-attr]
         try:
             with pytest.raises(RemoteError, match="tampered, replayed or out of order"):
                 await conn.request(frame)
@@ -244,14 +243,14 @@ async def test_a_node_whose_push_failed_is_not_counted_and_the_next_step_trains(
     try:
         refused = StepLedger(step=0, epoch=0, index=0, mode="secure")
         assert await driver.run(batch, refused, helper) is None
-        assert refused.dropped == {n: "logits: the helper holds no matching activation share" for n in nodes}
+        assert refused.rejected == {n: "logits: the helper holds no matching activation share" for n in nodes}
         for name in sorted(ALL):
             role = net.peers[name].role
-            await asyncio.gather(*role._pushes, return_exceptions=True)  # type: ignore[attr-defined]
+            await role.drain()
             assert role.pushes_failed == 1  # type: ignore[attr-defined]
         applied = StepLedger(step=1, epoch=0, index=0, mode="secure")
         grads = await driver.run(batch, applied, helper)
-        assert grads is not None and applied.answered == nodes and not applied.dropped and applied.samples == 12
+        assert grads is not None and applied.used == nodes and not applied.rejected and applied.samples == 12
     finally:
         await net.aclose()
 
@@ -259,7 +258,7 @@ async def test_a_node_whose_push_failed_is_not_counted_and_the_next_step_trains(
 async def test_the_helper_sums_only_the_gradient_shares_it_holds_and_says_which(tmp_path: Path) -> None:
     net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
                             helper=True)
-    settings = tlpp_settings(net.manifest.config)
+    settings = net.settings
     numel = layout_numel(gradient_layout(*settings.split(settings.build_model("cpu"))))
     as_node = SecureLinks(identity=net.identities["node0"], run_id=net.manifest.run_id, view=net.view)
     as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)

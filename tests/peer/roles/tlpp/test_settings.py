@@ -9,12 +9,17 @@ import pytest
 
 from gossamer.peer.cli.swarm import SwarmOptions, load_swarm_config
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.roles.tlpp.settings import TlppSettings, tlpp_settings
+from gossamer.peer.roles import PLUGINS
+from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.run.manifest import RunConfig, run_config_from_dict
 
 
 def config(**tables: dict[str, Any]) -> RunConfig:
     return RunConfig(name="t", protocol="tlpp", **tables)
+
+
+def tlpp_settings(run: RunConfig) -> TlppSettings:
+    return PLUGINS.plugin("tlpp").read_settings(run)
 
 
 def test_defaults_and_overrides() -> None:
@@ -63,7 +68,7 @@ def test_a_run_of_another_protocol_is_refused() -> None:
 
 
 def test_the_swarm_preset_is_a_valid_tlpp_run() -> None:
-    text, swarm = load_swarm_config(SwarmOptions(preset="tlpp"))
+    text, _doc, swarm = load_swarm_config(SwarmOptions(preset="tlpp"))
     settings = tlpp_settings(run_config_from_dict(tomllib.loads(text)))
 
     assert settings.mode == "base" and settings.min_nodes == swarm["peers"] and swarm["roles"] == ["node"]

@@ -1,47 +1,17 @@
-"""DhtMembership against real hivemind DHT nodes (and their p2pd children) on 127.0.0.1."""
+"""DhtMembership against real hivemind DHT nodes on 127.0.0.1: records, expiry, withdrawal, client mode,
+foreign values skipped, aclose stops p2pd."""
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
 from hivemind.dht.node import DHTNode
-from hivemind.p2p import P2P
 
-from gossamer.transport.dht import BootstrapFailed, DhtConfig, DhtMembership, DhtStartFailed
+from gossamer.transport.dht.config import DhtConfig
+from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.errors import TransportError
-
-KEY = "run/demo@ab12cd34/peers"
-MADE_UP_PEER_ID = "QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"
-FAST = {"bootstrap_timeout_s": 3.0, "request_timeout_s": 3.0}
-
-
-def p2pd_children() -> set[int]:
-    """Pids of processes whose parent is this test process and whose command is p2pd."""
-    pids = set()
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as stat_file:
-                stat = stat_file.read()
-        except (FileNotFoundError, ProcessLookupError):  # the process just exited
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if comm == "p2pd" and parent == os.getpid():
-            pids.add(int(entry))
-    return pids
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def join(first: DhtMembership, **overrides: object) -> DhtMembership:
-    return await DhtMembership.create(DhtConfig(initial_peers=tuple(first.visible_maddrs()), **FAST, **overrides))
+from tests.transport.dht.support import FAST, KEY, join, p2pd_children
 
 
 @pytest.fixture
@@ -141,46 +111,6 @@ async def test_store_refuses_tombstone_and_oversized_values() -> None:
         await member.aclose()
 
 
-async def test_unreachable_initial_peer_raises_bootstrap_failed() -> None:
-    before = p2pd_children()
-    maddr = f"/ip4/127.0.0.1/tcp/{closed_port()}/p2p/{MADE_UP_PEER_ID}"
-    config = DhtConfig(initial_peers=(maddr,), bootstrap_timeout_s=2.0, request_timeout_s=2.0)
-
-    with pytest.raises(BootstrapFailed) as caught:
-        await DhtMembership.create(config)
-
-    assert maddr in str(caught.value) and "--new_swarm" in str(caught.value)
-    assert p2pd_children() == before
-
-
-async def test_initial_peer_without_dht_raises_bootstrap_failed() -> None:
-    before = p2pd_children()
-    bare = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])  # reachable, but runs no DHT
-    try:
-        maddrs = tuple(str(maddr) for maddr in await bare.get_visible_maddrs())
-        with pytest.raises(BootstrapFailed) as caught:
-            await DhtMembership.create(DhtConfig(initial_peers=maddrs, **FAST))
-    finally:
-        await bare.shutdown()
-
-    assert "DHT ping" in str(caught.value)
-    assert p2pd_children() == before
-
-
-async def test_port_in_use_raises_dht_start_failed() -> None:
-    before = p2pd_children()
-    first = await DhtMembership.create(DhtConfig(new_swarm=True, **FAST))
-    port = int(first.visible_maddrs()[0].split("/")[4])
-    try:
-        with pytest.raises(DhtStartFailed) as caught:
-            await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=(f"/ip4/127.0.0.1/tcp/{port}",)))
-    finally:
-        await first.aclose()
-
-    assert f"port {port} is in use" in str(caught.value) and "/tcp/0" in str(caught.value)
-    assert p2pd_children() == before
-
-
 async def test_aclose_stops_p2pd_and_is_idempotent() -> None:
     before = p2pd_children()
     member = await DhtMembership.create(DhtConfig(new_swarm=True, **FAST))
@@ -193,33 +123,3 @@ async def test_aclose_stops_p2pd_and_is_idempotent() -> None:
     assert p2pd_children() == before
     with pytest.raises(TransportError, match="closed"):
         await member.get_all(KEY)
-
-
-PEER = f"/ip4/127.0.0.1/tcp/31337/p2p/{MADE_UP_PEER_ID}"
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"initial_peers": ("/ip4/1.2.3.4/tcp",)},
-         "initial_peers: '/ip4/1.2.3.4/tcp' is not a valid multiaddr; expected /ip4/HOST/tcp/PORT/p2p/PEERID"),
-        ({"initial_peers": ("/ip4/1.2.3.4/tcp/5",)}, "initial_peers: '/ip4/1.2.3.4/tcp/5' lacks the /p2p/PEERID"),
-        ({"initial_peers": PEER}, "initial_peers: must be a tuple"),
-        ({"initial_peers": (PEER,), "host_maddrs": ("nonsense",)}, "host_maddrs: 'nonsense' is not a valid"),
-        ({"initial_peers": (PEER,), "host_maddrs": ()}, "host_maddrs: give at least one"),
-        ({"initial_peers": (PEER,), "announce_maddrs": ("/ip4/1.2.3.4/tcp/0",)}, "announce_maddrs: .* port 0"),
-        ({}, "initial_peers: empty; pass --new_swarm to start a new network, or --initial_peers to join one"),
-        ({"new_swarm": True, "initial_peers": (PEER,)}, "initial_peers: must be empty with new_swarm=True"),
-        ({"new_swarm": True, "bootstrap_timeout_s": 0}, "bootstrap_timeout_s: must be a positive"),
-        ({"new_swarm": True, "request_timeout_s": float("nan")}, "request_timeout_s: must be a positive"),
-        ({"new_swarm": True, "max_value_bytes": -1}, "max_value_bytes: must be a positive"),
-    ],
-)
-def test_config_validation_names_the_field(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
-        DhtConfig(**kwargs)
-
-
-def test_valid_configs_are_accepted() -> None:
-    assert DhtConfig(new_swarm=True).initial_peers == ()
-    assert DhtConfig(initial_peers=(PEER,), announce_maddrs=("/ip4/1.2.3.4/tcp/31337",)).initial_peers == (PEER,)

@@ -1,0 +1,233 @@
+"""Protocols as plugins: what a training method brings to the network, and the one registry of them.
+
+A protocol (``run.protocol`` in a run config) is a ``ProtocolPlugin``: its name, its settings
+dataclass (read from the manifest once per daemon by ``gossamer.peer.kit.settings``), its roles
+(the only place their names are spelled), the roles the run owner's orchestrator takes, its extra
+``gossamer`` subcommands, the events its roles emit, and what ``gossamer swarm`` and ``gossamer
+status`` need to show it. ``PluginRegistry`` holds the plugins a build of gossamer knows
+(``gossamer.peer.roles.PLUGINS``); the daemon, the CLI and the swarm read it and never name a
+protocol. See docs/ARCHITECTURE.md, "Adding a protocol".
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.settings import read_settings
+from gossamer.peer.run.manifest import RunConfig
+from gossamer.peer.run.records import PeerRecord
+
+if TYPE_CHECKING:
+    from gossamer.peer.config import PeerConfig
+    from gossamer.peer.role import Role, RoleContext
+
+RoleFactory = Callable[..., "Role"]  # (ctx: RoleContext, **role_options) -> Role
+Ref = str
+"""``"package.module:attribute"``: something a plugin names without importing it yet. Plugins name
+their roles, settings and command entry points this way, so that the registry (and ``gossamer
+--help``) imports neither torch nor hivemind; each is imported on first use."""
+
+
+def resolve(value: Any) -> Any:
+    """``value``, or what a ``Ref`` names (imported now)."""
+    if not isinstance(value, str):
+        return value
+    module, sep, attribute = value.partition(":")
+    if not sep:
+        raise ValueError(f"{value!r} is not a reference of the form 'package.module:attribute'")
+    return getattr(importlib.import_module(module), attribute)
+
+
+class CommandKit(Protocol):
+    """What the generic CLI lends a plugin's subcommands (so plugins never import the CLI)."""
+
+    def add_peer_flags(self, parser: argparse.ArgumentParser, *, skip: Sequence[str] = ()) -> None:
+        """The daemon's flags (``--run``, ``--initial_peers``, ``--device``, ...), and ``-c FILE``."""
+
+    def peer_config(self, args: argparse.Namespace, *, roles: Sequence[str]) -> PeerConfig:
+        """``-c FILE`` and the flags as a PeerConfig that takes ``roles`` (plus any ``--roles``)."""
+
+    def run_daemon(self, config: PeerConfig, *, role_options: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+        """Run a daemon until Ctrl+C; ``role_options`` are keyword arguments for named roles."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """An extra ``gossamer`` subcommand a plugin brings (``gossamer serve``, ``gossamer helper``)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser, CommandKit], None]
+    run: Callable[[argparse.Namespace, CommandKit], int] | Ref  # a Ref keeps the heavy imports until it runs
+
+    def execute(self, args: argparse.Namespace, kit: CommandKit) -> int:
+        return resolve(self.run)(args, kit)
+
+
+@dataclass(frozen=True)
+class EventSchema:
+    """One event a protocol's roles emit (``--events`` JSON lines, as ``"<protocol>.<name>"``):
+    what it means and the fields it always carries."""
+
+    doc: str
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FinishRule:
+    """When a local swarm of this protocol is done: ``event`` seen from every peer (``"peers"``)
+    or from the orchestrator (``"owner"``); None: it runs until stopped."""
+
+    event: str
+    by: Literal["peers", "owner"]
+
+
+def _no_description(event: str, fields: Mapping[str, Any]) -> str | None:
+    return None
+
+
+def _no_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None:
+    return None
+
+
+def _no_summary(records: Sequence[PeerRecord]) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProtocolPlugin:
+    """One training method as the network sees it (see the module docstring).
+
+    Attributes:
+        name: the value of ``run.protocol`` that selects it.
+        summary: one line for ``--help`` texts and the docs.
+        settings: the settings dataclass (``kit.settings.setting`` fields), or a ``Ref`` to it, or None.
+        roles: role name -> factory ``(ctx, **options) -> Role``, or a ``Ref`` to it.
+        owner_roles: roles the run owner's orchestrator takes besides ``orchestrator``.
+        swarm_roles: roles the peers of ``gossamer swarm`` take when the run config names none.
+        commands: extra ``gossamer`` subcommands.
+        events: the events its roles emit, by name (without the protocol prefix).
+        finish: when a local swarm is done.
+        describe_event: one human line for an event (``gossamer swarm``); None: the default.
+        swarm_check: refuses (ConfigError) a swarm of ``num_peers`` peers with ``roles`` that
+            could not work, before any process starts.
+        summarize: extra lines ``gossamer status`` prints about the live peers' records.
+    """
+
+    name: str
+    summary: str
+    settings: type | Ref | None = None
+    roles: Mapping[str, RoleFactory | Ref] = field(default_factory=dict)
+    owner_roles: tuple[str, ...] = ()
+    swarm_roles: tuple[str, ...] = ()
+    commands: tuple[Command, ...] = ()
+    events: Mapping[str, EventSchema] = field(default_factory=dict)
+    finish: FinishRule | None = None
+    describe_event: Callable[[str, Mapping[str, Any]], str | None] = _no_description
+    swarm_check: Callable[[RunConfig, int, Sequence[str]], None] = _no_check
+    summarize: Callable[[Sequence[PeerRecord]], list[str]] = _no_summary
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
+        object.__setattr__(self, "events", MappingProxyType(dict(self.events)))
+        for role in (*self.owner_roles, *self.swarm_roles):
+            if role not in self.roles:
+                raise ValueError(f"plugin {self.name!r}: role {role!r} is not one of its roles {sorted(self.roles)}")
+        if self.finish is not None and self.finish.event not in self.events:
+            raise ValueError(f"plugin {self.name!r}: finish event {self.finish.event!r} is not one of its events")
+
+    def read_settings(self, config: RunConfig) -> Any:
+        """The run's settings for this protocol (None if it has none); ConfigError names the field."""
+        if config.protocol != self.name:
+            raise ConfigError(f"run {config.name} uses protocol {config.protocol!r}, not {self.name!r}")
+        return read_settings(resolve(self.settings), config) if self.settings is not None else None
+
+
+class PluginRegistry:
+    """The protocols one build of gossamer knows, and the generic roles every run has.
+
+    Refuses, when it is built (at import), two plugins with one name, a role name spelled by two
+    plugins (or by a plugin and the generic roles), and two commands with one name.
+    """
+
+    def __init__(self, *plugins: ProtocolPlugin, generic_roles: Mapping[str, RoleFactory | Ref],
+                 reserved_commands: Sequence[str] = ()) -> None:
+        self._plugins: dict[str, ProtocolPlugin] = {}
+        self._owner: dict[str, str | None] = dict.fromkeys(generic_roles)
+        self._generic = MappingProxyType(dict(generic_roles))
+        commands = set(reserved_commands)
+        for plugin in plugins:
+            if plugin.name in self._plugins:
+                raise ValueError(f"two plugins are named {plugin.name!r}")
+            self._plugins[plugin.name] = plugin
+            for role in plugin.roles:
+                if role in self._owner:
+                    other = self._owner[role] or "the generic roles"
+                    raise ValueError(f"role {role!r} is spelled by both {other!r} and {plugin.name!r}")
+                self._owner[role] = plugin.name
+            for command in plugin.commands:
+                if command.name in commands:
+                    raise ValueError(f"plugin {plugin.name!r}: command {command.name!r} exists already")
+                commands.add(command.name)
+        self._plugins_in_order = tuple(plugins)
+
+    def __iter__(self):
+        return iter(self._plugins_in_order)
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        return tuple(self._plugins)
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return tuple(self._owner)
+
+    def extended(self, *plugins: ProtocolPlugin) -> PluginRegistry:
+        """This registry plus ``plugins`` (e.g. a test's own protocol)."""
+        return PluginRegistry(*self._plugins_in_order, *plugins, generic_roles=self._generic)
+
+    def plugin(self, protocol: str) -> ProtocolPlugin:
+        """The plugin of ``protocol``; ConfigError listing the known ones otherwise."""
+        try:
+            return self._plugins[protocol]
+        except KeyError:
+            raise ConfigError(f"run.protocol {protocol!r} is not one this version of gossamer knows: "
+                              f"{', '.join(self._plugins)}") from None
+
+    def check_roles(self, protocol: str, roles: Sequence[str], *, run: str = "") -> None:
+        """Refuse, in one message, roles that are unknown or belong to another protocol."""
+        plugin = self.plugin(protocol)
+        for role in roles:
+            if role not in self._owner:
+                raise ConfigError(f"unknown role {role!r}; a {protocol!r} run has roles: "
+                                  f"{', '.join(self.roles_of(protocol))}")
+            owner = self._owner[role]
+            if owner is not None and owner != plugin.name:
+                raise ConfigError(f"role {role!r} belongs to protocol {owner!r}, but run {run or '(this run)'} "
+                                  f"uses protocol {protocol!r} (its roles: {', '.join(self.roles_of(protocol))})")
+
+    def roles_of(self, protocol: str) -> tuple[str, ...]:
+        return (*self.plugin(protocol).roles, *self._generic)
+
+    def factories(self, protocol: str) -> Mapping[str, RoleFactory]:
+        """Every role a peer of a ``protocol`` run may take, by name (imported now)."""
+        return MappingProxyType({name: resolve(factory)
+                                 for name, factory in {**self._generic, **self.plugin(protocol).roles}.items()})
+
+    def commands(self) -> list[tuple[ProtocolPlugin, Command]]:
+        return [(plugin, command) for plugin in self._plugins_in_order for command in plugin.commands]
+
+
+def build_roles(registry: PluginRegistry, protocol: str, names: Sequence[str], ctx: RoleContext,
+                role_options: Mapping[str, Mapping[str, Any]] | None = None) -> list[Role]:
+    """Instantiate the named roles of a ``protocol`` run (checked first, all of them at once)."""
+    registry.check_roles(protocol, names, run=ctx.manifest.run_id)
+    factories = registry.factories(protocol)
+    options = role_options or {}
+    return [factories[name](ctx, **options.get(name, {})) for name in dict.fromkeys(names)]

@@ -1,0 +1,60 @@
+"""Role ``orchestrator``: the run owner's peer. Generic: every run has one, whatever its protocol.
+
+It publishes the owner-signed manifest in the DHT (refreshed every heartbeat) and serves it over
+HTTP; the protocol's own run-owner roles (``ProtocolPlugin.owner_roles``) come beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.run.keys import manifest_key
+from gossamer.transport.errors import TransportError
+
+log = logging.getLogger(__name__)
+
+
+class OrchestratorRole(Role):
+    """Publishes the owner-signed manifest in the DHT (refreshed every heartbeat) and over HTTP."""
+
+    name = "orchestrator"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        if not ctx.is_run_owner:
+            raise ConfigError("the orchestrator role needs the run owner's identity (the key that signed the manifest)")
+        self.publications = 0
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/manifest", self._serve_manifest)]
+
+    async def _serve_manifest(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.ctx.manifest.blob, content_type="application/octet-stream")
+
+    async def start(self) -> None:
+        await self.publish_once()
+        self.spawn(self._publish_loop(), name="manifest")
+
+    async def publish_once(self) -> None:
+        expiration = self.ctx.now() + self.ctx.manifest.ttl_s
+        await self.ctx.membership.store(manifest_key(self.ctx.manifest.run_id), self.ctx.identity.peer_id,
+                                        self.ctx.manifest.blob, expiration_time=expiration)
+        self.publications += 1
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
+            try:
+                await self.publish_once()
+            except TransportError as exc:
+                log.warning("could not republish the manifest: %s", exc)
+
+    def status(self) -> dict[str, Any]:
+        return {"run_id": self.ctx.manifest.run_id, "protocol": self.ctx.manifest.config.protocol,
+                "manifest_publications": self.publications}

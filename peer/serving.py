@@ -1,0 +1,73 @@
+"""What a peer serves and announces, whoever runs it (the daemon, or ``peer.testing.localnet``):
+its roles' HTTP routes and TCP methods, the state it donates to joiners, and its signed record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from gossamer import __version__
+from gossamer.crypto.identity import Identity
+from gossamer.peer.config import PeerConfig
+from gossamer.peer.kit.statesync import StateDonor
+from gossamer.peer.role import Role
+from gossamer.peer.run.records import PeerRecord
+from gossamer.transport.frames import Frame
+from gossamer.transport.tcp import HandlerError
+
+TcpDispatch = Callable[[Frame, object], Awaitable[Frame | None]]
+MAX_REQUEST_BYTES = 1 << 20  # bodies larger than this are streamed by the routes that take them
+
+
+def state_donor(roles: Sequence[Role]) -> StateDonor | None:
+    """A donor for the first role that holds a replicated model (joiners download it); None if none does."""
+    stateful = [role for role in roles if role.model_state() is not None]
+    return StateDonor(stateful[0].model_state) if stateful else None
+
+
+def role_app(roles: Sequence[Role], donor: StateDonor | None, *, extra: Sequence[web.RouteDef] = (),
+             middlewares: Sequence[Any] = ()) -> web.Application:
+    """The HTTP application of a peer: ``extra`` routes, every role's routes, the donor's."""
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=list(middlewares))
+    app.add_routes(list(extra))
+    for role in roles:
+        app.add_routes(role.routes())
+    if donor is not None:
+        app.add_routes(donor.routes())
+    return app
+
+
+def role_dispatcher(roles: Sequence[Role]) -> TcpDispatch:
+    """TCP requests to the role method their header names; HandlerError for an unknown method."""
+    methods = {name: method for role in roles for name, method in role.tcp_methods().items()}
+
+    async def dispatch(frame: Frame, info: object) -> Frame | None:
+        method = methods.get(str(frame.header.get("method", "")))
+        if method is None:
+            raise HandlerError(f"unknown method {frame.header.get('method')!r}")
+        return await method(frame)
+
+    return dispatch
+
+
+async def donated_state(donor: StateDonor | None) -> dict[str, Any]:
+    """What a record says about the state this peer donates: its version and index digest."""
+    if donor is None:
+        return {}
+    version, digest = await donor.published()
+    return {"version": version, "digest": digest}
+
+
+def peer_record(*, identity: Identity, config: PeerConfig, roles: Sequence[Role], http_addr: str, tcp_addr: str,
+                now: float, capacity: dict[str, Any], state: dict[str, Any] | None = None) -> PeerRecord:
+    """This peer's record: its addresses, roles, round, assignment and donated state, as of ``now``."""
+    return PeerRecord(
+        peer_id=identity.peer_id, public_key=identity.public_key, name=config.public_name,
+        http_addr=http_addr, tcp_addr=tcp_addr, roles=tuple(dict.fromkeys(config.roles)), version=__version__,
+        round=max((role.round for role in roles), default=0), timestamp=now, capacity=dict(capacity),
+        assignment={k: v for role in roles for k, v in role.status().get("assignment", {}).items()},
+        join_token=config.join_token, state=state or {},
+    )

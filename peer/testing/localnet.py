@@ -1,0 +1,259 @@
+"""An in-process network of peers for tests and benchmarks: any protocol's real roles, each peer
+behind its own real HTTP and TCP servers on 127.0.0.1 (port 0), found through real signed records
+in one shared, verified ``PeerView``.
+
+What a daemon adds around its roles is left out on purpose: no process per peer, no heartbeat
+loop (``publish`` writes every live peer's record into the view, and a role's ``announce`` does
+it at once), and no DHT unless asked for (``dht=True`` starts one real hivemind node, shared by
+every peer, which the roles that read the DHT themselves need). Everything the roles use is the
+real thing: settings read from a signed manifest by the protocol's plugin, the transports, the
+HTTP client, signatures, admission.
+
+Faults are declared by (peer, step, operation), never by subclassing internals:
+``fail(name, step, op)`` makes that peer refuse the requests of ``op`` for ``step`` as a crashed
+host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
+``op``; for an HTTP request, the route's ``{round}`` (or ``{step}``) and ``{kind}`` (or, without
+a kind, the request path). ``kill(name)`` closes a peer's servers and roles; its record stays in
+the view until the run's TTL, as a killed process's would. ``received`` keeps every TCP request
+each peer got, as sent, so a test can replay or tamper with a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from gossamer.crypto.identity import Identity
+from gossamer.peer.config import PeerConfig
+from gossamer.peer.events import EventSink
+from gossamer.peer.kit.statesync import StateDonor
+from gossamer.peer.metrics import Traffic
+from gossamer.peer.plugin import PluginRegistry, build_roles
+from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.run.admission import Admission
+from gossamer.peer.run.keys import peers_key
+from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest, run_config_from_dict
+from gossamer.peer.run.records import seal_record
+from gossamer.peer.run.view import PeerView
+from gossamer.peer.serving import donated_state, peer_record, role_app, role_dispatcher, state_donor
+from gossamer.transport.dht import DhtConfig, DhtMembership
+from gossamer.transport.frames import Frame
+from gossamer.transport.http import HttpConfig
+from gossamer.transport.http_client import HttpClient
+from gossamer.transport.http_server import HttpServer
+from gossamer.transport.tcp import HandlerError, TcpServer
+
+RECORD_LIFETIME_S = 3600.0  # how far ahead records are dated to expire when the run's TTL is longer
+
+
+@dataclass
+class LocalPeer:
+    """One peer of a ``LocalNet``: its identity, roles, servers and traffic counters."""
+
+    name: str
+    identity: Identity
+    ctx: RoleContext
+    roles: list[Role]
+    traffic: Traffic
+    donor: StateDonor | None = None
+    http: HttpServer | None = None
+    tcp: TcpServer | None = None
+    alive: bool = True
+    started: bool = False
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    @property
+    def role(self) -> Role:
+        """The peer's role (the first, when it has several)."""
+        return self.roles[0]
+
+    def role_named(self, name: str) -> Role:
+        return next(role for role in self.roles if role.name == name)
+
+
+@dataclass
+class _Faults:
+    keys: set[tuple[str, int, str]] = field(default_factory=set)
+
+    def hit(self, name: str, step: Any, op: Any) -> bool:
+        try:
+            return (name, int(step), str(op)) in self.keys
+        except (TypeError, ValueError):
+            return False
+
+
+class LocalNet:
+    """The peers of one test; build with ``await LocalNet.create(...)``, end with ``await aclose()``."""
+
+    def __init__(self, *, manifest: Manifest, owner: Identity, plugins: PluginRegistry, workdir: Path,
+                 http_client: HttpClient, membership: DhtMembership | None, device: torch.device) -> None:
+        self.manifest = manifest
+        self.owner = owner
+        self.plugins = plugins
+        self.plugin = plugins.plugin(manifest.config.protocol)
+        self.settings = self.plugin.read_settings(manifest.config)
+        self.workdir = workdir
+        self.http_client = http_client
+        self.membership = membership
+        self.device = device
+        self.view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
+        self.view_refreshed = asyncio.Condition()
+        self.peers: dict[str, LocalPeer] = {}
+        self.faults = _Faults()
+        self.received: dict[str, list[Frame]] = {}
+        self._publishing: set[asyncio.Task[None]] = set()
+        self._records: dict[str, tuple[bytes, float]] = {}
+
+    @classmethod
+    async def create(cls, run: RunConfig | Mapping[str, Any], *, plugins: PluginRegistry, workdir: Path,
+                     owner: Identity | None = None, dht: bool = False, device: str = "cpu") -> LocalNet:
+        """A network for the run ``run`` (a RunConfig, or a run config document as TOML would give),
+        its manifest signed by ``owner`` (a fresh identity by default)."""
+        run_config = run if isinstance(run, RunConfig) else run_config_from_dict(dict(run))
+        owner = owner or Identity.generate()
+        membership = None
+        if dht:
+            membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
+        now = membership.now() if membership is not None else time.time()
+        http_client = await HttpClient.create(config=HttpConfig())
+        net = cls(manifest=build_manifest(owner, run_config, now=now), owner=owner, plugins=plugins,
+                  workdir=Path(workdir), http_client=http_client, membership=membership, device=torch.device(device))
+        return net
+
+    def now(self) -> float:
+        return self.membership.now() if self.membership is not None else time.time()
+
+    # -- peers ------------------------------------------------------------------------------------
+
+    async def add(self, name: str, roles: Sequence[str], *, identity: Identity | None = None, data: str = "",
+                  role_options: Mapping[str, Mapping[str, Any]] | None = None, **config: Any) -> LocalPeer:
+        """Build a peer with ``roles`` (not started: see ``start``), serve it and publish its record.
+        The run owner's identity is used for a peer with a run-owner role unless ``identity`` is given."""
+        owner_roles = {"orchestrator", *self.plugin.owner_roles}
+        identity = identity or (self.owner if owner_roles & set(roles) else Identity.generate())
+        traffic = Traffic()
+        options = {"identity_path": self.workdir / f"{name}.pem", "public_name": name,
+                   "checkpoint_dir": self.workdir / "checkpoints" / name, **config}
+        peer_config = PeerConfig(roles=tuple(roles), data=data, **options)
+        ctx = RoleContext(identity=identity, config=peer_config, manifest=self.manifest, plugin=self.plugin,
+                          settings=self.settings, membership=self.membership,  # type: ignore[arg-type]
+                          http_client=self.http_client, view=self.view, device=self.device, traffic=traffic,
+                          now=self.now, http_config=HttpConfig(), events=EventSink(enabled=False),
+                          announce=self.announce, view_refreshed=self.view_refreshed)
+        built = build_roles(self.plugins, self.plugin.name, roles, ctx, role_options)
+        peer = LocalPeer(name=name, identity=identity, ctx=ctx, roles=built, traffic=traffic, donor=state_donor(built))
+        peer.http = await HttpServer.create(role_app(built, peer.donor, middlewares=[self._http_faults(name)]),
+                                            host="127.0.0.1", port=0, config=ctx.http_config)
+        peer.tcp = await TcpServer.create(self._tcp_dispatcher(peer), host="127.0.0.1", port=0)
+        self.peers[name] = peer
+        await self.publish()
+        return peer
+
+    async def start(self, *names: str) -> None:
+        """Start the named peers' roles (every peer's, in the order added, when none is named)."""
+        for name in names or tuple(self.peers):
+            peer = self.peers[name]
+            if not peer.started:
+                peer.started = True
+                for role in peer.roles:
+                    await role.start()
+
+    def __getitem__(self, name: str) -> LocalPeer:
+        return self.peers[name]
+
+    # -- records ----------------------------------------------------------------------------------
+
+    async def publish(self) -> None:
+        """Every live peer's signed record into the shared view (and the DHT, if there is one)."""
+        now = self.now()
+        expiration = now + min(self.manifest.ttl_s, RECORD_LIFETIME_S)
+        for peer in self.peers.values():
+            if not peer.alive:
+                continue
+            record = peer_record(identity=peer.identity, config=peer.ctx.config, roles=peer.roles,
+                                 http_addr=f"127.0.0.1:{peer.http.address[1]}" if peer.http else "",
+                                 tcp_addr=f"127.0.0.1:{peer.tcp.address[1]}" if peer.tcp else "",
+                                 now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor))
+            blob = seal_record(peer.identity, record)
+            self._records[peer.peer_id] = (blob, expiration)
+            if self.membership is not None:
+                await self.membership.store(peers_key(self.manifest.run_id), peer.peer_id, blob,
+                                            expiration_time=expiration)
+        self.view.update(dict(self._records), now=now)
+        async with self.view_refreshed:
+            self.view_refreshed.notify_all()
+
+    def announce(self) -> None:
+        """A role's ``ctx.announce``: publish again at once (as the daemon's heartbeat would)."""
+        task = asyncio.get_running_loop().create_task(self.publish(), name="localnet-publish")
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    # -- faults -----------------------------------------------------------------------------------
+
+    def fail(self, name: str, step: int, op: str) -> None:
+        """Peer ``name`` refuses the requests of ``op`` for ``step`` (see the module docstring)."""
+        self.faults.keys.add((name, step, op))
+
+    def forget(self, name: str) -> None:
+        """Drop the peer's record from the view, as when a crashed peer's record has expired (or a
+        peer that never was live): the next ``publish`` leaves it out too."""
+        peer = self.peers[name]
+        peer.alive = False
+        self._records.pop(peer.peer_id, None)
+        self.view.update(dict(self._records), now=self.now())
+
+    async def kill(self, name: str) -> None:
+        """The peer's process is gone: servers and roles closed, its record left to expire."""
+        peer = self.peers[name]
+        peer.alive = False
+        for server in (peer.tcp, peer.http):
+            if server is not None:
+                await server.aclose()
+        for role in peer.roles:
+            await role.aclose()
+
+    def _tcp_dispatcher(self, peer: LocalPeer):
+        dispatch = role_dispatcher(peer.roles)
+
+        async def faulty(frame: Frame, info: object) -> Frame | None:
+            self.received.setdefault(peer.name, []).append(Frame(frame.type, dict(frame.header), bytes(frame.payload)))
+            if self.faults.hit(peer.name, frame.header.get("step"), frame.header.get("op")):
+                raise HandlerError(f"injected fault: {peer.name} step {frame.header.get('step')} {frame.header.get('op')}")
+            return await dispatch(frame, info)
+
+        return faulty
+
+    def _http_faults(self, name: str):
+        @web.middleware
+        async def middleware(request: web.Request, handler):
+            info = request.match_info
+            step = info.get("round", info.get("step"))
+            if step is not None and self.faults.hit(name, step, info.get("kind", request.path)):
+                raise web.HTTPServiceUnavailable(text="injected fault")
+            return await handler(request)
+
+        return middleware
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        for task in list(self._publishing):
+            task.cancel()
+        await asyncio.gather(*self._publishing, return_exceptions=True)
+        for name, peer in self.peers.items():
+            if peer.alive:
+                await self.kill(name)
+        await self.http_client.aclose()
+        if self.membership is not None:
+            await self.membership.aclose()

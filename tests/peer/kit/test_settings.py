@@ -1,0 +1,92 @@
+"""The one settings reader: types from the annotations, bounds from the fields, unknown keys and
+tables refused, and every refusal naming the field as the run config spells it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.settings import describe, read_settings, setting
+from gossamer.peer.roles import PLUGINS
+from gossamer.peer.run.manifest import RunConfig
+from gossamer.protocols.models import ModelConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class Example:
+    model: ModelConfig = setting(table="model", key="*", default_factory=ModelConfig)
+    source: str = setting("builtin:pydoc", table="data")
+    rounds: int = setting(0, table="hyper", low=0)
+    lr: float = setting(0.1, table="hyper", above=0.0)
+    fraction: float = setting(0.5, table="hyper", above=0.0, below=1.0)
+    verbose: bool = setting(False, table="hyper")
+    mode: str = setting("a", table="hyper", choices=("a", "b"))
+    sizes: tuple[int, int] = setting((1, 2), table="hyper")
+    names: tuple[str, ...] = setting((), table="hyper.inner")
+    extra: dict[str, Any] = setting(table="hyper.inner", rest=True, default_factory=dict)
+
+
+def read(**tables: Any) -> Example:
+    return read_settings(Example, RunConfig(name="r", protocol="x", **tables))
+
+
+def test_defaults_come_from_the_dataclass_and_values_from_their_tables() -> None:
+    assert read() == Example()
+    got = read(model={"d_model": 64}, data={"source": "f.txt"},
+               hyper={"rounds": 3, "lr": 1, "sizes": [3, 4], "inner": {"names": ["x"], "k": 5}})
+    assert (got.model.d_model, got.source, got.rounds, got.lr, got.sizes) == (64, "f.txt", 3, 1.0, (3, 4))
+    assert isinstance(got.lr, float) and got.names == ("x",) and got.extra == {"k": 5}
+
+
+@pytest.mark.parametrize(("tables", "message"), [
+    ({"hyper": {"rounds": 2.7}}, "hyper.rounds must be an integer, got 2.7"),
+    ({"hyper": {"rounds": True}}, "hyper.rounds must be an integer, got True"),
+    ({"hyper": {"rounds": "8"}}, "hyper.rounds must be an integer, got '8'"),
+    ({"hyper": {"rounds": -1}}, "hyper.rounds must be >= 0, got -1"),
+    ({"hyper": {"lr": True}}, "hyper.lr must be a finite number, got True"),
+    ({"hyper": {"lr": float("inf")}}, "hyper.lr must be a finite number"),
+    ({"hyper": {"lr": 0}}, "hyper.lr must be > 0, got 0"),
+    ({"hyper": {"fraction": 1.0}}, "hyper.fraction must be < 1, got 1.0"),
+    ({"hyper": {"verbose": 1}}, "hyper.verbose must be true or false, got 1"),
+    ({"hyper": {"mode": "c"}}, "hyper.mode 'c' is not one of a, b"),
+    ({"hyper": {"sizes": [1]}}, r"hyper.sizes must be a list of 2 values, got \[1\]"),
+    ({"hyper": {"sizes": [1, "2"]}}, r"hyper.sizes\[1\] must be an integer, got '2'"),
+    ({"hyper": {"inner": {"names": "x"}}}, "hyper.inner.names must be a list"),
+    ({"hyper": {"inner": 3}}, "hyper.inner must be a table"),
+    ({"hyper": {"epochs": 1}}, r"hyper: unknown keys \['epochs'\]"),
+    ({"data": {"path": "x"}}, r"data: unknown keys \['path'\]"),
+    ({"model": {"width": 3}}, r"model: unknown keys \['width'\]"),
+    ({"model": {"d_model": 2.5}}, "model.d_model must be an integer"),
+    ({"model": {"d_model": 30, "n_heads": 4}}, "model: d_model: 30 is not divisible by n_heads=4"),
+])
+def test_every_wrong_type_or_value_is_refused_naming_the_field(tables: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        read(**tables)
+
+
+@pytest.mark.parametrize(("hyper", "message"), [
+    ({"rounds": 2.7}, "hyper.rounds must be an integer, got 2.7"),
+    ({"w1_grace_s": True}, "hyper.w1_grace_s must be a finite number, got True"),
+    ({"batch_size": "8"}, "hyper.batch_size must be an integer, got '8'"),
+])
+def test_the_diloco_settings_no_longer_coerce_wrong_types(hyper: dict[str, Any], message: str) -> None:
+    """Regression: the DiLoCo reader used to turn 2.7 rounds into 2, true into 1.0 and "8" into 8."""
+    with pytest.raises(ConfigError, match=message):
+        PLUGINS.plugin("diloco").read_settings(RunConfig(name="r", protocol="diloco", hyper=hyper))
+
+
+def test_a_table_no_setting_reads_is_refused() -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class OnlyHyper:
+        rounds: int = setting(0, table="hyper")
+
+    with pytest.raises(ConfigError, match=r"\[model\] is not used by this protocol"):
+        read_settings(OnlyHyper, RunConfig(name="r", protocol="x", model={"d_model": 8}))
+
+
+def test_describe_lists_every_setting_where_the_run_config_spells_it() -> None:
+    rows = {where: default for where, _kind, default in describe(Example)}
+    assert rows["hyper.rounds"] == 0 and rows["data.source"] == "builtin:pydoc" and "model" in rows
