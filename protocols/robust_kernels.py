@@ -82,28 +82,21 @@ def _columns(numel: int, width: int) -> Iterator[slice]:
         yield slice(start, min(start + width, numel))
 
 
-def _minimum(a: Array, b: Array, out: Array) -> None:
-    (np.minimum if isinstance(out, np.ndarray) else torch.minimum)(a, b, out=out)
+def _binary(numpy_op: Callable[..., object], torch_op: Callable[..., object]) -> Callable[[Array, object, Array], None]:
+    """``op(a, b, out=out)`` with numpy's op on arrays (the CPU path), torch's on tensors."""
+
+    def op(a: Array, b: object, out: Array) -> None:
+        (numpy_op if isinstance(out, np.ndarray) else torch_op)(a, b, out=out)
+
+    return op
 
 
-def _maximum(a: Array, b: Array, out: Array) -> None:
-    (np.maximum if isinstance(out, np.ndarray) else torch.maximum)(a, b, out=out)
-
-
-def _add(a: Array, b: Array, out: Array) -> None:
-    (np.add if isinstance(out, np.ndarray) else torch.add)(a, b, out=out)
-
-
-def _subtract(a: Array, b: Array, out: Array) -> None:
-    (np.subtract if isinstance(out, np.ndarray) else torch.sub)(a, b, out=out)
-
-
-def _scale(a: Array, factor: float, out: Array) -> None:
-    (np.multiply if isinstance(out, np.ndarray) else torch.mul)(a, factor, out=out)
-
-
-def _matmul(a: Array, b: Array, out: Array) -> None:
-    (np.matmul if isinstance(out, np.ndarray) else torch.matmul)(a, b, out=out)
+_minimum = _binary(np.minimum, torch.minimum)
+_maximum = _binary(np.maximum, torch.maximum)
+_add = _binary(np.add, torch.add)
+_subtract = _binary(np.subtract, torch.sub)
+_scale = _binary(np.multiply, torch.mul)
+_matmul = _binary(np.matmul, torch.matmul)
 
 
 def _dot(a: Array) -> float:
