@@ -79,7 +79,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                                          view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
                                          max_body_bytes=ctx.http_config.max_body_bytes)
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
-        self.attack = parse_attack(ctx.config.attack) if ctx.config.attack else None
+        self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
         self.inbox = Inbox()
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
@@ -272,8 +272,9 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         m = mix_parameters(x, arrived, weights=w1, me=me, index_of=learners.index,
                            clip_tau=self.settings.w1_clip_tau, max_norm=self.settings.max_norm)
         sent_d = self.attack(d) if self.attack else d
-        sending.append(asyncio.create_task(
-            self._send_all("pgrad", t, self.aggregator.subset_of(sent_d), n2, ledger.pseudo_gradients, ledger)))
+        if sent_d is not None:  # None: a Byzantine learner (--attack withhold) that never sends
+            sending.append(asyncio.create_task(
+                self._send_all("pgrad", t, self.aggregator.subset_of(sent_d), n2, ledger.pseudo_gradients, ledger)))
         arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
