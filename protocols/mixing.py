@@ -17,24 +17,24 @@ one process exactly as the network does.
 
 The update of replica i in round t (the factored formulation, arXiv 2606.22768), and why:
 
-- Mix1, non-blocking: m_i = sum_j W1_ij x_j and, with ``mix_momentum``, u~_i = sum_j W1_ij u_j,
-  both of the round's START (x_t and the momentum u_t the step will use). They are known before
-  the inner phase starts, so they travel while it runs and are never stale: the outer step at the
-  end of round t uses exactly the x_t and u_t it mixed.
+- Mix1, non-blocking: m_i = sum_j W1_ij x_j of the round's START parameters x_t (with
+  ``mix_momentum``, also u~_i = sum_j W1_ij u_j of the momentum the step will start from). Both
+  are known before the inner phase, so they travel while it runs, and the outer step at the end of
+  round t uses exactly the x_t it mixed: no staleness. Mixing the parameters AFTER the outer step
+  instead would put every replica back on DiLoCo's trajectory (with W1 global it is DiLoCo), but
+  it blocks: the next inner phase could not start before it arrived.
 - Mix2, blocking: d~_i = sum_j W2_ij d_j on the W2 subset (own d elsewhere).
-- Outer step: u_i = mu u~_i + d~_i, x_i = m_i - eta (d~_i + mu u_i).
+- Outer step: u_i = mu u_i + d~_i (u~_i in place of u_i when mixed), x_i = m_i - eta (d~_i + mu u_i).
 
-Mixing the momentum is what keeps the replicas' disagreement bounded by the mixing (measured in
-EXPERIMENTS.md, section 1): a momentum buffer that only ever sees its own replica's d~ sums the
-part of d~ that is particular to that replica's shard over ~1/(1 - mu) rounds (10 at mu = 0.9),
-and the Nesterov step then pushes each replica eta (1 + mu / (1 - mu)) = 7 times that part away
-from the others every round, more than any W1 can pull back. With u mixed by W1 the momentum's
-disagreement contracts like the parameters' and the private push is eta (1 + mu) d~ (1.33 x).
-Nothing of the momentum is averaged AFTER the step (that is the ``shared_momentum`` ablation).
-
-``average_every = k`` makes every k-th round (t = k-1, 2k-1, ...) an exact average: W1 and W2
-global over every parameter, momentum included, so every replica leaves that round identical
-(a DiLoCo round; it costs the bytes of a global W1 and a global W2).
+Why gossip replicas drift apart when their shards differ (measured in EXPERIMENTS.md, section 1):
+each replica starts its next inner phase from m_i minus its OWN step, and the part of that step W2
+does not average (the parameters outside the subset, and what a ring leaves) points at the
+replica's own shard. A private outer momentum sums that part over ~1/(1 - mu) rounds, so the step
+that Mix1 has to pull back grows as training goes on and the shards' differences dominate the
+pseudo-gradients. Mixing the momentum bounds the momentum's disagreement but not the step's.
+What bounds the drift is ``average_every = k``: every k-th round (t = k-1, 2k-1, ...) is an exact
+average, W1 and W2 global over every parameter and the momentum averaged too, so every replica
+leaves that round identical (a DiLoCo round, with a DiLoCo round's blocking cost every k rounds).
 """
 
 from __future__ import annotations
@@ -122,9 +122,9 @@ class MixingPlan:
     not "blocks.01.w"), or a predicate on the name. The rest use the peer's own pseudo-gradient."""
     k: int = 2
     """Degree of the ``random_k`` topology."""
-    mix_momentum: bool = True
-    """W1 mixes the outer momentum with the parameters (sent beside x, same neighbours, same
-    weights). False is the private-momentum ablation, whose replicas drift apart."""
+    mix_momentum: bool = False
+    """W1 mixes the outer momentum of the round's start with the parameters (sent beside x, same
+    neighbours, same weights); False keeps each replica's momentum private."""
     average_every: int = 0
     """> 0: every ``average_every``-th round is an exact average (global W1 and W2 over every
     parameter, momentum included); 0: never."""
