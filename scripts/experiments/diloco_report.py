@@ -3,7 +3,8 @@
 Gap to DiLoCo = (held-out loss of the arm - DiLoCo's) / DiLoCo's, per round, with DiLoCo run on
 the same text and seed; "mean of replicas" is what each learner holds, "replicas' average" is what
 a run could publish. The gap's slope is a least-squares line over the last 20 rounds, in
-percentage points per 10 rounds. Consensus distance: ``protocols.consensus.consensus_distance``
+percentage points per 10 rounds; the worst gap is the largest of the last 10 rounds (between two
+exact averages the replicas are further from DiLoCo than at them). Consensus distance: ``protocols.consensus.consensus_distance``
 of the parameters after the outer step (what the next round starts from), over all parameters.
 """
 
@@ -18,6 +19,7 @@ from diloco_cost import LINKS_MBIT, MODELLED_H, MODELLED_STEP_S, RTT_S
 
 TARGET_GAP_PCT = 3.0
 WINDOW = 20
+LAST = 10
 STAGE_ROWS = (("x", "x start"), ("m", "after W1"), ("x_next", "after step"), ("u", "u start"),
               ("u_mixed", "u after W1"), ("d", "d"), ("d_mixed", "d after W2"))
 
@@ -56,6 +58,7 @@ def _arm_summary(runs: list[dict], diloco: dict[int, dict]) -> dict[str, Any]:
         "final_mean": statistics.fmean(final), "final_sd": statistics.stdev(final) if len(final) > 1 else 0.0,
         "gap_pct": statistics.fmean(gaps), "gap_pct_range": (min(gaps), max(gaps)),
         "avg_gap_pct": statistics.fmean(s["avg_gap_pct"][-1] for s in per_seed),
+        "worst_gap_pct": statistics.fmean(max(s["gap_pct"][-LAST:]) for s in per_seed),
         "slope_pct_per_10": statistics.fmean(slopes), "slope_range": (min(slopes), max(slopes)),
         "spread_final": statistics.fmean(s["spread"][-1] for s in per_seed),
         "cd_before_window": statistics.fmean(s["cd"][-1 - window] for s in per_seed),
@@ -104,12 +107,13 @@ def render(payload: dict, arms: list) -> str:
         parts.append(f"**{source}**: round {rounds}, mean (sd) over seeds; gap to DiLoCo of the same seed; slope of "
                      f"that gap over the last {WINDOW} rounds; CD = consensus distance after the step:")
         parts.append(markdown_table(
-            ["arm", "held-out loss, mean of replicas", "gap (seeds min..max)", "gap of replicas' average",
+            ["arm", "held-out loss, mean of replicas", "gap (seeds min..max)", f"worst gap, last {LAST} rounds",
+             "gap of replicas' average",
              "gap slope, pts / 10 rounds", "replica spread", f"CD round {rounds - WINDOW} -> {rounds}",
              "KB / round / learner", f"util 100 Mbit/s (150M, H={MODELLED_H})", "target"],
             [[r["label"], f"{r['final_mean']:.4f} ({r['final_sd']:.4f})",
               f"{r['gap_pct']:+.2f}% ({r['gap_pct_range'][0]:+.2f}..{r['gap_pct_range'][1]:+.2f})",
-              f"{r['avg_gap_pct']:+.2f}%", f"{r['slope_pct_per_10']:+.2f} ({r['slope_range'][0]:+.2f}..{r['slope_range'][1]:+.2f})",
+              f"{r['worst_gap_pct']:+.2f}%", f"{r['avg_gap_pct']:+.2f}%", f"{r['slope_pct_per_10']:+.2f} ({r['slope_range'][0]:+.2f}..{r['slope_range'][1]:+.2f})",
               f"{r['spread_final']:.3f}", f"{r['cd_before_window']:.3g} -> {r['cd_final']:.3g}",
               f"{r['cost']['measured']['bytes_per_round'] / 1e3:.0f}",
               f"{100 * r['cost']['modelled_H500']['util_100mbit']:.1f}%",
