@@ -110,6 +110,11 @@ class ScenarioRun:
         """Run the next repetition (the first one is the warm-up) on every worker at once."""
         self.reps.append(self._all(("go", len(self.reps)), "rep"))
 
+    def exchange(self, message: tuple[str, Any], kind: str) -> list[Any]:
+        """Send ``message`` to every worker and collect each one's ``kind`` answer (e.g. the full
+        list of ready infos once all are up, for workers that must all reach each other)."""
+        return self._all(message, kind)
+
     def stop(self) -> None:
         """Tell the workers to tear down and collect what they report."""
         self.extras = self._all(("stop", None), "done")

@@ -21,9 +21,7 @@ from gossamer.protocols.models import (
 TINY = ModelConfig(d_model=32, n_layers=2, n_heads=4, context=16)
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_thread: None) -> None:
-    """Every test here runs torch on one thread (``one_thread``, tests/protocols/conftest.py)."""
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,7 @@ def pydoc() -> bytes:
     return load_text("builtin:pydoc")
 
 
-@pytest.fixture(autouse=True)
-def _single_thread(one_thread: None) -> None:
-    """Every test here runs torch on one thread (``one_thread``, tests/protocols/conftest.py)."""
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_builtin_pydoc_is_english_text_and_deterministic(pydoc: bytes) -> None:
