@@ -28,3 +28,11 @@ def test_element_sizes_come_from_the_dtypes() -> None:
     wide = tlpp_secure_step_bytes(batch_size=2, cut_numel=3, num_classes=4, node_numel=5, server_numel=6,
                                   active_nodes=1, dtype=torch.float64)
     assert wide == 2 * 2 * 3 * 8 + 2 * 8 + 2 * 4 * 16 + 11 * 8 + 6 * 8 + 2 * 11 * 8 + 11 * 8
+
+
+def test_buffers_go_down_with_the_weights_but_no_gradient_comes_back() -> None:
+    plain = tlpp_step_bytes(batch_size=10, cut_numel=256, node_numel=160, active_nodes=3)
+    assert tlpp_step_bytes(batch_size=10, cut_numel=256, node_numel=160, active_nodes=3, buffer_numel=2) == \
+        plain + 3 * 2 * 4
+    secure = dict(batch_size=2, cut_numel=3, num_classes=4, node_numel=5, server_numel=6, active_nodes=2)
+    assert tlpp_secure_step_bytes(**secure, buffer_numel=2) == tlpp_secure_step_bytes(**secure) + 2 * 2 * 4
