@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, gossamer
+from gossamer.peer.testing.localproc import LOOPBACK, gossamer
+from tests.e2e.test_tlpp import start
 from tests.peer.roles.tlpp.harness import digits_28
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -49,11 +50,6 @@ node_timeout_s = 10.0
 helper_timeout_s = 10.0
 helper_wait_s = 5.0
 """
-
-
-def start(work: Path, name: str, args: list[str]) -> GossamerProcess:
-    return GossamerProcess([*args, "--events", *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"{name}.pem"),
-                            "--checkpoint_dir", str(work / "ckpt")], log_path=work / f"{name}.log")
 
 
 @pytest.mark.parametrize("mode", ["base", "secure"])
