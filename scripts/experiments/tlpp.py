@@ -22,17 +22,19 @@ training agree to round-off (float32 adds the same terms in another order). Writ
 ``scripts/experiments/results/tlpp[_fashion-mnist][_float64][_quick].{json,md}``::
 
     nice -n 10 .venv/bin/python scripts/experiments/tlpp.py [--dataset digits|fashion-mnist] [--quick]
-        [--epochs 30] [--seeds 3] [--arms ...] [--dtype float32|float64] [--per_class 1000]
+        [--epochs 30] [--seeds 3] [--arms ...] [--dtype float32|float64] [--per_class 1000] [--jobs 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import multiprocessing
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -306,6 +308,23 @@ def render(summary: dict[str, dict], s: Settings, *, task: Task, full_sync: int,
     ])
 
 
+@dataclass(frozen=True)
+class Job:
+    """What a worker process needs to run one (arm, seed): it loads the task itself."""
+
+    dataset: str
+    device: str
+    dtype: str
+    per_class: int
+    settings: Settings
+
+    def run(self, pair: tuple[str, int]) -> ArmRun:
+        device = set_up(self.device)
+        task = load_task(self.dataset, device=device, dtype=getattr(torch, self.dtype), per_class=self.per_class)
+        arm, seed = pair
+        return ARMS[arm](task, self.settings, seed, device)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
@@ -316,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--per_class", type=int, default=1000, help="fashion-mnist: training images per class/node")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes, one (arm, seed) each at a time")
     args = parser.parse_args(argv)
     device = set_up(args.device)
     quick_epochs = 4 if args.dataset == "digits" else 1
@@ -329,7 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     except DataSourceError as exc:
         parser.error(str(exc))
     start, runs = time.perf_counter(), {}
-    for arm in arms:
+    if args.jobs > 1:  # (arm, seed) runs in worker processes, each loading the task itself; same results
+        job = Job(dataset=args.dataset, device=str(device), dtype=args.dtype, per_class=args.per_class, settings=s)
+        pairs = [(arm, seed) for arm in arms for seed in range(s.seeds)]
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = dict(zip(pairs, pool.map(job.run, pairs), strict=True))
+        runs = {arm: [done[arm, seed] for seed in range(s.seeds)] for arm in arms}
+        for arm in arms:
+            print(f"{arm}: {[round(r.accuracy, 4) for r in runs[arm]]}", flush=True)
+    for arm in arms if args.jobs <= 1 else ():
         arm_start = time.perf_counter()
         runs[arm] = [ARMS[arm](task, s, seed, device) for seed in range(s.seeds)]
         print(f"{arm}: {[round(r.accuracy, 4) for r in runs[arm]]} ({time.perf_counter() - arm_start:.0f} s)",
