@@ -40,6 +40,7 @@ from gossamer.peer.serving import (
     peer_record,
     role_app,
     role_dispatcher,
+    role_gate,
     state_donor,
 )
 from gossamer.transport.dht import DhtMembership
@@ -133,7 +134,8 @@ class Daemon:
                                                   config=ctx.http_config))
         self.tcp = await _bind("TCP", "--tcp_port", self.config.tcp_port,
                                TcpServer.create(self._tcp_dispatcher(), host=self.config.host,
-                                                port=self.config.tcp_port, config=TcpConfig()))
+                                                port=self.config.tcp_port, config=TcpConfig(),
+                                                gate=role_gate(self.roles)))
         await self.publish_record()
         await self.refresh_view()
         for role in self.roles:

@@ -34,7 +34,7 @@ from torch import nn
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkServer
-from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpGate, TcpMethod
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
@@ -147,6 +147,9 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return self._server.tcp_methods()
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        return self._server.tcp_gates()
 
     @property
     def round(self) -> int:

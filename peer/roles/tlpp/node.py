@@ -40,7 +40,7 @@ from gossamer.peer.kit.secure_link import (
     SecureLinks,
     SecureLinkServer,
 )
-from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpGate, TcpMethod
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import default_node_source, load_data
 from gossamer.peer.roles.tlpp.secure import node_gradient_shares, node_share_activations
@@ -90,6 +90,9 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return self._server.tcp_methods()
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        return self._server.tcp_gates()
 
     async def aclose(self) -> None:
         await super().aclose()
