@@ -38,6 +38,9 @@ class PeerConfig:
         device: ``auto`` (CUDA if present, else CPU) or a torch device name.
         data: dataset for data-holding roles (``builtin:pydoc`` or a local path).
         join_token: owner-signed token for runs with an allowlist.
+        status_token: a secret that lets remote clients read ``/status`` and ``/metrics``
+            (``Authorization: Bearer TOKEN``); without it they answer this host only (loopback).
+            Put it in the ``-c`` config file rather than on the command line, where ``ps`` shows it.
         manifest: a manifest file to use instead of fetching it from the DHT (still verified).
         checkpoint_dir: where roles write checkpoints (safetensors, written atomically).
         threads: torch CPU threads for this process (0: torch's default); use 1 when several
@@ -65,6 +68,7 @@ class PeerConfig:
     device: str = "auto"
     data: str = ""
     join_token: str = ""
+    status_token: str = ""
     manifest: str = ""
     checkpoint_dir: Path = Path("~/.gossamer/checkpoints")
     threads: int = 0

@@ -144,7 +144,8 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
 
     def _build_app(self) -> web.Application:
-        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics))
+        return role_app(self.roles, self.state_donor,
+                        extra=daemon_routes(self.status, self.metrics, status_token=self.config.status_token))
 
     def _tcp_dispatcher(self) -> TcpDispatch:
         return role_dispatcher(self.roles)

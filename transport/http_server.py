@@ -9,7 +9,8 @@ that has not been started yet) with these protections:
 - ``max_connections`` and ``max_connections_per_address``: each connection is counted, in all
   and against its address (``transport.slots``); beyond either cap it gets ``503`` and is closed;
 - a request whose handler never read its body (refused before it) lingers at most
-  ``lingering_s`` before the connection closes;
+  ``lingering_s`` before the connection closes; a client that disconnects cancels its handler
+  (and the lingering), so an abandoned request costs no further work;
 - ``request_timeout_s``: a middleware bounds every handler (``504`` if nothing was sent yet,
   otherwise the connection is dropped), and maps what a handler raises: DecodeError -> ``400``
   with its message, TransportTimeout -> ``408``, Overloaded -> ``503``, a client that went away
@@ -83,7 +84,12 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
     try:
         async with asyncio.timeout(_config(request).request_timeout_s):
             return await handler(request)
-    except (web.HTTPException, TimeoutError, asyncio.CancelledError):
+    except asyncio.CancelledError:
+        if request.transport is None or request.transport.is_closing():
+            _log(request).info("%s %s from %s: the client went away", request.method, request.path[:80],
+                               request.remote)
+        raise
+    except (web.HTTPException, TimeoutError):
         raise
     except DecodeError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
@@ -211,7 +217,8 @@ class HttpServer:
         app.middlewares.append(_guard)
         runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=ThrottledLog(server_logger),
                                keepalive_timeout=config.header_timeout_s, read_bufsize=config.chunk_bytes,
-                               lingering_time=config.lingering_s, shutdown_timeout=config.shutdown_timeout_s)
+                               lingering_time=config.lingering_s, shutdown_timeout=config.shutdown_timeout_s,
+                               handler_cancellation=True)
         await runner.setup()
         server = cls(runner, config, budget, throttled)
         try:

@@ -29,6 +29,7 @@ that peers can trigger go through a ``ThrottledLog``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
@@ -68,6 +69,20 @@ class ConnectionInfo:
 
 
 Handler = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
+
+
+class _Held:
+    """The budget bytes of one frame, given back once, by whichever comes first: its handler
+    finishing, or its task ending (even if cancelled before it started)."""
+
+    def __init__(self, budget: ByteBudget, nbytes: int) -> None:
+        self._budget = budget
+        self._nbytes = nbytes
+
+    def release(self) -> None:
+        nbytes, self._nbytes = self._nbytes, 0
+        if nbytes:
+            self._budget.release(nbytes)
 
 
 class _Connection:
@@ -273,8 +288,9 @@ class TcpServer:
         try:
             if frame.type is FrameType.REQUEST:
                 await conn.slots.acquire()
-                conn.spawn(self._answer(conn, frame), on_done=lambda: self._finished(conn, held))
+                ticket = _Held(self.budget, held)
                 held = 0
+                conn.spawn(self._answer(conn, frame, ticket), on_done=functools.partial(self._finished, conn, ticket))
             elif frame.type is FrameType.ONEWAY:
                 if conn.consumer is None:
                     conn.consumer = asyncio.create_task(self._consume(conn),
@@ -287,11 +303,12 @@ class TcpServer:
         finally:
             self.budget.release(held)
 
-    def _finished(self, conn: _Connection, held: int) -> None:
+    @staticmethod
+    def _finished(conn: _Connection, ticket: _Held) -> None:
         conn.slots.release()
-        self.budget.release(held)
+        ticket.release()
 
-    async def _answer(self, conn: _Connection, frame: Frame) -> None:
+    async def _answer(self, conn: _Connection, frame: Frame, ticket: _Held) -> None:
         rid = frame.header.get("rid")
         try:
             reply = await self._reply(frame, conn.info, rid)
@@ -304,6 +321,8 @@ class TcpServer:
         except TransportError as exc:
             log.debug("could not answer on connection %d: %s", conn.info.connection_id, exc)
             conn.stream.abort()
+        finally:
+            ticket.release()  # the reply (which may view the request's payload) is sent
 
     async def _reply(self, frame: Frame, info: ConnectionInfo, rid: Any) -> Frame:
         try:

@@ -25,6 +25,8 @@ _HELP = {
     "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:N",
     "data": "dataset: builtin:pydoc or a local file; TL++ nodes: builtin:digits[:shard=K/N|:class=C] or FILE.npz",
     "join_token": "owner-signed join token for allowlist runs",
+    "status_token": "secret that lets remote clients read /status and /metrics (Authorization: Bearer TOKEN); "
+                    "without it they answer this host only",
     "manifest": "use this manifest file instead of fetching it from the DHT (still verified)",
     "checkpoint_dir": "where checkpoints are written (default ~/.gossamer/checkpoints)",
     "threads": "torch CPU threads (0: torch default; 1 when several peers share a host)",

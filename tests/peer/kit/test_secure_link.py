@@ -1,6 +1,8 @@
 """Encrypted request/response links over real loopback TCP: the handshake authenticates the right
 keys only; tampered, replayed and reordered frames are refused and end the session; a refused
-request leaves the link usable; a timed-out or failed link is closed, never reused."""
+request leaves the link usable; a timed-out or failed link is closed, never reused; a frame that
+names no live session, or an oversized hello, is refused before its payload is read (the TCP
+server runs the link's gate, as the daemon does)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from gossamer.transport.errors import DecodeError, RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.limits import DEFAULT_LIMITS
 from gossamer.transport.tcp import TcpServer, tcp_connect
+from tests.transport.support import RawClient, frame_head
 
 RUN = "tl@00112233aabbccdd"
 METHOD = "test-link"
@@ -79,7 +82,7 @@ async def harness() -> AsyncIterator[Harness]:
         reply = await link_server.serve(frame)
         return box[0].wrap_reply(reply)
 
-    tcp = await TcpServer.create(dispatch)
+    tcp = await TcpServer.create(dispatch, gate=lambda kind, header, size: link_server.admit(header, size))
     box.append(Harness(client, server_identity, link_server, tcp, traffic))
     yield box[0]
     await tcp.aclose()
@@ -244,3 +247,23 @@ def test_non_finite_tensors_are_refused_at_decoding() -> None:
     body = pack_body(LinkMessage("x", 0, tensors={"a": torch.tensor([1.0, float("nan")])}))
     with pytest.raises(DecodeError, match="NaN"):
         unpack_body("x", 0, body, limits=DEFAULT_LIMITS)
+
+
+@pytest.mark.parametrize("header", [{"op": "echo", "sid": "0" * 32, "step": 1}, {"op": "hello", "peer": "x"}],
+                         ids=["no-session", "hello"])
+async def test_a_frame_without_a_live_session_is_refused_before_its_payload_is_read(
+        harness: Harness, header: dict) -> None:
+    link = await harness.connect()
+    raw = await RawClient.connect(harness.tcp.address)
+    try:
+        await raw.send(frame_head({"method": METHOD, "rid": 1, **header}, 1 << 30) + bytes(4096))
+        refused = await raw.read_frame()
+        leftover = await raw.read_until_eof()
+        still = await link.request(message(1), timeout_s=5.0)
+    finally:
+        await raw.aclose()
+        await link.aclose()
+
+    assert refused.type is FrameType.ERROR and refused.header["code"] == "refused" and leftover == b""
+    assert "unknown or closed session" in refused.header["message"] or "a hello of" in refused.header["message"]
+    assert still.step == 1 and harness.tcp.budget.peak_bytes < 1 << 20
