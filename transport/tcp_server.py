@@ -16,7 +16,7 @@ frame for ``idle_timeout_s`` while nothing of it is being handled, or stalled mi
 ``read_timeout_s``, is closed. Other connections are unaffected.
 
 Against peers that never authenticate (DESIGN.md, "Verify before you buffer"): a new connection
-must start its first frame within ``first_frame_timeout_s``; every frame must be whole within
+must deliver its first frame's prefix and header within ``first_frame_timeout_s``; every frame must be whole within
 its deadline (``tcp_stream``: ``read_timeout_s`` plus its size at ``min_rate_bytes_per_s``); one
 address holds at most ``max_connections_per_address`` connections; the ``gate`` (the daemon's
 checks the method and its caller, ``peer.serving``) sees every header before its payload is
@@ -266,6 +266,8 @@ class TcpServer:
             log.debug("could not send the final error to connection %d: %s", conn.info.connection_id, exc)
 
     async def _read_loop(self, conn: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        head_by: float | None = loop.time() + self._config.first_frame_timeout_s  # the first frame's head
         wait_s = self._config.first_frame_timeout_s
         while True:
             try:
@@ -275,10 +277,10 @@ class TcpServer:
                 if conn.busy:
                     continue
                 raise
-            wait_s = self._config.idle_timeout_s
-            frame = await conn.stream.read_frame()
+            frame = await conn.stream.read_frame(head_by=head_by)
             if frame is None:
                 return
+            head_by, wait_s = None, self._config.idle_timeout_s
             await self._dispatch(conn, frame)
             del frame  # do not keep this payload alive while the next one is being received
 

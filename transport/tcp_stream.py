@@ -54,8 +54,8 @@ class TcpConfig:
     Attributes:
         limits: caps on every length a peer can claim in a frame.
         connect_timeout_s: deadline for a client to connect.
-        first_frame_timeout_s: how long a new server connection may take to send the first byte
-            of its first frame (a socket that never talks is cut this soon).
+        first_frame_timeout_s: how long a new server connection may take to send the prefix and
+            header of its first frame (a socket that never talks, or drips, is cut this soon).
         idle_timeout_s: how long a server connection may wait for the first byte of its next
             frame while no request of it is being handled.
         read_timeout_s: most time without progress once a frame has started (either direction):
@@ -160,6 +160,7 @@ class FrameStream:
         self._min_rate = config.min_rate_bytes_per_s
         self._gate = gate
         self._budget = budget
+        self._frame_start = 0.0
         self._frame_deadline = math.inf
         self._slice_bytes = config.write_slice_bytes
         self._stats = stats
@@ -192,36 +193,39 @@ class FrameStream:
         self._stats.bytes_in += got
         return got > 0
 
-    async def read_frame(self) -> Frame | None:
-        """Read one whole frame; None on a clean EOF before its first byte. With a budget, the
-        caller owns the payload's bytes in it and gives them back (``held_bytes``) when done."""
+    async def read_frame(self, *, head_by: float | None = None) -> Frame | None:
+        """Read one whole frame; None on a clean EOF before its first byte. ``head_by`` (a loop
+        time) is when its prefix and header must be in at the latest (a server gives a new
+        connection's first frame ``first_frame_timeout_s``). With a budget, the caller owns the
+        payload's bytes in it and gives them back when done."""
         if not await self.wait_for_frame(None):
             return None
-        self._frame_deadline = self._loop.time() + self._progress_s  # until the prefix tells the size
+        self._frame_start = self._loop.time()
+        self._frame_deadline = min(self._frame_start + self._progress_s, math.inf if head_by is None else head_by)
         try:
-            async with asyncio.timeout(self._progress_s) as deadline:
-                frame = await self._read_parts(deadline)
+            async with asyncio.timeout_at(self._frame_deadline) as deadline:
+                frame = await self._read_parts(deadline, head_by)
         except TimeoutError:
             if self._loop.time() >= self._frame_deadline:
                 raise TransportTimeout(f"frame not whole within its deadline (read_timeout_s={self._progress_s} + "
-                                       f"bytes / min_rate_bytes_per_s={self._min_rate})") from None
+                                       f"bytes / min_rate_bytes_per_s={self._min_rate}, the first frame's head "
+                                       "within first_frame_timeout_s)") from None
             raise TransportTimeout(f"peer stalled mid-frame: no bytes for read_timeout_s={self._progress_s}") from None
         self._stats.frames_in += 1
         return frame
 
-    def held_bytes(self, frame: Frame) -> int:
-        """The budget bytes a frame from ``read_frame`` holds (0 without a budget)."""
-        return memoryview(frame.payload).nbytes if self._budget is not None else 0
-
-    async def _read_parts(self, deadline: asyncio.Timeout) -> Frame:
+    async def _read_parts(self, deadline: asyncio.Timeout, head_by: float | None) -> Frame:
         prefix = bytearray(PREFIX_BYTES)
         await self._read_into(memoryview(prefix), "prefix", deadline)
         frame_type, header_len, payload_len = parse_prefix(prefix, limits=self._limits)
-        self._frame_deadline += (PREFIX_BYTES + header_len + payload_len) / self._min_rate
+        whole = self._frame_start + self._progress_s + (PREFIX_BYTES + header_len + payload_len) / self._min_rate
+        self._frame_deadline = whole if head_by is None else min(whole, head_by)
         deadline.reschedule(min(self._loop.time() + self._progress_s, self._frame_deadline))
         header_bytes = bytearray(header_len)
         await self._read_into(memoryview(header_bytes), "header", deadline)
         header = decode_header(header_bytes, limits=self._limits)
+        self._frame_deadline = whole
+        deadline.reschedule(min(self._loop.time() + self._progress_s, self._frame_deadline))
         if self._gate is not None:
             self._gate(frame_type, header, payload_len)
         if payload_len == 0:

@@ -9,8 +9,10 @@ pseudo-gradients. Scenarios, one after the other on the same daemons:
   body of ``--big_mib`` MiB each, sent as fast as the learner takes it;
 - ``slow bodies``: ``--slow_connections`` connections send the same headers with a 1 MB body and
   then one byte every ``--drip_s`` for ``--slow_s``;
-- ``slow bodies, 16 addresses``: the same spread over 16 attacker addresses (the limit of a
-  per-address cap: enough addresses still fill every slot).
+- ``slow headers, 16 addresses``: ``--slow_connections`` connections spread over 16 attacker
+  addresses send a request line and then one header byte every ``--drip_s``, reconnecting when
+  cut: the limit of a per-address cap (an attacker with enough addresses still fills every slot
+  for up to ``header_timeout_s`` at a time).
 
 Per scenario: l0's RSS before, at its peak during and ``--cool_s`` after the attack; the honest
 probes served (%), their latency; the rounds l0 finished during the attack and the peers'
@@ -133,6 +135,35 @@ async def slow_body(host: str, port: int, source: str, envelope: str, drip_s: fl
     return {"outcome": status, "held_s": time.monotonic() - opened}
 
 
+async def slow_headers(host: str, port: int, source: str, drip_s: float, stop: asyncio.Event) -> dict[str, Any]:
+    """A request line, then one header byte per ``drip_s``; a new connection whenever one is cut."""
+    outcomes: dict[str, int] = {}
+    while not stop.is_set():
+        try:
+            reader, writer = await open_from(host, port, source)
+        except OSError as exc:
+            outcomes[f"connect failed: {type(exc).__name__}"] = outcomes.get(f"connect failed: {type(exc).__name__}", 0) + 1
+            await asyncio.sleep(drip_s)
+            continue
+        answer, stopped = asyncio.create_task(reader.read(200)), asyncio.create_task(stop.wait())
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+            while not stop.is_set() and not answer.done():
+                await asyncio.wait([answer, stopped], timeout=drip_s, return_when=asyncio.FIRST_COMPLETED)
+                if not answer.done() and not stop.is_set():
+                    writer.write(b"a")
+            head = answer.result() if answer.done() else b"held"
+        except OSError as exc:
+            head = type(exc).__name__.encode()
+        finally:
+            answer.cancel()
+            stopped.cancel()
+            writer.close()
+        kind = "503" if b" 503 " in head[:20] else "held to the end" if head == b"held" else "cut"
+        outcomes[kind] = outcomes.get(kind, 0) + 1
+    return {"outcomes": outcomes}
+
+
 async def healthz(host: str, port: int) -> str:
     reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -216,11 +247,24 @@ async def run_code(code: Code, args: argparse.Namespace, work: Path) -> list[dic
                         "median_held_s": round(statistics.median(r["held_s"] for r in results), 1)}
             return attack
 
+        async def headers_attack() -> dict[str, Any]:
+            done = asyncio.Event()
+            sources = [f"127.0.1.{i}" for i in range(1, 17)]
+            attackers = [asyncio.create_task(slow_headers(host, int(port), sources[i % 16], args.drip_s, done))
+                         for i in range(args.slow_connections)]
+            await asyncio.sleep(args.slow_s)
+            done.set()
+            totals: dict[str, int] = {}
+            for result in await asyncio.gather(*attackers):
+                for kind, count in result["outcomes"].items():
+                    totals[kind] = totals.get(kind, 0) + count
+            return {"connections": totals}
+
         rows = [await scenario(f"{args.big_mib} MiB bodies x2, fake envelope", big, daemons, ctx, args),
                 await scenario(f"{args.slow_connections} slow bodies (1 B/{args.drip_s:g} s), one address",
                                slow([ATTACKER]), daemons, ctx, args),
-                await scenario(f"{args.slow_connections} slow bodies, 16 addresses",
-                               slow([f"127.0.1.{i}" for i in range(1, 17)]), daemons, ctx, args)]
+                await scenario(f"{args.slow_connections} slow headers (reconnecting), 16 addresses",
+                               headers_attack, daemons, ctx, args)]
         stop.set()
         for task in tasks:
             task.cancel()

@@ -1,6 +1,7 @@
 """TcpServer against peers that never authenticate (issue 10): hundreds of sockets stalled
 mid-frame from one address leave honest peers served, a frame dripped below the minimum rate is
-cut at its whole-frame deadline, the gate refuses a header before its payload is allocated, and
+cut at its whole-frame deadline and a new connection's first head at the first-frame deadline,
+the gate refuses a header before its payload is allocated, and
 the receive budget refuses what it cannot hold and gives every byte back. Real sockets on
 loopback; attackers connect from 127.0.0.1, honest peers from 127.0.0.2."""
 
@@ -70,6 +71,31 @@ async def test_a_frame_dripped_below_the_minimum_rate_is_cut_at_its_whole_frame_
 
     assert leftover == b"" and answer.header["echo"] == "after"
     assert server.budget.held_bytes == 0
+
+
+async def test_a_new_connection_dripping_its_first_frames_head_is_cut_at_the_first_frame_deadline(
+        net: TcpNet, server_log) -> None:
+    config = TcpConfig(first_frame_timeout_s=0.5, read_timeout_s=3 * WAIT_S)
+    server = await net.server(echo, config)
+    cut = server_log("not whole within its deadline")
+    dripper = await net.raw(server)
+    head = frame_head({"x": "slow", "padding": "p" * 200}, 0)
+
+    async def drip() -> None:
+        for byte in head:  # 20 bytes/s: the head needs 11 s, every byte well inside read_timeout_s
+            await dripper.send(bytes([byte]))
+            await asyncio.sleep(0.05)  # the attacker's pace, not a synchronisation
+
+    attack = asyncio.create_task(drip())
+    try:
+        await asyncio.wait_for(cut.seen.wait(), 2 * WAIT_S)
+        leftover = await dripper.read_until_eof()
+    finally:
+        attack.cancel()
+        await asyncio.gather(attack, return_exceptions=True)
+    answer = await honest_echo(net, server, "after")
+
+    assert leftover == b"" and answer.header["echo"] == "after"
 
 
 async def test_the_gate_refuses_a_header_before_its_payload_is_allocated(net: TcpNet) -> None:
