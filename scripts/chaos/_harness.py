@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -158,6 +159,95 @@ async def probe_loop(probe: Callable[[], Awaitable[str]], probes: Probes, stop: 
 
 async def open_from(host: str, port: int, source: str | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.open_connection(host, port, local_addr=(source, 0) if source else None)
+
+
+async def drip_connection(host: str, port: int, source: str, first: bytes, drip: bytes, drip_s: float | None,
+                          stop: asyncio.Event) -> bytes | None:
+    """Connect from ``source``, send ``first``, then one byte of ``drip`` (cycled) every ``drip_s``
+    (nothing if None) until ``stop`` or the server answers or closes. The server's first bytes
+    (b"" if it closed without a word), or None if the connection was held to the end; OSError if
+    it cannot connect."""
+    reader, writer = await open_from(host, port, source)
+    answer, stopped = asyncio.create_task(reader.read(4096)), asyncio.create_task(stop.wait())
+    sent = 0
+    try:
+        writer.write(first)
+        while not stop.is_set() and not answer.done():
+            await asyncio.wait([answer, stopped], timeout=drip_s, return_when=asyncio.FIRST_COMPLETED)
+            if drip_s is not None and drip and not answer.done() and not stop.is_set():
+                writer.write(drip[sent % len(drip):sent % len(drip) + 1])
+                sent += 1
+        return answer.result() if answer.done() else None
+    except OSError as exc:
+        return type(exc).__name__.encode()
+    finally:
+        answer.cancel()
+        stopped.cancel()
+        writer.close()
+
+
+async def keep_dripping(host: str, port: int, source: str, first: bytes, drip: bytes, drip_s: float | None,
+                        stop: asyncio.Event, classify: Callable[[bytes | None], str]) -> dict[str, int]:
+    """``drip_connection`` again and again until ``stop``, reconnecting when cut or refused (as a
+    real attacker would); how the connections ended, counted by ``classify``."""
+    outcomes: dict[str, int] = {}
+    while not stop.is_set():
+        try:
+            outcome = classify(await drip_connection(host, port, source, first, drip, drip_s, stop))
+        except OSError as exc:
+            outcome = f"connect failed: {type(exc).__name__}"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if not stop.is_set():
+            await asyncio.sleep(0.2)  # the attacker's pace between attempts
+    return outcomes
+
+
+async def many(count: int, sources: list[str], attacker: Callable[[str, asyncio.Event], Awaitable[dict[str, int]]],
+               duration_s: float) -> dict[str, Any]:
+    """``count`` attackers spread over ``sources`` for ``duration_s``; their outcomes summed."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(attacker(sources[i % len(sources)], stop)) for i in range(count)]
+    await asyncio.sleep(duration_s)
+    stop.set()
+    totals: dict[str, int] = {}
+    for outcomes in await asyncio.gather(*tasks):
+        for kind, number in outcomes.items():
+            totals[kind] = totals.get(kind, 0) + number
+    return {"connections": totals}
+
+
+async def measure(name: str, attack: Callable[[], Awaitable[dict[str, Any]]], code: Code, rss: RssSampler,
+                  probes: Probes, *, calm_s: float, cool_s: float, min_window_s: float = 5.0
+                  ) -> tuple[dict[str, Any], tuple[float, float, float]]:
+    """A calm window, the attack, a cool-down: the row every scenario reports (RSS before, at the
+    peak, after; the honest probes during the attack, over at least ``min_window_s``), and the
+    (calm start, attack start, window end) times."""
+    before = time.monotonic()
+    await asyncio.sleep(calm_s)
+    start = time.monotonic()
+    detail = await attack()
+    end = time.monotonic()
+    window_end = max(end, start + min_window_s)
+    await asyncio.sleep(max(cool_s, window_end - time.monotonic()))
+    now = time.monotonic()
+    row = {"code": code.label, "scenario": name, "rss_before_mb": mb(rss.between(before, start), statistics.median),
+           "rss_peak_mb": mb(rss.between(start, end + 1.0), max),
+           "rss_after_mb": mb(rss.between(now - 1.0, now), statistics.median), "attack_s": round(end - start, 1),
+           **{f"honest_{k}": v for k, v in probes.summary(start, window_end).items()}, "attack": detail}
+    return row, (before, start, window_end)
+
+
+async def compare(baseline_ref: str, prefix: str,
+                  run_code: Callable[[Code, Path], Awaitable[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """``run_code`` on the baseline (if a ref is given), then on this checkout; all their rows."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        codes = [Code(label="fixed (this checkout)")]
+        if baseline_ref:
+            codes.insert(0, baseline_code(baseline_ref, Path(scratch)))
+        for index, code in enumerate(codes):
+            rows += await run_code(code, Path(scratch) / f"run{index}")
+    return rows
 
 
 def mb(values: list[int], pick: Callable[[list[int]], float]) -> float | None:

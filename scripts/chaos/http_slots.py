@@ -28,8 +28,6 @@ import argparse
 import asyncio
 import base64
 import secrets
-import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,8 +38,10 @@ from _harness import (
     Daemons,
     Probes,
     RssSampler,
-    baseline_code,
-    mb,
+    compare,
+    keep_dripping,
+    many,
+    measure,
     open_from,
     probe_loop,
     write_report,
@@ -108,60 +108,13 @@ async def big_body(host: str, port: int, size: int, envelope: str) -> dict[str, 
     return {"sent_mb": round(sent / 1e6, 1), "answer": head.split(b"\r\n", 1)[0].decode(errors="replace")}
 
 
-async def slow_body(host: str, port: int, source: str, envelope: str, drip_s: float, stop: asyncio.Event
-                    ) -> dict[str, Any]:
-    """Headers for a 1 MB body, then one byte per ``drip_s`` until ``stop`` or the server gives up."""
-    opened = time.monotonic()
-    try:
-        reader, writer = await open_from(host, port, source)
-    except OSError as exc:
-        return {"outcome": f"connect failed: {type(exc).__name__}", "held_s": 0.0}
-    answer, stopped = asyncio.create_task(reader.read(200)), asyncio.create_task(stop.wait())
-    try:
-        writer.write(headers(1_000_000, envelope))
-        while not stop.is_set() and not answer.done():
-            await asyncio.wait([answer, stopped], timeout=drip_s, return_when=asyncio.FIRST_COMPLETED)
-            if not answer.done() and not stop.is_set():
-                writer.write(b"x")
-        head = answer.result() if answer.done() else b""
-    except OSError as exc:
-        head = type(exc).__name__.encode()
-    finally:
-        answer.cancel()
-        stopped.cancel()
-        writer.close()
-    status = head.split(b" ", 2)[1].decode(errors="replace") if head.startswith(b"HTTP/") else (
-        "closed" if answer.done() else "held to the end")
-    return {"outcome": status, "held_s": time.monotonic() - opened}
-
-
-async def slow_headers(host: str, port: int, source: str, drip_s: float, stop: asyncio.Event) -> dict[str, Any]:
-    """A request line, then one header byte per ``drip_s``; a new connection whenever one is cut."""
-    outcomes: dict[str, int] = {}
-    while not stop.is_set():
-        try:
-            reader, writer = await open_from(host, port, source)
-        except OSError as exc:
-            outcomes[f"connect failed: {type(exc).__name__}"] = outcomes.get(f"connect failed: {type(exc).__name__}", 0) + 1
-            await asyncio.sleep(drip_s)
-            continue
-        answer, stopped = asyncio.create_task(reader.read(200)), asyncio.create_task(stop.wait())
-        try:
-            writer.write(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
-            while not stop.is_set() and not answer.done():
-                await asyncio.wait([answer, stopped], timeout=drip_s, return_when=asyncio.FIRST_COMPLETED)
-                if not answer.done() and not stop.is_set():
-                    writer.write(b"a")
-            head = answer.result() if answer.done() else b"held"
-        except OSError as exc:
-            head = type(exc).__name__.encode()
-        finally:
-            answer.cancel()
-            stopped.cancel()
-            writer.close()
-        kind = "503" if b" 503 " in head[:20] else "held to the end" if head == b"held" else "cut"
-        outcomes[kind] = outcomes.get(kind, 0) + 1
-    return {"outcomes": outcomes}
+def http_status(data: bytes | None) -> str:
+    """How a dripping connection ended, as the attacker saw it."""
+    if data is None:
+        return "held to the end"
+    if data.startswith(b"HTTP/"):
+        return data.split(b" ", 2)[1].decode(errors="replace")
+    return "closed" if not data else data.decode(errors="replace")[:30]
 
 
 async def healthz(host: str, port: int) -> str:
@@ -182,36 +135,14 @@ def rounds_between(events: list[tuple[float, dict]], start: float, end: float) -
             "pgrads_timed_out": sum(len(e["timed_out"]) for e in rounds)}
 
 
-async def scenario(name: str, attack, daemons: Daemons, ctx: dict[str, Any], args: argparse.Namespace
-                   ) -> dict[str, Any]:
-    rss, probes, events = ctx["rss"], ctx["probes"], ctx["events"]
-    before = time.monotonic()
-    await asyncio.sleep(args.calm_s)  # a calm window: RSS and rounds before the attack
-    start = time.monotonic()
-    detail = await attack()
-    end = time.monotonic()
-    window_end = max(end, start + MIN_WINDOW_S)  # honest traffic and rounds are counted over at least this
-    await asyncio.sleep(max(args.cool_s, window_end - time.monotonic()))
-    during = rounds_between(events, start, window_end)
-    calm = rounds_between(events, before, start)
-    return {"code": daemons.code.label, "scenario": name,
-            "rss_before_mb": mb(rss.between(before, start), statistics.median),
-            "rss_peak_mb": mb(rss.between(start, end + 1.0), max),
-            "rss_after_mb": mb(rss.between(time.monotonic() - 1.0, time.monotonic()), statistics.median),
-            "attack_s": round(end - start, 1), **{f"honest_{k}": v for k, v in probes.summary(start, window_end).items()},
-            "rounds_per_min_calm": round(60 * calm["rounds"] / (start - before), 1),
-            "rounds_per_min_attack": round(60 * during["rounds"] / (window_end - start), 1),
-            "pgrads_timed_out": during["pgrads_timed_out"], "attack": detail}
-
-
-async def run_code(code: Code, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+async def run_code(code: Code, work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     daemons = Daemons(code, work, RUN)
     try:
         l0 = daemons.add("l0", ["peer", "--roles", "learner"])
         daemons.add("l1", ["peer", "--roles", "learner"])
         ready = l0.wait_ready(timeout_s=120)
         l0.wait_event(lambda e: e["event"] == "diloco.round", timeout_s=180)  # training, and both in the view
-        host, port = ready["http"].rsplit(":", 1)
+        host, port = ready["http"].rsplit(":", 1)[0], int(ready["http"].rsplit(":", 1)[1])
         envelope = stranger_envelope(ready["peer_id"], ready["run_id"])
         rss, probes, stop = RssSampler(l0.proc.pid), Probes(), asyncio.Event()
         events: list[tuple[float, dict]] = []
@@ -221,50 +152,31 @@ async def run_code(code: Code, args: argparse.Namespace, work: Path) -> list[dic
                 events.extend((time.monotonic(), e) for e in l0.poll_events())
                 await asyncio.sleep(0.2)
 
-        rss.start()
-        tasks = [asyncio.create_task(collect()),
-                 asyncio.create_task(probe_loop(lambda: healthz(host, int(port)), probes, stop, 0.25))]
-        ctx = {"rss": rss, "probes": probes, "events": events}
-
         async def big() -> dict[str, Any]:
-            results = await asyncio.gather(*(big_body(host, int(port), args.big_mib << 20, envelope)
-                                             for _ in range(2)))
+            results = await asyncio.gather(*(big_body(host, port, args.big_mib << 20, envelope) for _ in range(2)))
             return {"sent_mb": [r["sent_mb"] for r in results], "answers": sorted({r["answer"] for r in results})}
 
-        def slow(sources: list[str]):
-            async def attack() -> dict[str, Any]:
-                done = asyncio.Event()
-                attackers = [asyncio.create_task(slow_body(host, int(port), sources[i % len(sources)], envelope,
-                                                           args.drip_s, done))
-                             for i in range(args.slow_connections)]
-                await asyncio.sleep(args.slow_s)
-                done.set()
-                results = await asyncio.gather(*attackers)
-                outcomes: dict[str, int] = {}
-                for result in results:
-                    outcomes[result["outcome"]] = outcomes.get(result["outcome"], 0) + 1
-                return {"connections": outcomes,
-                        "median_held_s": round(statistics.median(r["held_s"] for r in results), 1)}
-            return attack
+        def slow(first: bytes, drip: bytes, sources: list[str]):
+            async def attacker(source: str, done: asyncio.Event) -> dict[str, int]:
+                return await keep_dripping(host, port, source, first, drip, args.drip_s, done, http_status)
+            return lambda: many(args.slow_connections, sources, attacker, args.slow_s)
 
-        async def headers_attack() -> dict[str, Any]:
-            done = asyncio.Event()
-            sources = [f"127.0.1.{i}" for i in range(1, 17)]
-            attackers = [asyncio.create_task(slow_headers(host, int(port), sources[i % 16], args.drip_s, done))
-                         for i in range(args.slow_connections)]
-            await asyncio.sleep(args.slow_s)
-            done.set()
-            totals: dict[str, int] = {}
-            for result in await asyncio.gather(*attackers):
-                for kind, count in result["outcomes"].items():
-                    totals[kind] = totals.get(kind, 0) + count
-            return {"connections": totals}
-
-        rows = [await scenario(f"{args.big_mib} MiB bodies x2, fake envelope", big, daemons, ctx, args),
-                await scenario(f"{args.slow_connections} slow bodies (1 B/{args.drip_s:g} s), one address",
-                               slow([ATTACKER]), daemons, ctx, args),
-                await scenario(f"{args.slow_connections} slow headers (reconnecting), 16 addresses",
-                               headers_attack, daemons, ctx, args)]
+        rss.start()
+        tasks = [asyncio.create_task(collect()),
+                 asyncio.create_task(probe_loop(lambda: healthz(host, port), probes, stop, 0.25))]
+        n, addresses = args.slow_connections, [f"127.0.1.{i}" for i in range(1, 17)]
+        scenarios = [(f"{args.big_mib} MiB bodies x2, fake envelope", big),
+                     (f"{n} slow bodies (1 B/{args.drip_s:g} s), one address",
+                      slow(headers(1_000_000, envelope), b"x", [ATTACKER])),
+                     (f"{n} slow headers, 16 addresses", slow(b"GET /healthz HTTP/1.1\r\nX-Slow: ", b"a", addresses))]
+        rows = []
+        for name, attack in scenarios:
+            row, (calm, start, end) = await measure(name, attack, code, rss, probes, calm_s=args.calm_s,
+                                                    cool_s=args.cool_s)
+            quiet, attacked = rounds_between(events, calm, start), rounds_between(events, start, end)
+            rows.append({**row, "rounds_per_min_calm": round(60 * quiet["rounds"] / (start - calm), 1),
+                         "rounds_per_min_attack": round(60 * attacked["rounds"] / (end - start), 1),
+                         "pgrads_timed_out": attacked["pgrads_timed_out"]})
         stop.set()
         for task in tasks:
             task.cancel()
@@ -276,13 +188,7 @@ async def run_code(code: Code, args: argparse.Namespace, work: Path) -> list[dic
 
 
 async def main(args: argparse.Namespace) -> None:
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="chaos-http-") as scratch:
-        codes = [Code(label="fixed (this checkout)")]
-        if args.baseline_ref:
-            codes.insert(0, baseline_code(args.baseline_ref, Path(scratch)))
-        for index, code in enumerate(codes):
-            rows += await run_code(code, args, Path(scratch) / f"run{index}")
+    rows = await compare(args.baseline_ref, "chaos-http-", lambda code, work: run_code(code, work, args))
     columns = [("scenario", "attack"), ("code", "code"), ("rss_before_mb", "RSS before (MB)"),
                ("rss_peak_mb", "RSS peak (MB)"), ("rss_after_mb", f"RSS {args.cool_s:g} s after (MB)"),
                ("honest_served_pct", "honest served %"), ("honest_p50_ms", "p50 ms"), ("honest_p95_ms", "p95 ms"),
@@ -291,9 +197,6 @@ async def main(args: argparse.Namespace) -> None:
                ("attack", "what the attacker saw")]
     write_report("http_slots" + ("_long" if args.long else ""), rows, columns,
                  {"args": vars(args), "note": "l0's RSS; honest = GET /healthz every 0.25 s from 127.0.0.1"})
-
-
-MIN_WINDOW_S = 5.0
 
 
 def parse() -> argparse.Namespace:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +33,10 @@ from _harness import (
     Daemons,
     Probes,
     RssSampler,
-    baseline_code,
-    mb,
+    compare,
+    keep_dripping,
+    many,
+    measure,
     open_from,
     probe_loop,
     write_report,
@@ -74,39 +74,8 @@ async def embedding(host: str, port: int) -> str:
     return "served" if reply.header.get("tensors") else "empty answer"
 
 
-async def hold(host: str, port: int, source: str, drip_s: float | None, stop: asyncio.Event) -> dict[str, int]:
-    """Hold a socket (sending one byte of a frame prefix per ``drip_s``, if given) until ``stop``;
-    when the server cuts or refuses it, connect again. How each connection ended, counted."""
-    outcomes: dict[str, int] = {}
-    while not stop.is_set():
-        outcome = await _hold_one(host, port, source, drip_s, stop)
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        if outcome != "held to the end":
-            await asyncio.sleep(0.2)  # the attacker's pace between attempts
-    return outcomes
-
-
-async def _hold_one(host: str, port: int, source: str, drip_s: float | None, stop: asyncio.Event) -> str:
-    try:
-        reader, writer = await open_from(host, port, source)
-    except OSError as exc:
-        return f"connect failed: {type(exc).__name__}"
-    closed, stopped = asyncio.create_task(reader.read(4096)), asyncio.create_task(stop.wait())
-    prefix = encode_prefix(FrameType.REQUEST, 64, 1000)
-    sent = 0
-    try:
-        while not stop.is_set() and not closed.done():
-            await asyncio.wait([closed, stopped], timeout=drip_s, return_when=asyncio.FIRST_COMPLETED)
-            if drip_s is not None and not closed.done() and not stop.is_set():
-                writer.write(prefix[sent % len(prefix):sent % len(prefix) + 1])
-                sent += 1
-        data = closed.result() if closed.done() else None
-    except OSError as exc:
-        data = type(exc).__name__.encode()
-    finally:
-        closed.cancel()
-        stopped.cancel()
-        writer.close()
+def tcp_outcome(data: bytes | None) -> str:
+    """How a held connection ended, as the attacker saw it."""
     if data is None:
         return "held to the end"
     return "refused: overloaded" if b"overloaded" in data else "cut by the server"
@@ -132,66 +101,36 @@ async def big_claim(host: str, port: int, claim: int, limit_s: float) -> dict[st
     return {"sent_mb": round(sent / 1e6, 1)}
 
 
-async def scenario(name: str, attack, code: Code, ctx: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    rss, probes = ctx["rss"], ctx["probes"]
-    before = time.monotonic()
-    await asyncio.sleep(args.calm_s)
-    start = time.monotonic()
-    detail = await attack()
-    end = time.monotonic()
-    window_end = max(end, start + MIN_WINDOW_S)  # honest traffic and rounds are counted over at least this
-    await asyncio.sleep(max(args.cool_s, window_end - time.monotonic()))
-    return {"code": code.label, "scenario": name,
-            "rss_before_mb": mb(rss.between(before, start), statistics.median),
-            "rss_peak_mb": mb(rss.between(start, end + 1.0), max),
-            "rss_after_mb": mb(rss.between(time.monotonic() - 1.0, time.monotonic()), statistics.median),
-            "attack_s": round(end - start, 1), **{f"honest_{k}": v for k, v in probes.summary(start, window_end).items()},
-            "attack": detail}
-
-
-def holding(host: str, port: int, sources: list[str], drip_s: float | None, args: argparse.Namespace):
-    async def attack() -> dict[str, Any]:
-        done = asyncio.Event()
-        tasks = [asyncio.create_task(hold(host, port, sources[i % len(sources)], drip_s, done))
-                 for i in range(args.connections)]
-        await asyncio.sleep(args.attack_s)
-        done.set()
-        outcomes: dict[str, int] = {}
-        for result in await asyncio.gather(*tasks):
-            for kind, count in result.items():
-                outcomes[kind] = outcomes.get(kind, 0) + count
-        return {"connections": outcomes}
-    return attack
-
-
-async def run_code(code: Code, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+async def run_code(code: Code, work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     daemons = Daemons(code, work, RUN)
     try:
         server = daemons.add("server", ["serve", "--blocks", "0", "1", "2"])
         ready = server.wait_ready(timeout_s=120)
         server.wait_event(lambda e: e["event"] == "blocktrain.serving", timeout_s=120)
-        host, port_text = ready["tcp"].rsplit(":", 1)
-        port = int(port_text)
+        host, port = ready["tcp"].rsplit(":", 1)[0], int(ready["tcp"].rsplit(":", 1)[1])
         rss, probes, stop = RssSampler(server.proc.pid), Probes(), asyncio.Event()
-        rss.start()
-        prober = asyncio.create_task(probe_loop(lambda: embedding(host, port), probes, stop, 0.25))
-        ctx = {"rss": rss, "probes": probes}
+
+        def holding(sources: list[str], drip_s: float | None):
+            prefix = encode_prefix(FrameType.REQUEST, 64, 1000)
+
+            async def attacker(source: str, done: asyncio.Event) -> dict[str, int]:
+                return await keep_dripping(host, port, source, b"", prefix, drip_s, done, tcp_outcome)
+            return lambda: many(args.connections, sources, attacker, args.attack_s)
 
         async def claims() -> dict[str, Any]:
             results = await asyncio.gather(*(big_claim(host, port, args.claim_mib << 20, args.attack_s)
                                              for _ in range(args.claims)))
             return {"sent_mb": [r["sent_mb"] for r in results]}
 
+        rss.start()
+        prober = asyncio.create_task(probe_loop(lambda: embedding(host, port), probes, stop, 0.25))
         n = args.connections
-        rows = [await scenario(f"{n} idle sockets, one address", holding(host, port, [ATTACKER], None, args),
-                               code, ctx, args),
-                await scenario(f"{n} slow frames (1 B/{args.drip_s:g} s), one address",
-                               holding(host, port, [ATTACKER], args.drip_s, args), code, ctx, args),
-                await scenario(f"{n} slow frames, 16 addresses",
-                               holding(host, port, [f"127.0.1.{i}" for i in range(1, 17)], args.drip_s, args),
-                               code, ctx, args),
-                await scenario(f"{args.claims} unauthenticated {args.claim_mib} MiB payload claims", claims, code,
-                               ctx, args)]
+        scenarios = [(f"{n} idle sockets, one address", holding([ATTACKER], None)),
+                     (f"{n} slow frames (1 B/{args.drip_s:g} s), one address", holding([ATTACKER], args.drip_s)),
+                     (f"{n} slow frames, 16 addresses", holding([f"127.0.1.{i}" for i in range(1, 17)], args.drip_s)),
+                     (f"{args.claims} unauthenticated {args.claim_mib} MiB payload claims", claims)]
+        rows = [(await measure(name, attack, code, rss, probes, calm_s=args.calm_s, cool_s=args.cool_s))[0]
+                for name, attack in scenarios]
         stop.set()
         await asyncio.gather(prober, return_exceptions=True)
         await rss.stop()
@@ -201,13 +140,7 @@ async def run_code(code: Code, args: argparse.Namespace, work: Path) -> list[dic
 
 
 async def main(args: argparse.Namespace) -> None:
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="chaos-tcp-") as scratch:
-        codes = [Code(label="fixed (this checkout)")]
-        if args.baseline_ref:
-            codes.insert(0, baseline_code(args.baseline_ref, Path(scratch)))
-        for index, code in enumerate(codes):
-            rows += await run_code(code, args, Path(scratch) / f"run{index}")
+    rows = await compare(args.baseline_ref, "chaos-tcp-", lambda code, work: run_code(code, work, args))
     columns = [("scenario", "attack"), ("code", "code"), ("rss_before_mb", "RSS before (MB)"),
                ("rss_peak_mb", "RSS peak (MB)"), ("rss_after_mb", f"RSS {args.cool_s:g} s after (MB)"),
                ("honest_served_pct", "honest served %"), ("honest_p50_ms", "p50 ms"), ("honest_p95_ms", "p95 ms"),
@@ -215,9 +148,6 @@ async def main(args: argparse.Namespace) -> None:
     write_report("tcp_slots" + ("_long" if args.long else ""), rows, columns,
                  {"args": vars(args), "note": "the block server's RSS; honest = blocktrain.embedding every 0.25 s "
                                               "on a fresh connection from 127.0.0.1"})
-
-
-MIN_WINDOW_S = 5.0
 
 
 def parse() -> argparse.Namespace:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from gossamer.transport.errors import DecodeError
 from gossamer.transport.frames import (
@@ -178,6 +178,25 @@ class TcpNet:
     async def aclose(self) -> None:
         for close in reversed(self.closers):
             await close()
+
+
+@contextlib.asynccontextmanager
+async def dripping(raw: RawClient, data: bytes, *, every_s: float = 0.05) -> AsyncIterator[None]:
+    """Within the block, ``raw`` sends ``data`` one byte every ``every_s`` (20 bytes/s by
+    default: each byte well inside any idle or progress timeout of these tests, the message
+    never done before its whole-message deadline); the dripping stops when the block ends."""
+
+    async def drip() -> None:
+        for byte in data:
+            await raw.send(bytes([byte]))
+            await asyncio.sleep(every_s)  # the attacker's pace, not a synchronisation
+
+    task = asyncio.create_task(drip())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def frame_head(header: dict, payload_len: int, frame_type: FrameType = FrameType.REQUEST) -> bytes:

@@ -20,7 +20,7 @@ from aiohttp import web
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_server import HttpServer, path_int, read_body_into
 from gossamer.transport.logs import DEFAULT_BURST, ThrottledLog
-from tests.transport.support import WAIT_S, LeakCheck, RawClient, log_waiters
+from tests.transport.support import WAIT_S, LeakCheck, RawClient, dripping, log_waiters
 
 HONEST = "127.0.0.2"
 GET = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -132,17 +132,8 @@ async def test_a_body_dripped_below_the_minimum_rate_is_cut_at_its_whole_body_de
     dripper = await net.raw(server)
     await dripper.send(put_head(1000))
 
-    async def drip() -> None:
-        for _ in range(1000):  # 20 bytes/s: every byte well inside idle_timeout_s, the body never done
-            await dripper.send(b"x")
-            await asyncio.sleep(0.05)  # the attacker's pace, not a synchronisation
-
-    attack = asyncio.create_task(drip())
-    try:
+    async with dripping(dripper, bytes(1000)):  # 50 s at 20 bytes/s; its deadline is 2 s
         head = await dripper.read_response_head(timeout_s=3 * WAIT_S)
-    finally:
-        attack.cancel()
-        await asyncio.gather(attack, return_exceptions=True)
 
     assert status_of(head) == 408 and b"deadline" in head
     assert net.app.outcomes == ["TransportTimeout"]

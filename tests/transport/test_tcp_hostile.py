@@ -14,7 +14,7 @@ import pytest
 
 from gossamer.transport.frames import Frame, FrameType, encode_frame
 from gossamer.transport.tcp import HandlerError, TcpConfig
-from tests.transport.support import WAIT_S, TcpNet, echo, frame_head
+from tests.transport.support import WAIT_S, TcpNet, dripping, echo, frame_head
 
 HONEST = "127.0.0.2"
 
@@ -55,18 +55,9 @@ async def test_a_frame_dripped_below_the_minimum_rate_is_cut_at_its_whole_frame_
     dripper = await net.raw(server)
     await dripper.send(frame_head({"x": "slow"}, 500))
 
-    async def drip() -> None:
-        for _ in range(500):  # 20 bytes/s: every byte well inside read_timeout_s, the frame never done
-            await dripper.send(b"x")
-            await asyncio.sleep(0.05)  # the attacker's pace, not a synchronisation
-
-    attack = asyncio.create_task(drip())
-    try:
+    async with dripping(dripper, bytes(500)):  # 25 s at 20 bytes/s; its deadline is 1.5 s
         await asyncio.wait_for(cut.seen.wait(), 3 * WAIT_S)
         leftover = await dripper.read_until_eof()
-    finally:
-        attack.cancel()
-        await asyncio.gather(attack, return_exceptions=True)
     answer = await honest_echo(net, server, "after")
 
     assert leftover == b"" and answer.header["echo"] == "after"
@@ -79,20 +70,10 @@ async def test_a_new_connection_dripping_its_first_frames_head_is_cut_at_the_fir
     server = await net.server(echo, config)
     cut = server_log("not whole within its deadline")
     dripper = await net.raw(server)
-    head = frame_head({"x": "slow", "padding": "p" * 200}, 0)
 
-    async def drip() -> None:
-        for byte in head:  # 20 bytes/s: the head needs 11 s, every byte well inside read_timeout_s
-            await dripper.send(bytes([byte]))
-            await asyncio.sleep(0.05)  # the attacker's pace, not a synchronisation
-
-    attack = asyncio.create_task(drip())
-    try:
+    async with dripping(dripper, frame_head({"x": "slow", "padding": "p" * 200}, 0)):  # an 11 s head
         await asyncio.wait_for(cut.seen.wait(), 2 * WAIT_S)
         leftover = await dripper.read_until_eof()
-    finally:
-        attack.cancel()
-        await asyncio.gather(attack, return_exceptions=True)
     answer = await honest_echo(net, server, "after")
 
     assert leftover == b"" and answer.header["echo"] == "after"

@@ -10,7 +10,6 @@ refused before the payload is read."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,24 +22,11 @@ from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import FailedHop, Hop, parse_answer, request_frame
 from gossamer.peer.testing.localnet import LocalNet
 from gossamer.protocols.blocktrain import BlockTrainConfig, initial_noise
-from gossamer.transport.dht.config import DhtConfig
-from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import FrameType
 from gossamer.transport.tcp import tcp_connect
 from tests.peer.roles.blocktrain.test_host import CONFIG, MODEL, Hosts
 from tests.transport.support import RawClient, frame_head
-
-
-@pytest.fixture
-async def hosts(tmp_path: Path) -> AsyncIterator[Hosts]:
-    membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
-    network = Hosts(tmp_path, membership)
-    try:
-        yield network
-    finally:
-        await network.aclose()
-        await membership.aclose()
 
 
 def pass_inputs(z_value: float | None = None) -> dict[str, torch.Tensor]:
