@@ -25,10 +25,11 @@ _HELP = {
     "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:N",
     "data": "dataset: builtin:pydoc or a local file; TL++ nodes: builtin:digits[:shard=K/N|:class=C] or FILE.npz",
     "join_token": "owner-signed join token for allowlist runs",
-    "status_token": "secret that lets remote clients read /status and /metrics (Authorization: Bearer TOKEN); "
-                    "without it they answer this host only",
+    "status_token": "closes /status and /metrics to this host and clients sending Authorization: Bearer "
+                    "TOKEN (default: open to anyone; the swarm page reads every peer's /status)",
     "manifest": "use this manifest file instead of fetching it from the DHT (still verified)",
-    "checkpoint_dir": "where checkpoints are written (default ~/.gossamer/checkpoints)",
+    "checkpoint_dir": "where checkpoints are written and resumed from (default ~/.gossamer/checkpoints)",
+    "checkpoint_every": "write a role's state every N rounds (default 10; 0: only on Ctrl+C/SIGTERM and at the end)",
     "threads": "torch CPU threads (0: torch default; 1 when several peers share a host)",
     "attack": "experiments/tests only: make this learner Byzantine, e.g. sign_flip:10",
     "share_log": "TL++ servers: append one JSON line per secret share received to this file (audit aid)",

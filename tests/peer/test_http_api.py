@@ -1,6 +1,7 @@
 """The daemon's own endpoints (issue 10): ``/status`` and ``/metrics`` list every live peer's
-addresses, ledgers with remote error text and traffic, so they answer this host (loopback) or a
-client with the peer's status token, and nobody else; ``/healthz`` answers anyone."""
+addresses, ledgers with remote error text and traffic. A peer with a status token serves them to
+this host (loopback) and the token's holders only; one without serves them to anyone (the swarm
+page reads every peer's ``/status``); ``/healthz`` answers anyone."""
 
 from __future__ import annotations
 
@@ -17,22 +18,24 @@ from tests.transport.support import RawClient
 
 
 @pytest.mark.parametrize(("remote", "authorization", "token", "allowed"), [
-    ("127.0.0.1", "", "", True),
-    ("127.0.0.2", "", "", True),
-    ("::1", "", "", True),
-    ("::ffff:127.0.0.1", "", "", True),
-    ("203.0.113.5", "", "", False),
-    ("2001:db8::5", "", "", False),
-    ("::ffff:203.0.113.5", "", "", False),
+    ("127.0.0.1", "", "s3cret", True),
+    ("127.0.0.2", "", "s3cret", True),
+    ("::1", "", "s3cret", True),
+    ("::ffff:127.0.0.1", "", "s3cret", True),
+    ("203.0.113.5", "", "s3cret", False),
+    ("2001:db8::5", "", "s3cret", False),
+    ("::ffff:203.0.113.5", "", "s3cret", False),
     ("203.0.113.5", "Bearer s3cret", "s3cret", True),
     ("203.0.113.5", "Bearer s3cre", "s3cret", False),
     ("203.0.113.5", "s3cret", "s3cret", False),
-    ("203.0.113.5", "Bearer ", "", False),
-    (None, "", "", False),
-    ("not an address", "", "", False),
+    (None, "", "s3cret", False),
+    ("not an address", "", "s3cret", False),
+    ("203.0.113.5", "", "", True),
+    ("203.0.113.5", "Bearer ", "", True),
+    (None, "", "", True),
 ])
-def test_status_answers_this_host_or_the_token_holder_only(remote: str | None, authorization: str, token: str,
-                                                           allowed: bool) -> None:
+def test_status_with_a_token_answers_this_host_or_its_holders_only(remote: str | None, authorization: str, token: str,
+                                                                   allowed: bool) -> None:
     assert status_allowed(remote, authorization, token) is allowed
 
 
@@ -41,7 +44,7 @@ async def served() -> AsyncIterator[HttpServer]:
     metrics = PeerMetrics(lambda: Snapshot(uptime_s=1.0, live_peers=2, round=3, bytes_sent={}, bytes_received={},
                                            records_rejected={}))
     routes = daemon_routes(lambda: {"live_peers": [{"http_addr": "198.51.100.7:8080"}]}, metrics,
-                           status_token="s3cret")
+                           lambda: {"state": "running", "roles": {}}, status_token="s3cret")
     server = await HttpServer.create(role_app([], None, extra=routes))
     yield server
     await server.aclose()
@@ -61,5 +64,5 @@ async def test_status_and_metrics_are_served_over_loopback_as_gossamer_swarm_rea
     finally:
         await raw.aclose()
 
-    assert status == {"live_peers": [{"http_addr": "198.51.100.7:8080"}]} and health == {"ok": True}
+    assert status == {"live_peers": [{"http_addr": "198.51.100.7:8080"}]} and health == {"ok": True, "state": "running", "roles": {}}
     assert metrics.startswith(b"HTTP/1.1 200")
