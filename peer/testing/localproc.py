@@ -22,12 +22,14 @@ class GossamerProcess:
     """One ``python -m peer.cli ...`` process; stderr goes to ``log_path``, events are read from stdout.
     ``env`` replaces the environment (e.g. a ``PYTHONPATH`` that runs another version of gossamer)."""
 
-    def __init__(self, args: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], *, log_path: Path, env: dict[str, str] | None = None,
+                 wrapper: tuple[str, ...] = ()) -> None:
+        """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark)."""
         self.log_path = log_path
         self.started_at = time.monotonic()
         self.started_wall_time = time.time()
         self._log = open(log_path, "wb")  # closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "gossamer.peer.cli", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*wrapper, sys.executable, "-m", "gossamer.peer.cli", *args], stdout=subprocess.PIPE,
                                      stderr=self._log, start_new_session=True, env=env)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
