@@ -133,9 +133,13 @@ async def test_a_body_dripped_below_the_minimum_rate_is_cut_at_its_whole_body_de
     await dripper.send(put_head(1000))
 
     async with dripping(dripper, bytes(1000)):  # 50 s at 20 bytes/s; its deadline is 2 s
+        await net.app.reading.wait()
+        honest = await net.raw(server, source=HONEST)
+        await honest.send(GET)
+        served = await honest.read_response_head()
         head = await dripper.read_response_head(timeout_s=3 * WAIT_S)
 
-    assert status_of(head) == 408 and b"deadline" in head
+    assert status_of(head) == 408 and b"deadline" in head and status_of(served) == 200
     assert net.app.outcomes == ["TransportTimeout"]
     assert server.budget.held_bytes == 0
 
