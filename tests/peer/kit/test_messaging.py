@@ -144,11 +144,15 @@ async def test_anyone_unadmitted_is_refused_before_a_body_byte_is_read(net: Net,
         await raw.send(f"PUT /box/params/3 HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 30}\r\n"
                        f"{ENVELOPE_HEADER}: {header}\r\n\r\n".encode())
         head = await raw.read_response_head()
+        peak = net.server.budget.peak_bytes
+        honest = await net.messenger_of(net.sender).request(net.url("params", 3), recipient=net.me.peer_id, round=3,
+                                                            tensors=tensors())
     finally:
         await raw.aclose()
 
     assert head.startswith(b"HTTP/1.1 403") and b"envelope refused" in head
-    assert net.server.budget.peak_bytes == 0 and net.box.received == []
+    assert peak == 0 and honest.answer == {"accepted": True}
+    assert [(kind, who) for kind, _, who, _ in net.box.received] == [("params", net.sender.peer_id)]
 
 
 async def test_a_message_moved_to_another_path_is_refused_and_the_genuine_one_still_accepted(net: Net) -> None:
