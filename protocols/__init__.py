@@ -28,6 +28,8 @@ Map of the package:
                  generation), ``assignment`` (which worker trains which block).
 - ``fomoe``      FoMoE: an MoE LM whose peers hold a subset of its experts, skip the tokens routed
                  elsewhere, and average each expert only among its holders.
+- ``pacing``     deadlines that follow the measured times of the live peers (a quantile times a
+                 margin, the configured deadline as ceiling) and fail-slow detection.
 - ``tlpp``       TL++ traversal learning (a subpackage): ``schedule`` (virtual batches grouped by
                  node), ``model`` (the model split at the cut), ``step`` (the exact, summed
                  gradient path), ``traffic`` (the byte formulas).

@@ -83,7 +83,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                                          view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
                                          max_body_bytes=ctx.http_config.max_body_bytes)
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
-        self.attack = parse_attack(ctx.config.attack) if ctx.config.attack else None
+        self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
         self.inbox = Inbox()
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
@@ -282,8 +282,9 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
         m, u_mixed = self._mix1(x, u, arrived, weights=w1, me=me, learners=learners)
         sent_d = self.attack(d) if self.attack else d
-        sending.append(asyncio.create_task(self._send_all(
-            "pgrad", t, self.aggregator.subset_of(sent_d, round=t), n2, ledger.pseudo_gradients, ledger)))
+        if sent_d is not None:  # None: a Byzantine learner (--attack withhold) that never sends
+            sending.append(asyncio.create_task(self._send_all(
+                "pgrad", t, self.aggregator.subset_of(sent_d, round=t), n2, ledger.pseudo_gradients, ledger)))
         arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,

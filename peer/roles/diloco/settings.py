@@ -19,12 +19,9 @@ Manifest layout (run config TOML)::
                         leave it identical; 0 never; mix_momentum: W1 also mixes the momentum)
     [hyper.aggregator]  name = "centered_clipping" (default) | "mean" | ..., and its parameters
 
-The default aggregator is centered clipping iterated from the coordinate-wise median. Its
-one-step form with worker momentum (``centered_clipping_momentum``, the robust default for
-per-step aggregation) is available too, but across DiLoCo's outer rounds the worker momentum is
-an average of pseudo-gradients taken at earlier, different parameters: measured on the demo run
-it made the held-out loss climb (3.2 -> 4.4 nats in 8 rounds, and -> 34 with the outer Nesterov
-momentum on top), where plain centered clipping fell (3.0 -> 2.4) like the mean (3.3 -> 2.3).
+The default aggregator is centered clipping iterated from the coordinate-wise median
+(``robust.DEFAULT``): it held against every adaptive attack of ``scripts/experiments/byzantine.py``
+(EXPERIMENTS.md). Its one-step form with worker momentum was retired (``robust_clipping``).
 """
 
 from __future__ import annotations
