@@ -39,10 +39,12 @@ def test_unknown_roles_and_protocols_are_refused() -> None:
 
 
 def test_the_documented_tlpp_step_fields_are_a_step_ledgers() -> None:
+    from dataclasses import fields
+
     from gossamer.peer.roles.tlpp import STEP_FIELDS
     from gossamer.peer.roles.tlpp.steps import StepLedger
 
-    assert set(STEP_FIELDS) == set(StepLedger(step=0, epoch=0, index=0, mode="base").to_json())
+    assert set(STEP_FIELDS) == {f.name for f in fields(StepLedger)}
 
 
 def test_the_generic_orchestrator_role_belongs_to_every_protocol() -> None:

@@ -20,7 +20,7 @@ from gossamer.peer.roles.tlpp.commands import HELPER
 
 STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_failures", "step", "epoch", "index",
                "mode", "planned", "samples", "loss", "accuracy", "applied", "note", "bytes_sent", "bytes_received",
-               "wall_s", "balance_problems")  # a StepLedger's JSON (a test checks it is)
+               "wall_s")  # a StepLedger's fields (a test checks they are)
 EVENTS = {
     "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper)",
                            ("nodes", "wanted", "helpers")),
