@@ -1,0 +1,176 @@
+"""Hostile DHT members against live daemons (issue 10): a plain hivemind ``DHTNode`` with no
+validator writes what an attacker on the internet wrote under gossamer's keys, and the daemons (in
+this process, on a real hivemind DHT on 127.0.0.1) must go on seeing each other, and a new peer
+must still join. Each attack is one that hid, replaced or wiped records before the DHT entries
+were signed and validated on every daemon."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from hivemind.dht.node import DHTNode
+from hivemind.utils.timed_storage import get_dht_time
+
+from gossamer.crypto.identity import Identity
+from gossamer.peer.config import PeerConfig
+from gossamer.peer.daemon import Daemon
+from gossamer.peer.roles import PLUGINS
+from gossamer.peer.run.keys import manifest_key, peers_key
+from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.manifest import RunConfig
+from gossamer.transport.dht import KEY_PREFIX
+
+pytestmark = pytest.mark.timeout(120)
+
+HEARTBEAT_S = 0.5
+FAR_S = 900.0  # how far ahead the attacker dates its values: the DHT keeps the latest expiration
+
+
+def config(tmp_path: Path, name: str, **changes) -> PeerConfig:
+    return PeerConfig(identity_path=tmp_path / f"{name}.pem", host="127.0.0.1", host_maddrs=("/ip4/127.0.0.1/tcp/0",),
+                      public_name=name, **changes)
+
+
+class Swarm:
+    """An orchestrator and one peer (the victim), both real daemons, and the attacker's DHT node."""
+
+    def __init__(self, tmp_path: Path, owner: Daemon) -> None:
+        self.tmp_path = tmp_path
+        self.owner = owner
+        self.daemons = [owner]
+        self.attacker: DHTNode | None = None
+        self.run_id = owner.manifest.run_id
+        self.peers = KEY_PREFIX + peers_key(self.run_id)
+        self.manifest = KEY_PREFIX + manifest_key(self.run_id)
+        self.ttl_s = owner.manifest.ttl_s
+
+    async def join(self, name: str) -> Daemon:
+        daemon = await Daemon.create(config(self.tmp_path, name, run=self.run_id, join_timeout_s=10.0,
+                                            initial_peers=tuple(self.owner.membership.visible_maddrs())),
+                                     plugins=PLUGINS)
+        self.daemons.append(daemon)
+        return daemon
+
+    @property
+    def victim(self) -> Daemon:
+        return self.daemons[1]
+
+    def ids(self) -> set[str]:
+        return {daemon.identity.peer_id for daemon in self.daemons}
+
+
+def live_ids(daemon: Daemon) -> set[str]:
+    return {peer.record.peer_id for peer in daemon.view.live(now=daemon.membership.now())}
+
+
+async def until_refreshed(daemon: Daemon, predicate: Callable[[], bool], *, timeout_s: float = 30.0) -> None:
+    """Wait for the daemon's own view loop to refresh until ``predicate`` holds."""
+    async with daemon._view_refreshed:
+        await __import__("asyncio").wait_for(daemon._view_refreshed.wait_for(predicate), timeout=timeout_s)
+
+
+async def outlived(swarm: Swarm, since: float) -> None:
+    """Wait until every daemon has refreshed its view a record lifetime (plus two heartbeats) after
+    ``since``: by then an attack that hides or pins a record has shown, and the heartbeats the
+    victims sent after it have had their chance."""
+    for daemon in swarm.daemons:
+        await until_refreshed(daemon, lambda d=daemon: d.membership.now() > since + swarm.ttl_s + 2 * HEARTBEAT_S)
+
+
+def assert_everyone_sees_everyone(swarm: Swarm) -> None:
+    for daemon in swarm.daemons:
+        assert live_ids(daemon) == swarm.ids(), f"{daemon.config.public_name} lost a peer"
+
+
+@pytest.fixture
+async def swarm(tmp_path: Path) -> AsyncIterator[Swarm]:
+    owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator",)), plugins=PLUGINS,
+                                run_config=RunConfig(name="hostile", heartbeat_s=HEARTBEAT_S))
+    network = Swarm(tmp_path, owner)
+    try:
+        await network.join("victim")
+        for daemon in network.daemons:
+            await until_refreshed(daemon, lambda d=daemon: live_ids(d) == network.ids())
+        network.attacker = await DHTNode.create(initial_peers=owner.membership.visible_maddrs(),
+                                                host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        yield network
+    finally:
+        if network.attacker is not None:
+            await network.attacker.shutdown()
+        for daemon in reversed(network.daemons):
+            await daemon.aclose()
+
+
+async def test_another_keys_record_under_a_victims_subkey_does_not_hide_it(swarm: Swarm) -> None:
+    mallory = Identity.generate()
+    now = get_dht_time()
+    record = PeerRecord(peer_id=mallory.peer_id, public_key=mallory.public_key, name="mallory", http_addr="",
+                        tcp_addr="", roles=(), version="x", round=0, timestamp=now)
+
+    await swarm.attacker.store(swarm.peers, seal_record(mallory, record), now + FAR_S,
+                               subkey=swarm.victim.identity.peer_id)
+    await outlived(swarm, now)
+
+    assert_everyone_sees_everyone(swarm)
+
+
+async def test_a_victims_own_record_replayed_with_a_later_expiration_does_not_pin_it(swarm: Swarm) -> None:
+    victim_id = swarm.victim.identity.peer_id
+    found = await swarm.attacker.get(swarm.peers, latest=True)
+    stolen = found.value[victim_id].value
+    now = get_dht_time()
+
+    await swarm.attacker.store(swarm.peers, stolen, now + FAR_S, subkey=victim_id)
+    await outlived(swarm, now)
+
+    assert_everyone_sees_everyone(swarm)
+
+
+async def test_an_empty_value_does_not_withdraw_the_orchestrator(swarm: Swarm) -> None:
+    now = get_dht_time()
+
+    await swarm.attacker.store(swarm.peers, b"", now + 120.0, subkey=swarm.owner.identity.peer_id)
+    await outlived(swarm, now)
+
+    assert_everyone_sees_everyone(swarm)
+
+
+async def test_a_plain_value_over_the_peers_key_does_not_wipe_it(swarm: Swarm) -> None:
+    now = get_dht_time()
+
+    await swarm.attacker.store(swarm.peers, b"not a dictionary", now + FAR_S)
+    await outlived(swarm, now)
+
+    assert_everyone_sees_everyone(swarm)
+
+
+async def test_junk_under_the_manifest_key_does_not_stop_a_new_peer_joining(swarm: Swarm) -> None:
+    now = get_dht_time()
+    mallory = Identity.generate()
+
+    await swarm.attacker.store(swarm.manifest, b"junk", now + FAR_S, subkey=swarm.owner.identity.peer_id)
+    await swarm.attacker.store(swarm.manifest, b"junk", now + FAR_S, subkey=mallory.peer_id)
+    await outlived(swarm, now)
+    late = await swarm.join("late")
+    for daemon in swarm.daemons:
+        await until_refreshed(daemon, lambda d=daemon: live_ids(d) == swarm.ids())
+
+    assert late.manifest.blob == swarm.owner.manifest.blob
+    assert_everyone_sees_everyone(swarm)
+
+
+async def test_thousands_of_junk_subkeys_never_reach_the_readers(swarm: Swarm) -> None:
+    now = get_dht_time()
+    count = 2000
+    subkeys = [os.urandom(32).hex() for _ in range(count)]
+
+    await swarm.attacker.store_many([swarm.peers] * count, [os.urandom(256) for _ in range(count)],
+                                    [now + FAR_S] * count, subkeys=subkeys)
+    await outlived(swarm, now)
+
+    assert_everyone_sees_everyone(swarm)
+    for daemon in swarm.daemons:
+        assert sum(daemon.view.rejected.values()) == 0, "junk reached the record reader"
