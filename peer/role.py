@@ -29,6 +29,7 @@ from gossamer.peer.events import EventSink
 from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import ProtocolPlugin
 from gossamer.peer.run.manifest import Manifest
+from gossamer.peer.run.publisher import StoreLog
 from gossamer.peer.run.view import LivePeer, PeerView
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.frames import Frame
@@ -60,6 +61,7 @@ class RoleContext:
     events: EventSink = field(default_factory=lambda: EventSink(enabled=False))
     announce: Callable[[], None] = lambda: None  # republish this peer's record now (e.g. a new round)
     view_refreshed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified after each refresh
+    store_log: StoreLog = field(default_factory=StoreLog)  # this daemon's DHT stores, done and failed
 
     async def until_view(self, predicate: Callable[[], bool], *, timeout_s: float) -> bool:
         """Wait until ``predicate()`` holds after a view refresh (or already holds); False at the timeout."""

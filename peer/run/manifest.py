@@ -30,6 +30,9 @@ from gossamer.peer.config import read_toml
 from gossamer.peer.errors import ConfigError, ManifestError
 
 RUN_ID_KEY_HEX = 16
+MIN_HEARTBEAT_S, MAX_HEARTBEAT_S = 0.2, 600.0
+TTL_HEARTBEATS = 3
+MAX_TTL_S = TTL_HEARTBEATS * MAX_HEARTBEAT_S
 MAX_MANIFEST_BYTES = 48 * 1024
 POLICIES = ("open", "allowlist")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -60,8 +63,9 @@ class RunConfig:
             raise ConfigError(f"run.name {self.name!r} must be 1-64 characters of letters, digits, '.', '_', '-'")
         if not _NAME.match(self.protocol):
             raise ConfigError(f"run.protocol {self.protocol!r} is not a protocol name (see gossamer --help)")
-        if not isinstance(self.heartbeat_s, int | float) or not 0.2 <= self.heartbeat_s <= 600:
-            raise ConfigError(f"run.heartbeat_s must be a number of seconds in [0.2, 600], got {self.heartbeat_s!r}")
+        if not isinstance(self.heartbeat_s, int | float) or not MIN_HEARTBEAT_S <= self.heartbeat_s <= MAX_HEARTBEAT_S:
+            raise ConfigError(f"run.heartbeat_s must be a number of seconds in [{MIN_HEARTBEAT_S}, {MAX_HEARTBEAT_S:.0f}], "
+                              f"got {self.heartbeat_s!r}")
         if self.policy not in POLICIES:
             raise ConfigError(f"admission.policy {self.policy!r} is not one of {', '.join(POLICIES)}")
         for key in self.allow:
@@ -108,7 +112,7 @@ class Manifest:
     @property
     def ttl_s(self) -> float:
         """How long a peer record stays valid: three heartbeats of the run."""
-        return 3.0 * self.config.heartbeat_s
+        return TTL_HEARTBEATS * self.config.heartbeat_s
 
     @property
     def owner_peer_id(self) -> str:

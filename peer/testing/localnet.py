@@ -38,7 +38,7 @@ from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import PluginRegistry, build_roles
 from gossamer.peer.role import Role, RoleContext
 from gossamer.peer.run.admission import Admission
-from gossamer.peer.run.keys import peers_key
+from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest, run_config_from_dict
 from gossamer.peer.run.records import seal_record
 from gossamer.peer.run.view import PeerView
@@ -121,14 +121,16 @@ class LocalNet:
         its manifest signed by ``owner`` (a fresh identity by default)."""
         run_config = run if isinstance(run, RunConfig) else run_config_from_dict(dict(run))
         owner = owner or Identity.generate()
-        membership = None
+        membership, run_keys = None, RunKeys()
         if dht:
-            membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
+            membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)),
+                                                    rules=(run_keys,))
         now = membership.now() if membership is not None else time.time()
         http_client = await HttpClient.create(config=HttpConfig())
-        net = cls(manifest=build_manifest(owner, run_config, now=now), owner=owner, plugins=plugins,
-                  workdir=Path(workdir), http_client=http_client, membership=membership, device=torch.device(device))
-        return net
+        manifest = build_manifest(owner, run_config, now=now)
+        run_keys.learn(manifest)
+        return cls(manifest=manifest, owner=owner, plugins=plugins, workdir=Path(workdir), http_client=http_client,
+                   membership=membership, device=torch.device(device))
 
     def now(self) -> float:
         return self.membership.now() if self.membership is not None else time.time()
@@ -187,7 +189,7 @@ class LocalNet:
             blob = seal_record(peer.identity, record)
             self._records[peer.peer_id] = (blob, expiration)
             if self.membership is not None:
-                await self.membership.store(peers_key(self.manifest.run_id), peer.peer_id, blob,
+                await self.membership.store(peers_key(self.manifest.run_id), blob, signer=peer.identity,
                                             expiration_time=expiration)
         self.view.update(dict(self._records), now=now)
         async with self.view_refreshed:

@@ -1,16 +1,21 @@
 """Hostile DHT members against live daemons (issue 10): a plain hivemind ``DHTNode`` with no
 validator writes what an attacker on the internet wrote under gossamer's keys, and the daemons (in
-this process, on a real hivemind DHT on 127.0.0.1) must go on seeing each other, and a new peer
-must still join. Each attack is one that hid, replaced or wiped records before the DHT entries
-were signed and validated on every daemon."""
+this process, on a real hivemind DHT on 127.0.0.1) must refuse it, go on seeing each other, and
+let a new peer join. Each attack hid, replaced, pinned or wiped records before the DHT entries
+were signed and validated on every daemon (the module's tests all failed on that code).
+
+The daemons are shared by the module's tests (starting them is most of the time); every attack
+leaves them intact, which is what each test checks, so the order does not matter."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from hivemind.dht.node import DHTNode
 from hivemind.utils.timed_storage import get_dht_time
 
@@ -19,11 +24,12 @@ from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.keys import manifest_key, peers_key
-from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.run.manifest import RunConfig
+from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.transport.dht import KEY_PREFIX
+from gossamer.transport.dht.entries import seal_entry
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
 HEARTBEAT_S = 0.5
 FAR_S = 900.0  # how far ahead the attacker dates its values: the DHT keeps the latest expiration
@@ -62,6 +68,11 @@ class Swarm:
         return {daemon.identity.peer_id for daemon in self.daemons}
 
 
+def refusals(swarm: Swarm) -> int:
+    """DHT records the daemons' nodes refused to store or believe, so far."""
+    return sum(sum(daemon.membership.refused.values()) for daemon in swarm.daemons)
+
+
 def live_ids(daemon: Daemon) -> set[str]:
     return {peer.record.peer_id for peer in daemon.view.live(now=daemon.membership.now())}
 
@@ -69,7 +80,7 @@ def live_ids(daemon: Daemon) -> set[str]:
 async def until_refreshed(daemon: Daemon, predicate: Callable[[], bool], *, timeout_s: float = 30.0) -> None:
     """Wait for the daemon's own view loop to refresh until ``predicate`` holds."""
     async with daemon._view_refreshed:
-        await __import__("asyncio").wait_for(daemon._view_refreshed.wait_for(predicate), timeout=timeout_s)
+        await asyncio.wait_for(daemon._view_refreshed.wait_for(predicate), timeout=timeout_s)
 
 
 async def outlived(swarm: Swarm, since: float) -> None:
@@ -80,13 +91,23 @@ async def outlived(swarm: Swarm, since: float) -> None:
         await until_refreshed(daemon, lambda d=daemon: d.membership.now() > since + swarm.ttl_s + 2 * HEARTBEAT_S)
 
 
-def assert_everyone_sees_everyone(swarm: Swarm) -> None:
+async def assert_everyone_sees_everyone(swarm: Swarm) -> None:
+    """Every daemon sees every daemon, now or within a few refreshes: on a loaded machine a
+    heartbeat can miss its TTL and a peer flap for a moment; an attack that worked keeps it
+    hidden for minutes (900 s pinned, 120 s withdrawn)."""
     for daemon in swarm.daemons:
-        assert live_ids(daemon) == swarm.ids(), f"{daemon.config.public_name} lost a peer"
+        try:
+            await until_refreshed(daemon, lambda d=daemon: live_ids(d) == swarm.ids(), timeout_s=20.0)
+        except TimeoutError:
+            raise AssertionError(f"{daemon.config.public_name} lost a peer: sees {sorted(live_ids(daemon))}, "
+                                 f"expected {sorted(swarm.ids())}") from None
+    for daemon in swarm.daemons:
+        assert not daemon.store_log.failed, f"{daemon.config.public_name}'s stores failed: {daemon.store_log.failed}"
 
 
-@pytest.fixture
-async def swarm(tmp_path: Path) -> AsyncIterator[Swarm]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def swarm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Swarm]:
+    tmp_path = tmp_path_factory.mktemp("hostile")
     owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator",)), plugins=PLUGINS,
                                 run_config=RunConfig(name="hostile", heartbeat_s=HEARTBEAT_S))
     network = Swarm(tmp_path, owner)
@@ -105,19 +126,25 @@ async def swarm(tmp_path: Path) -> AsyncIterator[Swarm]:
 
 
 async def test_another_keys_record_under_a_victims_subkey_does_not_hide_it(swarm: Swarm) -> None:
+    refused_before = refusals(swarm)
     mallory = Identity.generate()
     now = get_dht_time()
     record = PeerRecord(peer_id=mallory.peer_id, public_key=mallory.public_key, name="mallory", http_addr="",
                         tcp_addr="", roles=(), version="x", round=0, timestamp=now)
 
-    await swarm.attacker.store(swarm.peers, seal_record(mallory, record), now + FAR_S,
-                               subkey=swarm.victim.identity.peer_id)
+    blob = seal_record(mallory, record)
+    as_entry = seal_entry(mallory, key=swarm.peers, payload=blob, signed_at=now, expires_at=now + FAR_S)
+
+    for value in (blob, as_entry):  # the bare record, and the record in an entry mallory signed
+        await swarm.attacker.store(swarm.peers, value, now + FAR_S, subkey=swarm.victim.identity.peer_id)
     await outlived(swarm, now)
 
-    assert_everyone_sees_everyone(swarm)
+    assert refusals(swarm) > refused_before, "no daemon refused the attacker's writes"
+    await assert_everyone_sees_everyone(swarm)
 
 
 async def test_a_victims_own_record_replayed_with_a_later_expiration_does_not_pin_it(swarm: Swarm) -> None:
+    refused_before = refusals(swarm)
     victim_id = swarm.victim.identity.peer_id
     found = await swarm.attacker.get(swarm.peers, latest=True)
     stolen = found.value[victim_id].value
@@ -126,43 +153,52 @@ async def test_a_victims_own_record_replayed_with_a_later_expiration_does_not_pi
     await swarm.attacker.store(swarm.peers, stolen, now + FAR_S, subkey=victim_id)
     await outlived(swarm, now)
 
-    assert_everyone_sees_everyone(swarm)
+    assert refusals(swarm) > refused_before, "no daemon refused the attacker's writes"
+    await assert_everyone_sees_everyone(swarm)
 
 
 async def test_an_empty_value_does_not_withdraw_the_orchestrator(swarm: Swarm) -> None:
+    refused_before = refusals(swarm)
     now = get_dht_time()
 
     await swarm.attacker.store(swarm.peers, b"", now + 120.0, subkey=swarm.owner.identity.peer_id)
     await outlived(swarm, now)
 
-    assert_everyone_sees_everyone(swarm)
+    assert refusals(swarm) > refused_before, "no daemon refused the attacker's writes"
+    await assert_everyone_sees_everyone(swarm)
 
 
 async def test_a_plain_value_over_the_peers_key_does_not_wipe_it(swarm: Swarm) -> None:
+    refused_before = refusals(swarm)
     now = get_dht_time()
 
     await swarm.attacker.store(swarm.peers, b"not a dictionary", now + FAR_S)
     await outlived(swarm, now)
 
-    assert_everyone_sees_everyone(swarm)
+    assert refusals(swarm) > refused_before, "no daemon refused the attacker's writes"
+    await assert_everyone_sees_everyone(swarm)
 
 
 async def test_junk_under_the_manifest_key_does_not_stop_a_new_peer_joining(swarm: Swarm) -> None:
+    refused_before = refusals(swarm)
     now = get_dht_time()
     mallory = Identity.generate()
 
+    signed_junk = seal_entry(mallory, key=swarm.manifest, payload=b"junk", signed_at=now, expires_at=now + 60)
+
     await swarm.attacker.store(swarm.manifest, b"junk", now + FAR_S, subkey=swarm.owner.identity.peer_id)
     await swarm.attacker.store(swarm.manifest, b"junk", now + FAR_S, subkey=mallory.peer_id)
+    await swarm.attacker.store(swarm.manifest, signed_junk, now + 60, subkey=mallory.peer_id)  # not the owner's
     await outlived(swarm, now)
-    late = await swarm.join("late")
-    for daemon in swarm.daemons:
-        await until_refreshed(daemon, lambda d=daemon: live_ids(d) == swarm.ids())
+    late = await swarm.join(f"late-{len(swarm.daemons)}")
 
     assert late.manifest.blob == swarm.owner.manifest.blob
-    assert_everyone_sees_everyone(swarm)
+    assert refusals(swarm) > refused_before, "no daemon refused the attacker's writes"
+    await assert_everyone_sees_everyone(swarm)
 
 
 async def test_thousands_of_junk_subkeys_never_reach_the_readers(swarm: Swarm) -> None:
+    refused_before = refusals(swarm)
     now = get_dht_time()
     count = 2000
     subkeys = [os.urandom(32).hex() for _ in range(count)]
@@ -171,6 +207,7 @@ async def test_thousands_of_junk_subkeys_never_reach_the_readers(swarm: Swarm) -
                                     [now + FAR_S] * count, subkeys=subkeys)
     await outlived(swarm, now)
 
-    assert_everyone_sees_everyone(swarm)
+    assert refusals(swarm) > refused_before, "no daemon refused the attacker's writes"
+    await assert_everyone_sees_everyone(swarm)
     for daemon in swarm.daemons:
         assert sum(daemon.view.rejected.values()) == 0, "junk reached the record reader"
