@@ -1,7 +1,10 @@
 """Who is in the run.
 
 - ``manifest``   run configs and the owner-signed manifest; the run id binds the owner's key.
-- ``keys``       the run's DHT keys (the manifest, the peer records).
+- ``keys``       the run's DHT keys (the manifest, the peer records) and ``RunKeys``, the rule
+                 every daemon's DHT node applies to them (which keys exist, who writes the
+                 manifest, how long an entry lives).
+- ``publisher``  keeping this peer's entries in the DHT; a failed store raises the alarm.
 - ``records``    signed peer records: what each peer publishes, and the checks on reading one.
 - ``admission``  the run's admission policy (open, allowlist, join tokens).
 - ``view``       the live peer table, rebuilt from verified, admitted records.
