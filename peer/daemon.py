@@ -34,6 +34,7 @@ from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest
 from gossamer.peer.run.publisher import Publisher, StoreLog
 from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.tenure import tenured_ids
 from gossamer.peer.run.view import PeerView
 from gossamer.peer.serving import (
     TcpDispatch,
@@ -156,11 +157,13 @@ class Daemon:
     # -- heartbeat and view -------------------------------------------------------------------
 
     def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
-        host = self.config.advertised_host
+        host, now = self.config.advertised_host, self.membership.now()
+        owner = self.identity.public_key == self.manifest.owner_public_key
+        tenured = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s) if owner else ()
         return peer_record(identity=self.identity, config=self.config, roles=self.roles,
                            http_addr=f"{host}:{self.http.address[1]}" if self.http else "",
                            tcp_addr=f"{host}:{self.tcp.address[1]}" if self.tcp else "",
-                           now=self.membership.now(), capacity=self.device_info, state=state)
+                           now=now, capacity=self.device_info, state=state, tenured=tenured)
 
     async def publish_record(self) -> bool:
         """Sign and store this peer's record; False (and the alarm raised) when no DHT node took it."""

@@ -7,6 +7,9 @@
 - ``publisher``  keeping this peer's entries in the DHT; a failed store raises the alarm.
 - ``records``    signed peer records: what each peer publishes, and the checks on reading one.
 - ``admission``  the run's admission policy (open, allowlist, join tokens).
-- ``view``       the live peer table, rebuilt from verified, admitted records.
+- ``view``       the live peer table, rebuilt from verified, admitted records (a bounded number
+                 verified per read; each peer's tenure as seen here).
+- ``tenure``     which peers may steer a choice: the tenured ones (seen live long enough, or
+                 vouched for by the run owner), so free new identities cannot.
 - ``joining``    starting the DHT node with actionable errors; finding and verifying a manifest.
 """

@@ -32,6 +32,7 @@ from gossamer.peer.errors import ConfigError, ManifestError
 RUN_ID_KEY_HEX = 16
 MIN_HEARTBEAT_S, MAX_HEARTBEAT_S = 0.2, 600.0
 TTL_HEARTBEATS = 3
+TENURE_HEARTBEATS = 12
 MAX_TTL_S = TTL_HEARTBEATS * MAX_HEARTBEAT_S
 MAX_MANIFEST_BYTES = 48 * 1024
 POLICIES = ("open", "allowlist")
@@ -113,6 +114,11 @@ class Manifest:
     def ttl_s(self) -> float:
         """How long a peer record stays valid: three heartbeats of the run."""
         return TTL_HEARTBEATS * self.config.heartbeat_s
+
+    @property
+    def tenure_s(self) -> float:
+        """How long a peer must have been live to steer others' choices (``peer.run.tenure``)."""
+        return TENURE_HEARTBEATS * self.config.heartbeat_s
 
     @property
     def owner_peer_id(self) -> str:

@@ -41,6 +41,7 @@ from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest, run_config_from_dict
 from gossamer.peer.run.records import seal_record
+from gossamer.peer.run.tenure import tenured_ids
 from gossamer.peer.run.view import PeerView
 from gossamer.peer.serving import donated_state, peer_record, role_app, role_dispatcher, state_donor
 from gossamer.transport.dht import DhtConfig, DhtMembership
@@ -179,13 +180,15 @@ class LocalNet:
         """Every live peer's signed record into the shared view (and the DHT, if there is one)."""
         now = self.now()
         expiration = now + min(self.manifest.ttl_s, RECORD_LIFETIME_S)
+        vouched = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s)
         for peer in self.peers.values():
             if not peer.alive:
                 continue
             record = peer_record(identity=peer.identity, config=peer.ctx.config, roles=peer.roles,
                                  http_addr=f"127.0.0.1:{peer.http.address[1]}" if peer.http else "",
                                  tcp_addr=f"127.0.0.1:{peer.tcp.address[1]}" if peer.tcp else "",
-                                 now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor))
+                                 now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor),
+                                 tenured=vouched if peer.identity.public_key == self.owner.public_key else ())
             blob = seal_record(peer.identity, record)
             self._records[peer.peer_id] = (blob, expiration)
             if self.membership is not None:

@@ -5,7 +5,8 @@ let a new peer join. Each attack hid, replaced, pinned or wiped records before t
 were signed and validated on every daemon (the module's tests all failed on that code).
 
 The daemons are shared by the module's tests (starting them is most of the time); every attack
-leaves them intact, which is what each test checks, so the order does not matter."""
+leaves them intact, which is what each test checks, so the order does not matter. Each test has
+an attacker node of its own (what an attacker's node stores, it keeps and serves)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class Swarm:
         self.tmp_path = tmp_path
         self.owner = owner
         self.daemons = [owner]
-        self.attacker: DHTNode | None = None
+        self.attacker: DHTNode  # set by the ``swarm`` fixture, for one test
         self.run_id = owner.manifest.run_id
         self.peers = KEY_PREFIX + peers_key(self.run_id)
         self.manifest = KEY_PREFIX + manifest_key(self.run_id)
@@ -106,7 +107,7 @@ async def assert_everyone_sees_everyone(swarm: Swarm) -> None:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def swarm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Swarm]:
+async def daemons(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Swarm]:
     tmp_path = tmp_path_factory.mktemp("hostile")
     owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator",)), plugins=PLUGINS,
                                 run_config=RunConfig(name="hostile", heartbeat_s=HEARTBEAT_S))
@@ -115,14 +116,21 @@ async def swarm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Swarm
         await network.join("victim")
         for daemon in network.daemons:
             await until_refreshed(daemon, lambda d=daemon: live_ids(d) == network.ids())
-        network.attacker = await DHTNode.create(initial_peers=owner.membership.visible_maddrs(),
-                                                host_maddrs=["/ip4/127.0.0.1/tcp/0"])
         yield network
     finally:
-        if network.attacker is not None:
-            await network.attacker.shutdown()
         for daemon in reversed(network.daemons):
             await daemon.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def swarm(daemons: Swarm) -> AsyncIterator[Swarm]:
+    """The shared daemons, with a fresh attacker node in the swarm for this test."""
+    daemons.attacker = await DHTNode.create(initial_peers=daemons.owner.membership.visible_maddrs(),
+                                            host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        yield daemons
+    finally:
+        await daemons.attacker.shutdown()
 
 
 async def test_another_keys_record_under_a_victims_subkey_does_not_hide_it(swarm: Swarm) -> None:
