@@ -26,10 +26,12 @@ RETRY_HEARTBEATS = 0.25
 
 @dataclass
 class StoreLog:
-    """Stores of this daemon's entries, by entry (``record``, ``manifest``): done and failed."""
+    """Stores of this daemon's entries, by entry (``record``, ``manifest``): done, failed, and of
+    the failures those the DHT answered but refused (the rest: no answer in time, a dead node)."""
 
     stored: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
 
 
 class Publisher:
@@ -56,6 +58,8 @@ class Publisher:
             stored = await self._membership.store(self._key, value, signer=self._signer,
                                                   expiration_time=expiration_time)
             cause = "no DHT node accepted it (an entry with a later expiration holds its subkey, or it was refused)"
+            if not stored:
+                self._log.refused[self.what] += 1
         except TransportError as exc:
             stored, cause = False, str(exc)
         if stored:

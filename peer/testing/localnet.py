@@ -9,6 +9,11 @@ every peer, which the roles that read the DHT themselves need). Everything the r
 real thing: settings read from a signed manifest by the protocol's plugin, the transports, the
 HTTP client, signatures, admission.
 
+Outsiders: ``outsider(identity, record)`` puts a record signed by an identity that is not one of
+the net's peers into the view, as anyone can write one into the DHT of an open run (a hostile
+peer's, a free identity's). ``skip(seconds)`` moves the network's clock forward, as if its peers
+had been up that much longer (tenure, ``peer.run.tenure``, is measured on this clock).
+
 Faults are declared by (peer, step, operation), never by subclassing internals:
 ``fail(name, step, op)`` makes that peer refuse the requests of ``op`` for ``step`` as a crashed
 host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
@@ -40,7 +45,7 @@ from gossamer.peer.role import Role, RoleContext
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest, run_config_from_dict
-from gossamer.peer.run.records import seal_record
+from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.run.tenure import tenured_ids
 from gossamer.peer.run.view import PeerView
 from gossamer.peer.serving import donated_state, peer_record, role_app, role_dispatcher, state_donor
@@ -114,6 +119,7 @@ class LocalNet:
         self.received: dict[str, list[Frame]] = {}
         self._publishing: set[asyncio.Task[None]] = set()
         self._records: dict[str, tuple[bytes, float]] = {}
+        self._skipped_s = 0.0
 
     @classmethod
     async def create(cls, run: RunConfig | Mapping[str, Any], *, plugins: PluginRegistry, workdir: Path,
@@ -134,7 +140,13 @@ class LocalNet:
                    membership=membership, device=torch.device(device))
 
     def now(self) -> float:
-        return self.membership.now() if self.membership is not None else time.time()
+        return (self.membership.now() if self.membership is not None else time.time()) + self._skipped_s
+
+    def skip(self, seconds: float) -> None:
+        """Move the network's clock forward by ``seconds`` (``publish`` to refresh the records)."""
+        if self.membership is not None:
+            raise RuntimeError("a LocalNet with a DHT runs on DHT time; its clock cannot be moved")
+        self._skipped_s += seconds
 
     # -- peers ------------------------------------------------------------------------------------
 
@@ -197,6 +209,13 @@ class LocalNet:
         self.view.update(dict(self._records), now=now)
         async with self.view_refreshed:
             self.view_refreshed.notify_all()
+
+    def outsider(self, identity: Identity, record: PeerRecord) -> None:
+        """Put ``record``, signed by ``identity`` (not one of the net's peers), into the view until
+        its TTL runs out."""
+        blob = seal_record(identity, record)
+        self._records[identity.peer_id] = (blob, record.timestamp + self.manifest.ttl_s)
+        self.view.update(dict(self._records), now=self.now())
 
     def announce(self) -> None:
         """A role's ``ctx.announce``: publish again at once (as the daemon's heartbeat would)."""

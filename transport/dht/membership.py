@@ -79,8 +79,8 @@ class DhtMembership:
     async def store(self, key: str, value: bytes, *, signer: Identity, expiration_time: float) -> bool:
         """Sign ``value`` and store it under ``key``, subkey ``signer.peer_id``, until ``expiration_time``.
 
-        Returns False when no DHT node took it: already expired, or every node holds an entry of
-        that subkey with a later expiration (see ``_store`` for how this is decided).
+        Returns False when the DHT refused it: already expired, or the nodes hold an entry of that
+        subkey with a later expiration; raises TransportError when no node answered (``_store``).
         """
         if not isinstance(value, bytes) or not value:
             raise ValueError("value: must be non-empty bytes (an empty payload is the withdrawal tombstone)")
@@ -125,16 +125,19 @@ class DhtMembership:
             await stop_p2p(self._p2p)
 
     async def _store(self, key: str, value: bytes, signer: Identity, expiration_time: float) -> bool:
-        """Store a signed entry; True if readers will find it.
+        """Store a signed entry; True if readers will find it, False if the DHT holds another
+        entry of this subkey that readers find instead; TransportError if nobody answered.
 
-        hivemind reports, per store, the answer of whichever replica answered LAST, so one node
-        that refuses (a node without gossamer's validator holding a value it should not) makes a
-        store that every honest node took look failed. On a reported failure the key is read back
-        (through the validator): the store counts as done when readers see this very entry.
+        hivemind reports, per store, the answer of whichever replica answered LAST (and no answer
+        as a refusal), so one node that refuses (a node without gossamer's validator holding a
+        value it should not) makes a store that every honest node took look failed. On a reported
+        failure the key is read back (through the validator) to tell which it was.
         """
         if not isinstance(expiration_time, int | float) or not math.isfinite(expiration_time):
             raise ValueError(f"expiration_time: must be a finite DHT time, got {expiration_time!r}")
         now = self.now()
+        if expiration_time <= now:
+            return False  # every node refuses an expired value
         if expiration_time - now > self._config.max_lifetime_s:
             raise ValueError(f"expiration_time: {expiration_time - now:.0f} s from now is over "
                              f"max_lifetime_s={self._config.max_lifetime_s:.0f}")
@@ -143,9 +146,12 @@ class DhtMembership:
         if await self._call("store", lambda: self._node.store(full_key, entry, float(expiration_time), subkey=subkey)):
             return True
         records, withdrawn = await self.get_entries(key)
-        if not value:
-            return subkey in withdrawn
-        return records.get(subkey) == (value, float(expiration_time))
+        if subkey in withdrawn:
+            return not value
+        if subkey not in records:
+            raise TransportError(f"DHT store under {key}: no node confirmed it and reading it back found nothing "
+                                 f"(nodes did not answer in time?)")
+        return records[subkey] == (value, float(expiration_time))
 
     async def _call(self, what: str, request: Callable[[], Awaitable[_T]]) -> _T:
         if self._close_task is not None:

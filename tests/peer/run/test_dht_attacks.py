@@ -26,13 +26,15 @@ from gossamer.peer.daemon import Daemon
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.keys import manifest_key, peers_key
 from gossamer.peer.run.manifest import RunConfig
-from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.records import TENURED_ID_HEX, PeerRecord, seal_record
+from gossamer.peer.run.tenure import steering
 from gossamer.transport.dht import KEY_PREFIX
 from gossamer.transport.dht.entries import seal_entry
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
 HEARTBEAT_S = 0.5
+TENURE_S = 2.0
 FAR_S = 900.0  # how far ahead the attacker dates its values: the DHT keeps the latest expiration
 
 
@@ -102,15 +104,15 @@ async def assert_everyone_sees_everyone(swarm: Swarm) -> None:
         except TimeoutError:
             raise AssertionError(f"{daemon.config.public_name} lost a peer: sees {sorted(live_ids(daemon))}, "
                                  f"expected {sorted(swarm.ids())}") from None
-    for daemon in swarm.daemons:
-        assert not daemon.store_log.failed, f"{daemon.config.public_name}'s stores failed: {daemon.store_log.failed}"
+    for daemon in swarm.daemons:  # (a store may time out on a loaded machine; none may be refused)
+        assert not daemon.store_log.refused, f"{daemon.config.public_name}'s stores were refused"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def daemons(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Swarm]:
     tmp_path = tmp_path_factory.mktemp("hostile")
     owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator",)), plugins=PLUGINS,
-                                run_config=RunConfig(name="hostile", heartbeat_s=HEARTBEAT_S))
+                                run_config=RunConfig(name="hostile", heartbeat_s=HEARTBEAT_S, tenure_s=TENURE_S))
     network = Swarm(tmp_path, owner)
     try:
         await network.join("victim")
@@ -219,3 +221,23 @@ async def test_thousands_of_junk_subkeys_never_reach_the_readers(swarm: Swarm) -
     await assert_everyone_sees_everyone(swarm)
     for daemon in swarm.daemons:
         assert sum(daemon.view.rejected.values()) == 0, "junk reached the record reader"
+
+
+async def test_the_owner_vouches_for_tenured_peers_so_a_joiner_knows_whom_to_follow(swarm: Swarm) -> None:
+    owner_id, victim_id = swarm.owner.identity.peer_id, swarm.victim.identity.peer_id
+
+    def vouched_for_victim(daemon: Daemon) -> bool:
+        owner = daemon.view.get(owner_id)
+        return owner is not None and victim_id[:TENURED_ID_HEX] in owner.record.tenured
+
+    await until_refreshed(swarm.victim, lambda: vouched_for_victim(swarm.victim))
+    late = await swarm.join(f"late-{len(swarm.daemons)}")
+    await until_refreshed(late, lambda: vouched_for_victim(late) and victim_id in live_ids(late))
+    now = late.membership.now()
+    live = late.view.live(now=now)
+
+    chosen = steering(live, now=now, tenure_s=late.manifest.tenure_s, owner=late.view.get(owner_id).record)
+
+    assert all(now - p.since < TENURE_S for p in live)  # the joiner has seen nobody for long...
+    assert victim_id in {p.record.peer_id for p in chosen}  # ...and follows whom the owner vouches for
+    assert late.identity.peer_id not in {p.record.peer_id for p in chosen}

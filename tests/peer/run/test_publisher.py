@@ -41,7 +41,7 @@ async def test_a_refused_store_warns_once_counts_retries_sooner_and_logs_the_rec
 
     assert (first, second, third) == (False, False, True)
     assert delay_while_failing == HEARTBEAT_S * RETRY_HEARTBEATS and publisher.retry_delay_s == HEARTBEAT_S
-    assert (log.failed["record"], log.stored["record"]) == (2, 1)
+    assert (log.failed["record"], log.refused["record"], log.stored["record"]) == (2, 2, 1)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(warnings) == 1 and "could not store the record in the DHT" in warnings[0]
