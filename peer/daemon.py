@@ -123,10 +123,12 @@ class Daemon:
             plugins.check_roles(plugin.name, config.roles, run=manifest.run_id)
             settings = plugin.read_settings(manifest.config)
             identity = identity or load_identity(config)  # only now: every argument checked out
+            admission = Admission(manifest)
+            admission.check_own_token(config.join_token, public_key=identity.public_key, now=membership.now())
             http_config = HttpConfig()
             http_client = await HttpClient.create(config=http_config)
             stack.push_async_callback(http_client.aclose)
-            view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
+            view = PeerView(admission, ttl_s=manifest.ttl_s)
             daemon = cls(config=config, identity=identity, manifest=manifest, plugin=plugin, membership=membership,
                          http_client=http_client, view=view, traffic=Traffic(), resources=stack.pop_all(),
                          device_info=describe_device(device))
