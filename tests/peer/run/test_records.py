@@ -91,16 +91,21 @@ def test_expired_join_token_is_not_admitted() -> None:
     assert info.value.reason == "policy"
 
 
+def tokens_for(owner: Identity, admission: Admission, peer: Identity) -> tuple[str, str]:
+    """A token of the run bound to ``peer``'s key, and one bound to no key."""
+    run_id = admission._manifest.run_id
+    bound = issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=peer.public_key,
+                             nonce=b"b" * 16)
+    return bound, issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=None, nonce=b"u" * 16)
+
+
 def test_a_token_read_from_a_public_record_admits_nobody_else() -> None:
     """Issue 10: a token lifted from a peer's public record admitted the attacker's key. A bound
     token copied into another record is refused, and a record carrying an unbound token is refused
     even for its holder (published, it is everyone's)."""
     owner, alice, mallory = Identity.generate(), Identity.generate(), Identity.generate()
     admission = allowlist_admission(owner, owner)
-    run_id = admission._manifest.run_id
-    bound = issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=alice.public_key,
-                             nonce=b"b" * 16)
-    unbound = issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=None, nonce=b"u" * 16)
+    bound, unbound = tokens_for(owner, admission, alice)
 
     admission.check(make_record(alice, join_token=bound), now=NOW)  # its holder is admitted
     refusals = []
@@ -116,10 +121,7 @@ def test_a_token_read_from_a_public_record_admits_nobody_else() -> None:
 def test_a_daemon_refuses_to_publish_a_token_that_would_admit_whoever_reads_it() -> None:
     owner, alice, listed = Identity.generate(), Identity.generate(), Identity.generate()
     admission = allowlist_admission(owner, listed)
-    run_id = admission._manifest.run_id
-    bound = issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=alice.public_key,
-                             nonce=b"b" * 16)
-    unbound = issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=None, nonce=b"u" * 16)
+    bound, unbound = tokens_for(owner, admission, alice)
 
     admission.check_own_token(bound, public_key=alice.public_key, now=NOW)
     admission.check_own_token("", public_key=listed.public_key, now=NOW)  # admitted without one
