@@ -19,8 +19,10 @@ holes were found (it leaves at the end of the window, taking what it stored):
 Measured over each kind of window: each learner's rounds per second and how many peers'
 parameters it mixed per round (``diloco.round`` events: a learner that lost its peers trains
 alone), the fewest live peers its table held (``peers`` events; 3 = orchestrator and both
-learners) and how often that table changed. Finally, under attack again, a new learner starts:
-seconds until it is ready, and the same figures for it over one window. ``--source DIR`` runs the
+learners) and how often that table changed. (The JSON calls the windows without the attacker's
+node ``clean``; on code that stored the attacker's values, they are not: its damage outlives it.)
+Finally, under attack again, a new learner starts: seconds until it is ready, and the same
+figures for it over one window. ``--source DIR`` runs the
 daemons from another checkout (e.g. ``git archive`` of the code before the fix) while the
 attacker stays the same, to measure the "before" column.
 
@@ -283,15 +285,16 @@ async def scenario(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     rows = ["| window | learner | rounds/s | peers' parameters mixed per round | fewest live peers (of 3) "
             "| peer-table changes |", "|---|---|---|---|---|---|"]
-    for window in ("clean", "attack"):
+    for window, label in (("clean", "attacker away"), ("attack", "attacking")):
         for name, row in result[window].items():
-            rows.append(f"| {window} | {name} | {row['rounds_per_s']:.2f} | {row['mixed_per_round']} | "
+            rows.append(f"| {label} | {name} | {row['rounds_per_s']:.2f} | {row['mixed_per_round']} | "
                         f"{row['min_live_peers']} | {row['peer_changes']} |")
     join = result["join_under_attack"]
     if "failed" in join:
-        rows.append(f"| attack | new learner | FAILED: {join['failed']} | | | |")
+        said = [line for line in join["log_tail"].splitlines() if line.startswith("error:")]
+        rows.append(f"| attacking | new learner | failed to join: {(said or [join['failed']])[-1]} | | | |")
     else:
-        rows.append(f"| attack | new learner (ready after {join['ready_s']} s) | {join['rounds_per_s']:.2f} | "
+        rows.append(f"| attacking | new learner (ready after {join['ready_s']} s) | {join['rounds_per_s']:.2f} | "
                     f"{join['mixed_per_round']} | {join['min_live_peers']} | {join['peer_changes']} |")
     return "\n".join(rows) + "\n"
 
