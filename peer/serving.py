@@ -89,12 +89,14 @@ async def donated_state(donor: StateDonor | None) -> dict[str, Any]:
 
 
 def peer_record(*, identity: Identity, config: PeerConfig, roles: Sequence[Role], http_addr: str, tcp_addr: str,
-                now: float, capacity: dict[str, Any], state: dict[str, Any] | None = None) -> PeerRecord:
-    """This peer's record: its addresses, roles, round, assignment and donated state, as of ``now``."""
+                now: float, capacity: dict[str, Any], state: dict[str, Any] | None = None,
+                tenured: tuple[str, ...] = ()) -> PeerRecord:
+    """This peer's record: its addresses, roles, round, assignment and donated state, as of ``now``
+    (and, from the run owner, the peers it vouches for: ``run.tenure``)."""
     return PeerRecord(
         peer_id=identity.peer_id, public_key=identity.public_key, name=config.public_name,
         http_addr=http_addr, tcp_addr=tcp_addr, roles=tuple(dict.fromkeys(config.roles)), version=__version__,
         round=max((role.round for role in roles), default=0), timestamp=now, capacity=dict(capacity),
         assignment={k: v for role in roles for k, v in role.status().get("assignment", {}).items()},
-        join_token=config.join_token, state=state or {},
+        join_token=config.join_token, state=state or {}, tenured=tenured,
     )

@@ -26,15 +26,17 @@ Map of the package:
                 slowloris, connection cap, tensor helpers) and ``http_client``.
 - ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
                 (``wan_link`` holds the per-link profile and pacing).
-- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys
-                (a subpackage: ``membership``, ``config``, ``startup``, ``records``).
+- ``dht``       membership over a hivemind DHTNode: signed entries under ``gossamer/`` keys,
+                validated by every node (a subpackage: ``membership``, ``config``, ``startup``,
+                ``entries``, ``validation``, ``records``).
 
 Exceptions::
 
     TransportError
      ├── DecodeError           bytes from a peer that do not parse (bad magic, dtype, shape, ...)
      │    ├── LimitExceeded    a claimed length / count / depth / size over a cap
-     │    └── NonFiniteTensor  NaN or Inf where the caller asked for finite values
+     │    ├── NonFiniteTensor  NaN or Inf where the caller asked for finite values
+     │    └── EntryRefused     (dht.entries) a DHT value that is not a valid signed entry there
      ├── ConnectionClosed      the peer closed or reset the connection (also mid-frame)
      │    └── ConnectFailed    (tcp_client) no connection could be opened to the address
      ├── TransportTimeout      a deadline passed (connect, read, request)

@@ -37,7 +37,7 @@ import torch
 from aiohttp import web
 
 from gossamer.peer.kit.checkpoint import Checkpoints
-from gossamer.peer.kit.inbox import Inbox
+from gossamer.peer.kit.inbox import Inbox, size_bytes
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger, body_cap
 from gossamer.peer.kit.state_join import download_state
@@ -48,6 +48,7 @@ from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
 from gossamer.peer.roles.diloco.ledger import RoundLedger
 from gossamer.peer.roles.diloco.settings import DilocoSettings
+from gossamer.peer.roles.diloco.steering import inbox_budget
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica, Params
 from gossamer.protocols.mixing import neighbours
@@ -102,6 +103,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         return [web.put("/diloco/{kind}/{round}", self._receive)]
 
     async def start(self) -> None:
+        self._advance_inbox(self.replica.round)  # sized before anything arrives
         if not self.resumed_from:
             await self._join_mid_run()
         self.spawn(self._run(), name="rounds")
@@ -199,7 +201,13 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         log.info("%s at round %d with state from %d donor(s)", why, version, len(report.shards_served))
 
     def _other_learners(self) -> list[LivePeer]:
-        return self.peers_with(names.LEARNER)
+        """The other learners that may steer this one: the tenured ones, or all (``steering``)."""
+        return self.steering_peers_with(names.LEARNER)
+
+    def _advance_inbox(self, round: int) -> None:
+        self.inbox.advance(round)
+        self.inbox.max_bytes = inbox_budget(size_bytes(self._snapshot[1]), window_rounds=self.inbox.window_rounds,
+                                            steering_learners=len(self._other_learners()))
 
     # -- receiving ------------------------------------------------------------------------------
 
@@ -212,7 +220,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                                                 max_body_bytes=body_cap(expected))
         sender = received.envelope.sender
         reason = self._shape_problem(kind, expected, received.tensors) or await self.inbox.put(
-            kind, round, sender, received.tensors)
+            kind, round, sender, received.tensors,
+            priority=any(p.record.peer_id == sender for p in self._other_learners()))
         self.ctx.traffic.add_received(kind, received.size_bytes)
         if reason is not None:
             self._late_rejections.setdefault((kind, round), {})[sender] = reason
@@ -264,7 +273,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
 
     async def _one_round(self) -> RoundLedger:
         started, t = time.monotonic(), self.replica.round
-        self.inbox.advance(t)
+        self._advance_inbox(t)
         learners = self._learners()
         me = learners.index(self.ctx.identity.peer_id)
         plan, seed = self.settings.mixing, self.settings.seed

@@ -94,8 +94,8 @@ class Hosts:
         record = PeerRecord(peer_id=identity.peer_id, public_key=identity.public_key, name=name, http_addr="",
                             tcp_addr=self.addr(name), roles=(role,), version="test", round=0, timestamp=now,
                             assignment={key: list(host.units)})
-        await self.membership.store(peers_key(self.manifest.run_id), identity.peer_id,
-                                    seal_record(identity, record), expiration_time=now + 60.0)
+        await self.membership.store(peers_key(self.manifest.run_id), seal_record(identity, record), signer=identity,
+                                    expiration_time=now + 60.0)
         await self.refresh()
         return self.addr(name)
 
@@ -264,8 +264,8 @@ async def test_a_hung_host_is_reported_by_the_host_before_it_within_the_budget(h
         record = PeerRecord(peer_id=identity.peer_id, public_key=identity.public_key, name="hung",
                             http_addr="", tcp_addr=hung, roles=("block-server",), version="test",
                             round=0, timestamp=now, assignment={"blocks": [1]})
-        await hosts.membership.store(peers_key(hosts.manifest.run_id), identity.peer_id,
-                                     seal_record(identity, record), expiration_time=now + 60.0)
+        await hosts.membership.store(peers_key(hosts.manifest.run_id), seal_record(identity, record),
+                                     signer=identity, expiration_time=now + 60.0)
         await hosts.refresh()
         remote = client(hosts, budget_s=2.0)
         started = time.monotonic()
