@@ -1,7 +1,8 @@
 """Summary, markdown tables and plot of ``wan_training.py``'s measurements.
 
 The arm's curve at time t is the mean over its peers of each peer's latest held-out loss sample at
-or before t (defined once every peer has one). "Final" is each peer's last sample, averaged.
+or before t (defined once every peer has one). "Final" is the curve's last point within the
+budget (a hivemind peer's sample after its last step past the budget is plotted, not counted).
 Utilisation = compute / (wall - evaluation) per peer over what it completed; the blocking share
 is the waits (gossamer: W1 grace + W2; hivemind: the ``opt.step`` calls that start an epoch) over
 the same time.
@@ -70,11 +71,11 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for name, arm in arms.items():
         points = curve(arm["peers"])
-        finals = [p["samples"][-1] for p in arm["peers"] if p["samples"]]
+        in_budget = [(t, loss) for t, loss in points if t <= settings["budget_s"]]
         summary[name] = {
             "curve": points,
-            "final_loss": statistics.fmean(loss for _, loss in finals) if finals else None,
-            "final_at_s": max(t for t, _ in finals) if finals else None,
+            "final_loss": in_budget[-1][1] if in_budget else None,
+            "final_at_s": in_budget[-1][0] if in_budget else None,
             "loss_at": {f"{f * settings['budget_s']:g}": value_at(points, f * settings["budget_s"]) for f in FRACTIONS},
             **_per_peer(arm, settings),
         }

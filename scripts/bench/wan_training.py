@@ -33,7 +33,7 @@ Writes JSON with every sample and a PNG of loss against wall-clock time::
 
     nice -n 10 .venv/bin/python scripts/bench/wan_training.py [--peers 3] [--budget_s 120] [--mbit 100]
         [--latency_ms 50] [--arms gossamer_diloco gossamer_gossip hivemind_sync hivemind_local]
-        [--json scripts/bench/results/wan_training.json]
+        [--json scripts/bench/results/wan_training.json] [--report_only]
 """
 
 from __future__ import annotations
@@ -316,7 +316,16 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=None, help="folder for logs (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/bench/results/wan_training.json")
+    parser.add_argument("--report_only", action="store_true",
+                        help="re-summarise and re-plot --json from its samples, without running anything")
     args = parser.parse_args()
+    if args.report_only:
+        report = json.loads(args.json.read_text())
+        report["summary"] = summarise(report)
+        write_json(args.json, report)
+        plot(report, args.json.with_suffix(".png"))
+        print(render(report))
+        return 0
     args.sync_accumulate = args.sync_accumulate or args.inner_steps
     s = Settings(**{k: getattr(args, k) for k in Settings.__dataclass_fields__})
     torch.set_num_threads(1)
