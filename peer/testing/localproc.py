@@ -22,15 +22,17 @@ class GossamerProcess:
     """One ``python -m peer.cli ...`` process (or ``program`` + args: any process that prints JSON
     event lines); stderr goes to ``log_path``, events are read from stdout."""
 
-    def __init__(self, args: list[str], *, log_path: Path, program: list[str] | None = None,
-                 stdin: int | None = None) -> None:
+    def __init__(self, args: list[str], *, log_path: Path, wrapper: tuple[str, ...] = (),
+                 program: list[str] | None = None, stdin: int | None = None) -> None:
+        """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark);
+        ``program`` replaces ``python -m gossamer.peer.cli``; ``stdin`` (e.g. subprocess.PIPE) its input."""
         self.log_path = log_path
         self.started_at = time.monotonic()
         self.started_wall_time = time.time()
         self._log = open(log_path, "wb")  # closed in stop()
         program = program or [sys.executable, "-m", "gossamer.peer.cli"]
-        self.proc = subprocess.Popen([*program, *args], stdout=subprocess.PIPE, stderr=self._log, stdin=stdin,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen([*wrapper, *program, *args], stdout=subprocess.PIPE, stderr=self._log,
+                                     stdin=stdin, start_new_session=True)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
         self._eof = False
@@ -150,6 +152,6 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def gossamer(args: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+def gossamer(args: list[str], *, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
     """Run a short-lived ``gossamer`` command to completion."""
     return subprocess.run([sys.executable, "-m", "gossamer.peer.cli", *args], capture_output=True, text=True, timeout=timeout_s)

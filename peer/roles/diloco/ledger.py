@@ -50,4 +50,4 @@ class RoundLedger:
                 for problem in exchange.balance_problems()]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "params": self.params.to_json(), "pseudo_gradients": self.pseudo_gradients.to_json()}
