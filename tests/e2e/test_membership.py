@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    """An allowlist run: the orchestrator plus two admitted peers, all started through the CLI, and two
-    spare admitted identities for the test that stops peers (so the others see three in any order)."""
+    """An allowlist run: the orchestrator plus two admitted peers, all started through the CLI, two
+    spare admitted identities for the test that stops peers (so the others see three in any order)
+    and one for the peer behind a port forward."""
     work = tmp_path_factory.mktemp("swarm")
     admitted = [Identity.create(work / f"peer-{i}.pem") for i in range(5)]
     allow = ", ".join(f'"{p.public_key.hex()}"' for p in admitted)
