@@ -20,10 +20,11 @@ LOOPBACK = ["--host", "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0"]
 
 class GossamerProcess:
     """One ``python -m peer.cli ...`` process (or ``program`` + args: any process that prints JSON
-    event lines); stderr goes to ``log_path``, events are read from stdout."""
+    event lines); stderr goes to ``log_path``, events are read from stdout. ``env`` replaces the
+    environment (e.g. a ``PYTHONPATH`` that runs another version of gossamer)."""
 
-    def __init__(self, args: list[str], *, log_path: Path, wrapper: tuple[str, ...] = (),
-                 program: list[str] | None = None, stdin: int | None = None) -> None:
+    def __init__(self, args: list[str], *, log_path: Path, env: dict[str, str] | None = None,
+                 wrapper: tuple[str, ...] = (), program: list[str] | None = None, stdin: int | None = None) -> None:
         """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark);
         ``program`` replaces ``python -m gossamer.peer.cli``; ``stdin`` (e.g. subprocess.PIPE) its input."""
         self.log_path = log_path
@@ -32,7 +33,7 @@ class GossamerProcess:
         self._log = open(log_path, "wb")  # closed in stop()
         program = program or [sys.executable, "-m", "gossamer.peer.cli"]
         self.proc = subprocess.Popen([*wrapper, *program, *args], stdout=subprocess.PIPE, stderr=self._log,
-                                     stdin=stdin, start_new_session=True)
+                                     stdin=stdin, start_new_session=True, env=env)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
         self._eof = False
@@ -85,6 +86,15 @@ class GossamerProcess:
                 return event
             if event is None or event["event"] == "exited":
                 raise AssertionError(f"no matching event within {timeout_s}s ({event}); log:\n{self.log()[-3000:]}")
+
+    def poll_events(self) -> list[dict[str, Any]]:
+        """The events that have arrived so far and were not returned yet, without waiting."""
+        assert self.proc.stdout is not None
+        while not self._eof and select.select([self.proc.stdout], [], [], 0)[0]:
+            self._absorb(os.read(self.proc.stdout.fileno(), 1 << 16))
+        events = list(self._pending)
+        self._pending.clear()
+        return events
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         return self.wait_event(lambda e: e["event"] == "ready", timeout_s=timeout_s)
