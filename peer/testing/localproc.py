@@ -19,18 +19,21 @@ LOOPBACK = ["--host", "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0"]
 
 
 class GossamerProcess:
-    """One ``python -m peer.cli ...`` process; stderr goes to ``log_path``, events are read from stdout.
-    ``env`` replaces the environment (e.g. a ``PYTHONPATH`` that runs another version of gossamer)."""
+    """One ``python -m peer.cli ...`` process (or ``program`` + args: any process that prints JSON
+    event lines); stderr goes to ``log_path``, events are read from stdout. ``env`` replaces the
+    environment (e.g. a ``PYTHONPATH`` that runs another version of gossamer)."""
 
     def __init__(self, args: list[str], *, log_path: Path, env: dict[str, str] | None = None,
-                 wrapper: tuple[str, ...] = ()) -> None:
-        """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark)."""
+                 wrapper: tuple[str, ...] = (), program: list[str] | None = None, stdin: int | None = None) -> None:
+        """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark);
+        ``program`` replaces ``python -m gossamer.peer.cli``; ``stdin`` (e.g. subprocess.PIPE) its input."""
         self.log_path = log_path
         self.started_at = time.monotonic()
         self.started_wall_time = time.time()
         self._log = open(log_path, "wb")  # closed in stop()
-        self.proc = subprocess.Popen([*wrapper, sys.executable, "-m", "gossamer.peer.cli", *args], stdout=subprocess.PIPE,
-                                     stderr=self._log, start_new_session=True, env=env)
+        program = program or [sys.executable, "-m", "gossamer.peer.cli"]
+        self.proc = subprocess.Popen([*wrapper, *program, *args], stdout=subprocess.PIPE, stderr=self._log,
+                                     stdin=stdin, start_new_session=True, env=env)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
         self._eof = False
@@ -64,6 +67,15 @@ class GossamerProcess:
             event["read_wall_time"] = time.time()
             self._pending.append(event)
             self.latest[event.get("event", "")] = event
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Every event that has arrived so far, without waiting (they are not returned again)."""
+        assert self.proc.stdout is not None
+        while not self._eof and select.select([self.proc.stdout], [], [], 0)[0]:
+            self._absorb(os.read(self.proc.stdout.fileno(), 1 << 16))
+        events = list(self._pending)
+        self._pending.clear()
+        return events
 
     def wait_event(self, predicate, *, timeout_s: float) -> dict[str, Any]:
         """The first event satisfying ``predicate``; AssertionError (with the log) otherwise."""
@@ -111,8 +123,9 @@ class GossamerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             code = self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        for pipe in (self.proc.stdout, self.proc.stdin):
+            if pipe is not None:
+                pipe.close()
         self._log.close()
         return code
 
