@@ -60,17 +60,17 @@ class PseudoGradientAggregator:
         """The flat pseudo-gradients of the last round's neighbours (what a Byzantine learner sees)."""
         self.note = ""
 
-    def subset_of(self, params: Mapping[str, torch.Tensor]) -> Params:
-        """The parameters the W2 mix covers."""
-        return {name: tensor for name, tensor in params.items() if self._plan.covers(name)}
+    def subset_of(self, params: Mapping[str, torch.Tensor], *, round: int | None = None) -> Params:
+        """The parameters the W2 mix covers (in ``round``: all of them in an exact round)."""
+        return {name: tensor for name, tensor in params.items() if self._plan.covers(name, round=round)}
 
     def aggregate(self, d: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
-                  index_of: Callable[[str], int], ledger: Exchange) -> Params:
-        """The mixed pseudo-gradient: aggregated on the W2 subset, own d elsewhere. ``ledger`` is
-        this round's settled pseudo-gradient exchange (its timed-out and rejected peers are the
-        failures); ``used`` and the aggregator's rejections are written back to it."""
+                  index_of: Callable[[str], int], ledger: Exchange, round: int | None = None) -> Params:
+        """The mixed pseudo-gradient: aggregated on the W2 subset of ``round``, own d elsewhere.
+        ``ledger`` is this round's settled pseudo-gradient exchange (its timed-out and rejected
+        peers are the failures); ``used`` and the aggregator's rejections are written back to it."""
         self.note = ""
-        own = self.subset_of(d)
+        own = self.subset_of(d, round=round)
         self.received = [flatten(params) for _, params in sorted(arrived.items())]
         if self.name == "mean":
             mixed, report = mix(me, {me: own, **{index_of(s): v for s, v in arrived.items()}}, weights)

@@ -13,7 +13,10 @@ Manifest layout (run config TOML)::
                         catch_up_rounds (a learner this many rounds behind the median of its peers
                         downloads their state and jumps to their round)
     [hyper.diloco]      DilocoConfig keys (inner_steps, inner_lr, outer_lr, outer_momentum, ...)
-    [hyper.mixing]      MixingPlan keys (w1, w2, w2_subset, k)
+    [hyper.mixing]      MixingPlan keys (w1, w2, w2_subset, k, mix_momentum, average_every:
+                        every average_every-th round is an exact average, W1 and W2 global over
+                        every parameter with the outer momentum averaged too, so the learners
+                        leave it identical; 0 never; mix_momentum: W1 also mixes the momentum)
     [hyper.aggregator]  name = "centered_clipping" (default) | "mean" | ..., and its parameters
 
 The default aggregator is centered clipping iterated from the coordinate-wise median
