@@ -46,6 +46,7 @@ from gossamer.peer.serving import (
     peer_record,
     role_app,
     role_dispatcher,
+    role_gate,
     state_donor,
 )
 from gossamer.transport.dht import DhtMembership
@@ -145,7 +146,8 @@ class Daemon:
                                                   config=ctx.http_config))
         self.tcp = await _bind("TCP", "--tcp_port", self.config.tcp_port,
                                TcpServer.create(self._tcp_dispatcher(), host=self.config.host,
-                                                port=self.config.tcp_port, config=TcpConfig()))
+                                                port=self.config.tcp_port, config=TcpConfig(),
+                                                gate=role_gate(self.roles)))
         await self.publish_record()
         await self.refresh_view()
         for role in self.roles:
@@ -154,7 +156,8 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
 
     def _build_app(self) -> web.Application:
-        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state))
+        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state,
+                                                                           status_token=self.config.status_token))
 
     def _tcp_dispatcher(self) -> TcpDispatch:
         return role_dispatcher(self.roles)

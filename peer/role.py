@@ -40,10 +40,14 @@ from gossamer.transport.dht import DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
+from gossamer.transport.tcp import HandlerError
 
 log = logging.getLogger(__name__)
 
 TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
+TcpGate = Callable[[dict[str, Any], int], None]
+"""``gate(header, payload_len)``: what a frame of a TCP method must pass before its payload is
+allocated or read (who is calling, how big it may be); refuses by raising ``HandlerError``."""
 S = TypeVar("S")
 
 RUNNING, SERVING, FINISHED, FAILED = "running", "serving", "finished", "failed"
@@ -59,6 +63,16 @@ class RoleHealth:
 
     def to_json(self) -> dict[str, str]:
         return {"state": self.state, "detail": self.detail}
+
+
+def payload_cap(max_bytes: int, method: str) -> TcpGate:
+    """A gate refusing payloads above ``max_bytes`` (the largest frame ``method`` can need)."""
+
+    def gate(header: dict[str, Any], payload_len: int) -> None:
+        if payload_len > max_bytes:
+            raise HandlerError(f"{method}: payload of {payload_len} bytes exceeds this method's cap of {max_bytes}")
+
+    return gate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +126,11 @@ class Role:
         return []
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
+        return {}
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        """Per TCP method, the check its frames pass before their payload is read (see ``TcpGate``);
+        a method without one takes payloads up to ``serving.DEFAULT_TCP_PAYLOAD_BYTES``."""
         return {}
 
     async def start(self) -> None:

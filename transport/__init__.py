@@ -16,6 +16,11 @@ Map of the package:
 - ``tcp``       asyncio TCP server and client exchanging frames (request/response, one-way);
                 re-exports ``tcp_stream`` (config, stats, zero-copy frame I/O on raw sockets),
                 ``tcp_server`` and ``tcp_client``.
+- ``slots``     what one connecting peer can hold on a server: connection slots per address
+                (``AddressSlots``, ``address_key``) and bytes of bodies / payloads in flight
+                (``ByteBudget``), shared by the TCP and HTTP servers.
+- ``logs``      ``ThrottledLog``: the servers log what peers can trigger (bad frames, cut
+                bodies, failing handlers) at most ``burst`` lines per window.
 - ``http``      shared HTTP pieces (``HttpConfig``, capped body and JSON reading);
                 ``http_server`` (aiohttp server with body caps, header/idle deadlines against
                 slowloris, connection cap, tensor helpers) and ``http_client``.

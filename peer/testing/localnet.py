@@ -43,7 +43,14 @@ from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest, run_config_from_dict
 from gossamer.peer.run.records import seal_record
 from gossamer.peer.run.view import PeerView
-from gossamer.peer.serving import donated_state, peer_record, role_app, role_dispatcher, state_donor
+from gossamer.peer.serving import (
+    donated_state,
+    peer_record,
+    role_app,
+    role_dispatcher,
+    role_gate,
+    state_donor,
+)
 from gossamer.transport.dht import DhtConfig, DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
@@ -155,7 +162,8 @@ class LocalNet:
         peer = LocalPeer(name=name, identity=identity, ctx=ctx, roles=built, traffic=traffic, donor=state_donor(built))
         peer.http = await HttpServer.create(role_app(built, peer.donor, middlewares=[self._http_faults(name)]),
                                             host="127.0.0.1", port=0, config=ctx.http_config)
-        peer.tcp = await TcpServer.create(self._tcp_dispatcher(peer), host="127.0.0.1", port=0)
+        peer.tcp = await TcpServer.create(self._tcp_dispatcher(peer), host="127.0.0.1", port=0,
+                                          gate=role_gate(built))
         self.peers[name] = peer
         await self.publish()
         return peer

@@ -7,7 +7,6 @@ pipeline's stages compose to the whole causal LM."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,6 @@ from gossamer.protocols.blocktrain import (
 from gossamer.protocols.models import build_model
 from gossamer.protocols.models import generate as ar_generate
 from gossamer.transport.codec import encode_tensors
-from gossamer.transport.dht.config import DhtConfig
 from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
@@ -128,17 +126,6 @@ class Hosts:
         for name in self.servers:
             await self.kill(name)
         await self.pool.aclose()
-
-
-@pytest.fixture
-async def hosts(tmp_path: Path) -> AsyncIterator[Hosts]:
-    membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
-    network = Hosts(tmp_path, membership)
-    try:
-        yield network
-    finally:
-        await network.aclose()
-        await membership.aclose()
 
 
 async def three_hosts(hosts: Hosts) -> None:
