@@ -7,7 +7,11 @@
      │                      an unknown topology); the message names the setting
      ├── NotEnoughUpdates   too few usable contributions arrived for a round or an aggregator
      ├── BlockTrainError    (blocktrain) a bad BlockTrain setting, tensor or state
-     └── TraversalError     (tlpp) a TL++ model, cut or batch that cannot work
+     ├── TraversalError     (tlpp) a TL++ model, cut or batch that cannot work
+     └── ContextError       (context) compressed context parallelism:
+          ├── InvalidRing       a ring, chunking or subspace setting that cannot work
+          └── MessageRefused    a coefficient message refused (``.code`` says why)
+               └── BasisMismatch    its basis hash is not this member's: never a silent corruption
 """
 
 from __future__ import annotations

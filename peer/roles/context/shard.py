@@ -1,0 +1,366 @@
+"""Role ``cp-shard``: one member of a context-parallel ring, holding one chunk of every sequence.
+
+The ring is the live, admitted cp-shards of the run, ordered by peer id, at most
+``model.context // chunk_tokens`` of them; the lowest is the **leader**. Peers a shard has seen
+fail are left out (**suspects**) until their signed record is renewed: a killed peer never renews
+it, a slow one does within a heartbeat. A step (DESIGN.md, "Compressed context parallelism"):
+
+1. **plan**: the leader sends every member the plan (step = model version, a fresh attempt id,
+   the members in ring order, chunk size, batch size, the data's digest; for a member that was
+   not in its last step, where to download the state). A member accepts when it is idle, takes
+   the sender for the leader, and is at that version (one behind downloads the leader's state
+   first, and so a joiner is placed at the next step boundary; one ahead refuses, and the leader
+   catches up). The ring of a step is the plan's, whatever anyone's view says meanwhile.
+2. **ring**: member p of P draws the step's batch (the same sequences everywhere, from the seed
+   and the step), keeps positions [pT, (p+1)T) and runs ``RingMember`` one unit of compute at a
+   time in a worker thread; its coefficient messages go out as signed TCP frames on pooled
+   connections (``route.pool``), kv frames are passed on as they arrive.
+3. **reduce**: each member sends its gradient share to the leader, which sums them in member
+   order (complementary parts of one gradient: never a robust aggregator), applies the update,
+   and sends every member the summed gradient with its new bases; a member applies the same
+   update, takes the bases, and answers. The step is done.
+
+Any failure aborts the attempt (``attempt``): the member that noticed tells the others, suspects
+are left out, and the leader plans the same step again with the survivors, a shorter context.
+Each attempt leaves a ledger (``ledger``) and an event. Frames and their checks: ``wire`` and
+``traffic``; the step's compute and reduction: ``stepping``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, OrderedDict, deque
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gossamer.crypto.envelope import ReplayGuard
+from gossamer.peer.kit.checkpoint import Checkpoints
+from gossamer.peer.kit.ledger import History
+from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.statesync import Donor, StateSyncError, fetch_state, index_digest, state_index
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.roles.context import names
+from gossamer.peer.roles.context.attempt import Attempt
+from gossamer.peer.roles.context.ledger import StepLedger
+from gossamer.peer.roles.context.replica import MODEL, Replica, RingData, StateMismatch
+from gossamer.peer.roles.context.settings import ContextSettings
+from gossamer.peer.roles.context.stepping import StepRunner
+from gossamer.peer.roles.context.traffic import RingTraffic
+from gossamer.peer.roles.context.wire import (
+    PLAN,
+    FrameRefused,
+    Opened,
+    Plan,
+    new_attempt,
+    outbound,
+    parse_plan,
+)
+from gossamer.peer.route.pool import HopPool
+from gossamer.protocols.context import ring_spec
+from gossamer.transport.errors import RemoteError, TransportError
+from gossamer.transport.tcp import TcpConfig
+
+log = logging.getLogger(__name__)
+
+
+class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
+    """A ring member (see the module docstring)."""
+
+    name = names.SHARD
+
+    def __init__(self, ctx: RoleContext) -> None:
+        super().__init__(ctx)
+        self.data = RingData.load(ctx.config.data or self.settings.data_source,
+                                  heldout_fraction=self.settings.heldout_fraction)
+        self.replica = Replica(self.settings, ctx.device)
+        self.pool = HopPool(config=TcpConfig(connect_timeout_s=min(10.0, self.settings.plan_timeout_s)))
+        self.guard = ReplayGuard()
+        self.history: History[tuple[int, str], StepLedger] = History()
+        self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/context")
+        self.refused: Counter[str] = Counter()
+        self.attempt: Attempt | None = None
+        self.last_plan: Plan | None = None
+        self.finished = False
+        self.checkpoint_path = ""
+        self._plans: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
+        self._leading = False
+        self._state_lock = asyncio.Lock()
+        self._suspects: dict[str, float] = {}
+        self._synced: set[str] = {self.peer_id}
+        self._early: OrderedDict[str, list[Opened]] = OrderedDict()
+        self._dead: deque[str] = deque(maxlen=64)
+        self._digest: tuple[int, str] | None = None
+        self._waiting_reported = -1
+
+    # -- role interface -------------------------------------------------------------------------
+
+    def tcp_methods(self) -> dict[str, TcpMethod]:
+        return {names.METHOD: self.handle}
+
+    async def start(self) -> None:
+        self.spawn(self._run(), name="steps")
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self.pool.aclose()
+
+    @property
+    def round(self) -> int:
+        return self.replica.version
+
+    def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]]:
+        return self.replica.model_state()
+
+    def status(self) -> dict[str, Any]:
+        plan = self.last_plan
+        assignment = {} if plan is None or self.peer_id not in plan.members else {
+            "chunk": plan.members.index(self.peer_id), "chunks": plan.chunks, "context": plan.context}
+        last = self.history.last(1)
+        return {"step": self.replica.version, "assignment": assignment, "leader": plan.leader if plan else None,
+                "finished": self.finished, "checkpoint": self.checkpoint_path, "refused": dict(self.refused),
+                "loss": last[0]["loss"] if last else None, "ledgers": self.history.last(3)}
+
+    def gauges(self) -> dict[str, float]:
+        applied = [ledger for ledger in self.history if ledger.applied and ledger.loss is not None]
+        return {"context_step_loss": applied[-1].loss} if applied else {}
+
+    # -- the ring: who is in it and who leads -----------------------------------------------------
+
+    def candidates(self) -> list[str]:
+        """This shard and every live cp-shard it does not suspect, sorted by peer id."""
+        ids = {self.peer_id}
+        for peer in self.peers_with(names.SHARD):
+            since = self._suspects.get(peer.record.peer_id)
+            if since is not None and peer.record.timestamp > since:
+                del self._suspects[peer.record.peer_id]  # it has renewed its record since: alive
+                since = None
+            if since is None:
+                ids.add(peer.record.peer_id)
+        return sorted(ids)
+
+    def leader(self) -> str:
+        return self.candidates()[0]
+
+    def suspect(self, peer_id: str) -> None:
+        """Leave ``peer_id`` out of plans until it renews its signed record."""
+        live = self.ctx.view.get(peer_id)
+        self._suspects[peer_id] = live.record.timestamp if live is not None else self.ctx.now()
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        return bool(self.settings.steps) and self.replica.version >= self.settings.steps
+
+    async def _run(self) -> None:
+        await self.catch_up(why="joined")
+        while not self.done():
+            attempt = await self._next_attempt()
+            if attempt is not None:
+                await self.run_attempt(attempt)
+        await self._finish()
+
+    async def _next_attempt(self) -> Attempt | None:
+        if not self._plans.empty():
+            return self._plans.get_nowait()
+        if self.leader() == self.peer_id and not self._state_lock.locked():
+            self._leading = True
+            try:
+                return await self._lead()
+            finally:
+                self._leading = False
+        return await self._follow()
+
+    async def _follow(self) -> Attempt | None:
+        """The next accepted plan; None when this shard has become the leader, or after
+        ``plan_timeout_s`` without a plan (then it catches up if the others are ahead)."""
+        get = asyncio.ensure_future(self._plans.get())
+        turn = asyncio.ensure_future(self.ctx.until_view(lambda: self.leader() == self.peer_id,
+                                                         timeout_s=self.settings.plan_timeout_s))
+        try:
+            await asyncio.wait({get, turn}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (get, turn):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(get, turn, return_exceptions=True)
+        if get.done() and not get.cancelled():
+            return get.result()
+        if turn.done() and not turn.cancelled() and not turn.result():
+            await self.catch_up(why="behind the ring")
+        return None
+
+    async def _lead(self) -> Attempt | None:
+        members = self.candidates()[:self.settings.max_shards]
+        if len(members) < self.settings.min_shards:
+            if len(members) != self._waiting_reported:
+                self._waiting_reported = len(members)
+                self.emit("waiting", shards=len(members), wanted=self.settings.min_shards)
+            await self.next_refresh()
+            return None
+        self._waiting_reported = -1
+        state = None
+        if not set(members) <= self._synced:
+            state = (self.replica.version, await self._state_digest())
+        plan = Plan(step=self.replica.version, attempt=new_attempt(), members=tuple(members),
+                    chunk_tokens=self.settings.chunk_tokens, batch_size=self.settings.batch_size,
+                    data=self.data.digest, state=state)
+        attempt = self.begin(plan)
+        answers = await asyncio.gather(*(self._propose(attempt, member) for member in members[1:]))
+        refusals = {m: answer for m, answer in zip(members[1:], answers, strict=True) if answer is not None}
+        if not refusals:
+            return attempt
+        attempt.abort("plan refused: " + "; ".join(f"{m[:12]} {code}: {text}" for m, (code, text, _) in refusals.items()))
+        await self.abandon(attempt)
+        self.finish_ledger(attempt)
+        for member, (code, _text, version) in refusals.items():
+            if code == "behind":
+                self._synced.discard(member)
+            elif code == "ahead" and isinstance(version, int) and version > self.replica.version:
+                await self.catch_up(why=f"{member[:12]} is at step {version}")
+        if not attempt.ledger.suspects:
+            await self.next_refresh()
+        return None
+
+    async def _propose(self, attempt: Attempt, member: str) -> tuple[str, str, Any] | None:
+        """Send the plan to ``member``; None when accepted, else (code, reason, its version)."""
+        signed = outbound(PLAN, attempt.plan.step, attempt.plan.body())
+        try:
+            answer = await self.ask(member, signed, timeout_s=self.settings.plan_timeout_s)
+        except RemoteError as exc:
+            return "refused", str(exc)[:200], None
+        except (TransportError, LookupError) as exc:
+            attempt.suspect(member)
+            return "unreachable", f"{type(exc).__name__}: {str(exc)[:200]}", None
+        if answer.header.get("accepted") is True:
+            return None
+        return str(answer.header.get("code"))[:32], str(answer.header.get("reason"))[:200], answer.header.get("version")
+
+    def begin(self, plan: Plan) -> Attempt:
+        """Make ``plan`` this shard's attempt; frames that came early for it are taken now."""
+        spec = ring_spec(self.replica.model, step=plan.step, chunks=plan.chunks, batch=plan.batch_size,
+                         tokens=plan.chunk_tokens)
+        attempt = Attempt(plan, me=self.peer_id, spec=spec, timeout_s=self.settings.step_timeout_s)
+        self.attempt, self.last_plan = attempt, plan
+        early = self._early.pop(plan.attempt, [])
+        self._early.clear()
+        self.emit("ring", step=plan.step, attempt=plan.attempt, leader=plan.leader, members=list(plan.members),
+                  index=attempt.index, chunks=plan.chunks, context=plan.context)
+        for opened in early:
+            try:
+                self.take_coefficients(attempt, opened)
+            except FrameRefused as exc:
+                attempt.ledger.coefficients.reject(opened.sender, f"{exc.code}: {exc}")
+                attempt.abort(f"an early frame of {opened.sender[:12]} was refused: {exc}", suspect=opened.sender)
+        return attempt
+
+    # -- plans from a leader ----------------------------------------------------------------------
+
+    async def on_plan(self, opened: Opened) -> dict[str, Any]:
+        plan = parse_plan(opened, max_members=self.settings.max_shards)
+        if opened.sender != plan.leader or self.peer_id not in plan.members:
+            raise FrameRefused("header: a plan comes from its leader to its members", code="header")
+        if self.attempt is not None and self.attempt.id == plan.attempt:
+            return {"accepted": True}
+        refusal = self._plan_refusal(plan)
+        if refusal is not None:
+            code, reason = refusal
+            return {"accepted": False, "code": code, "reason": reason, "version": self.replica.version}
+        if plan.step > self.replica.version:
+            try:
+                await self._download(plan)
+            except (StateSyncError, StateMismatch) as exc:
+                return {"accepted": False, "code": "sync", "reason": str(exc)[:200], "version": self.replica.version}
+            refusal = self._plan_refusal(plan)
+            if refusal is not None:
+                return {"accepted": False, "code": refusal[0], "reason": refusal[1], "version": self.replica.version}
+        self._plans.put_nowait(self.begin(plan))
+        return {"accepted": True}
+
+    def _plan_refusal(self, plan: Plan) -> tuple[str, str] | None:
+        """Why this shard cannot take ``plan`` now (code, reason), or None."""
+        if self.finished or self.done():
+            return "finished", f"this shard finished at step {self.replica.version}"
+        if self.attempt is not None or self._leading or self._state_lock.locked() or not self._plans.empty():
+            return "busy", "this shard is in another step or plan"
+        if plan.attempt in self._dead:
+            return "stale", "that attempt was aborted"
+        if self.leader() != plan.leader:
+            return "leader", f"this shard follows {self.leader()[:12]}"
+        if (plan.chunk_tokens, plan.batch_size) != (self.settings.chunk_tokens, self.settings.batch_size):
+            return "settings", "chunk_tokens or batch_size differ from this run's"
+        if plan.data != self.data.digest:
+            return "data", "this shard trains on other data (its digest differs)"
+        if plan.step < self.replica.version:
+            return "ahead", f"this shard is at step {self.replica.version}"
+        if plan.step > self.replica.version and (plan.state is None or plan.state[0] != plan.step):
+            return "behind", f"this shard is at step {self.replica.version} and the plan offers no state"
+        return None
+
+    # -- state: joining, catching up --------------------------------------------------------------
+
+    async def _download(self, plan: Plan) -> None:
+        """The leader's state at the plan's step, checked against the digest its signed plan names."""
+        assert plan.state is not None
+        live = self.live_with(plan.leader, names.SHARD)
+        if live is None:
+            raise StateSyncError("the plan's leader is not live", failures=())
+        async with self._state_lock:
+            tensors, report = await fetch_state(self.ctx.http_client, [Donor(plan.leader, live.record.http_addr)],
+                                                version=plan.step, digest=plan.state[1], joiner_id=self.peer_id,
+                                                timeout_s=self.settings.plan_timeout_s)
+            self._adopt(plan.step, tensors, donors=len(report.shards_served), why="placed in the ring")
+
+    async def catch_up(self, *, why: str) -> None:
+        """Download the state of the live shards when their records are ahead of this one."""
+        others = self.peers_with(names.SHARD)
+        if self._state_lock.locked() or not any(p.record.round > self.replica.version for p in others):
+            return
+        async with self._state_lock:
+            try:
+                version, tensors, report = await download_state(self.ctx.http_client, others, joiner_id=self.peer_id,
+                                                                timeout_s=self.settings.plan_timeout_s)
+                if version > self.replica.version:
+                    self._adopt(version, tensors, donors=len(report.shards_served), why=why)
+            except (StateSyncError, StateMismatch) as exc:
+                log.warning("could not catch up with the ring (%s): %s", why, exc)
+
+    def _adopt(self, version: int, tensors: Mapping[str, torch.Tensor], *, donors: int, why: str) -> None:
+        self.replica.adopt(version, tensors)
+        self._synced = {self.peer_id}
+        self.ctx.announce()
+        self.emit("adopted", step=version, donors=donors, why=why)
+        log.info("%s: now at step %d (state from %d donor(s))", why, version, donors)
+
+    async def _state_digest(self) -> str:
+        version, tensors = self.replica.model_state()
+        if self._digest is None or self._digest[0] != version:
+            digest = await asyncio.to_thread(lambda: index_digest(state_index(version, tensors)))
+            self._digest = (version, digest)
+        return self._digest[1]
+
+    async def next_refresh(self) -> None:
+        """Wait for the next view refresh (at most a heartbeat)."""
+        condition = self.ctx.view_refreshed
+        async with condition:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(condition.wait(), timeout=self.ctx.manifest.config.heartbeat_s)
+
+    # -- the end --------------------------------------------------------------------------------
+
+    async def _finish(self) -> None:
+        _version, tensors = self.replica.model_state()
+        params = {name.removeprefix(MODEL): t for name, t in tensors.items() if name.startswith(MODEL)}
+        name = f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-step{self.replica.version}"
+        path = await self.checkpoints.write_async(name, params, step=str(self.replica.version))
+        context = self.last_plan.context if self.last_plan else self.settings.min_shards * self.settings.chunk_tokens
+        heldout = await asyncio.to_thread(self.replica.heldout_loss, self.data.heldout, context=context)
+        applied = [ledger for ledger in self.history if ledger.applied]
+        self.finished, self.checkpoint_path = True, str(path)
+        self.emit("finished", step=self.replica.version, loss=applied[-1].loss if applied else None,
+                  heldout_loss=heldout, context=context, checkpoint=str(path))
+        log.info("finished at step %d; held-out loss %.3f at %d tokens; checkpoint %s", self.replica.version,
+                 heldout, context, path)
