@@ -65,6 +65,7 @@ from gossamer.transport.errors import RemoteError, TransportError
 from gossamer.transport.tcp import TcpConfig
 
 log = logging.getLogger(__name__)
+MAX_SUSPICION_S = 300.0
 
 
 class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
@@ -89,12 +90,14 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         self._plans: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
         self._leading = False
         self._state_lock = asyncio.Lock()
-        self._suspects: dict[str, float] = {}
+        self._suspects: dict[str, float] = {}  # peer -> left out while its record is no newer than this
+        self._strikes: Counter[str] = Counter()  # failures of each peer since its last completed step
         self._synced: set[str] = {self.peer_id}
         self._early: OrderedDict[str, list[Opened]] = OrderedDict()
         self._dead: deque[str] = deque(maxlen=64)
         self._digest: tuple[int, str] | None = None
         self._waiting_reported = -1
+        self._stepped = asyncio.Condition()
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -128,17 +131,30 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         applied = [ledger for ledger in self.history if ledger.applied and ledger.loss is not None]
         return {"context_step_loss": applied[-1].loss} if applied else {}
 
+    async def until_step(self, step: int, *, timeout_s: float) -> bool:
+        """Wait until this shard's model is at ``step`` or later (False at the timeout)."""
+        async with self._stepped:
+            try:
+                await asyncio.wait_for(self._stepped.wait_for(lambda: self.replica.version >= step), timeout_s)
+            except TimeoutError:
+                return False
+        return True
+
+    async def stepped(self) -> None:
+        async with self._stepped:
+            self._stepped.notify_all()
+
     # -- the ring: who is in it and who leads -----------------------------------------------------
 
     def candidates(self) -> list[str]:
         """This shard and every live cp-shard it does not suspect, sorted by peer id."""
         ids = {self.peer_id}
         for peer in self.peers_with(names.SHARD):
-            since = self._suspects.get(peer.record.peer_id)
-            if since is not None and peer.record.timestamp > since:
+            until = self._suspects.get(peer.record.peer_id)
+            if until is not None and peer.record.timestamp > until:
                 del self._suspects[peer.record.peer_id]  # it has renewed its record since: alive
-                since = None
-            if since is None:
+                until = None
+            if until is None:
                 ids.add(peer.record.peer_id)
         return sorted(ids)
 
@@ -146,9 +162,19 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         return self.candidates()[0]
 
     def suspect(self, peer_id: str) -> None:
-        """Leave ``peer_id`` out of plans until it renews its signed record."""
+        """Leave ``peer_id`` out of plans until it renews its signed record: a dead peer never
+        does, a live one within a heartbeat. A peer that fails again before it completes a step
+        is left out for 1, 3, 7, ... heartbeats more (at most ``MAX_SUSPICION_S``), so a peer that
+        accepts plans but never computes cannot stall every step."""
+        self._strikes[peer_id] += 1
+        backoff_s = min(MAX_SUSPICION_S, self.ctx.manifest.config.heartbeat_s * (2 ** (self._strikes[peer_id] - 1) - 1))
         live = self.ctx.view.get(peer_id)
-        self._suspects[peer_id] = live.record.timestamp if live is not None else self.ctx.now()
+        self._suspects[peer_id] = (live.record.timestamp if live is not None else self.ctx.now()) + backoff_s
+
+    def cleared(self, members: tuple[str, ...]) -> None:
+        """``members`` completed a step with this shard: their failures are forgotten."""
+        for member in members:
+            self._strikes.pop(member, None)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -312,7 +338,7 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
             tensors, report = await fetch_state(self.ctx.http_client, [Donor(plan.leader, live.record.http_addr)],
                                                 version=plan.step, digest=plan.state[1], joiner_id=self.peer_id,
                                                 timeout_s=self.settings.plan_timeout_s)
-            self._adopt(plan.step, tensors, donors=len(report.shards_served), why="placed in the ring")
+            await self._adopt(plan.step, tensors, donors=len(report.shards_served), why="placed in the ring")
 
     async def catch_up(self, *, why: str) -> None:
         """Download the state of the live shards when their records are ahead of this one."""
@@ -324,16 +350,17 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
                 version, tensors, report = await download_state(self.ctx.http_client, others, joiner_id=self.peer_id,
                                                                 timeout_s=self.settings.plan_timeout_s)
                 if version > self.replica.version:
-                    self._adopt(version, tensors, donors=len(report.shards_served), why=why)
+                    await self._adopt(version, tensors, donors=len(report.shards_served), why=why)
             except (StateSyncError, StateMismatch) as exc:
                 log.warning("could not catch up with the ring (%s): %s", why, exc)
 
-    def _adopt(self, version: int, tensors: Mapping[str, torch.Tensor], *, donors: int, why: str) -> None:
+    async def _adopt(self, version: int, tensors: Mapping[str, torch.Tensor], *, donors: int, why: str) -> None:
         self.replica.adopt(version, tensors)
         self._synced = {self.peer_id}
         self.ctx.announce()
         self.emit("adopted", step=version, donors=donors, why=why)
         log.info("%s: now at step %d (state from %d donor(s))", why, version, donors)
+        await self.stepped()
 
     async def _state_digest(self) -> str:
         version, tensors = self.replica.model_state()

@@ -50,8 +50,10 @@ class StepRunner:
 
         def emit(self, event: str, **fields: Any) -> None: ...
         def suspect(self, peer_id: str) -> None: ...
+        def cleared(self, members: tuple[str, ...]) -> None: ...
         def post(self, attempt: Attempt, target: str, signed: Outbound) -> None: ...
         async def ask(self, peer_id: str, signed: Outbound, *, timeout_s: float) -> Frame: ...
+        async def stepped(self) -> None: ...
 
     async def run_attempt(self, attempt: Attempt) -> None:
         """Run an accepted attempt to its end, applied or aborted; its ledger is emitted."""
@@ -70,6 +72,7 @@ class StepRunner:
             if self.attempt is attempt:
                 self.attempt = None
         self.finish_ledger(attempt)
+        await self.stepped()
 
     # -- the ring ---------------------------------------------------------------------------------
 
@@ -195,6 +198,7 @@ class StepRunner:
         self.history.add((ledger.step, ledger.attempt), ledger)
         fields = ledger.to_json()
         if ledger.applied:
+            self.cleared(attempt.members)
             self.emit("step", **fields)
         else:
             log.warning("step %d (attempt %s) aborted: %s", ledger.step, ledger.attempt, ledger.aborted)

@@ -12,7 +12,7 @@ from gossamer.peer.roles.context.shard import CpShardRole
 from gossamer.peer.testing.localnet import LocalNet
 
 RUN: dict[str, Any] = {
-    "run": {"name": "ring", "protocol": "context", "heartbeat_s": 1.0},
+    "run": {"name": "ring", "protocol": "context", "heartbeat_s": 5.0},
     "model": {"d_model": 16, "n_layers": 2, "n_heads": 2, "context": 32, "subspace": {"rank": 2}},
     "hyper": {"chunk_tokens": 8, "batch_size": 2, "steps": 3, "min_shards": 2, "step_timeout_s": 30.0,
               "plan_timeout_s": 30.0, "eval_batches": 1, "lr": 0.01},
