@@ -28,7 +28,8 @@ from gossamer.peer.run.records import PeerRecord
 
 EVENTS = {
     "waiting": EventSchema("the leader waits for min_shards live shards before it plans a step", ("shards", "wanted")),
-    "ring": EventSchema("this shard accepted (or, as leader, proposed) a step's plan: the ring and its place in it",
+    "ring": EventSchema("this shard accepted (or, as leader, proposed) a plan with another ring than its last one: "
+                        "the members, the leader and this shard's place",
                         ("step", "attempt", "leader", "members", "index", "chunks", "context")),
     "step": EventSchema("one step applied on this shard: its ledger (ring messages, gradient reduction, loss)",
                         LEDGER_FIELDS),
@@ -50,7 +51,7 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
         suspects = f"; suspects {', '.join(s[:12] for s in e['suspects'])}" if e["suspects"] else ""
         return f"step {e['step']} aborted ({e['chunks']} shards): {e['aborted']}{suspects}"
     if event == "ring":
-        return (f"step {e['step']}: ring of {e['chunks']} led by {e['leader'][:12]}, this shard holds chunk "
+        return (f"from step {e['step']}: a ring of {e['chunks']} led by {e['leader'][:12]}, this shard holds chunk "
                 f"{e['index']} of a {e['context']}-token context")
     if event == "waiting":
         return f"waiting for shards: {e['shards']} of {e['wanted']} live"

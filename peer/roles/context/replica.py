@@ -87,7 +87,7 @@ class Replica:
         self.model = build_context_model(settings.model, settings.subspace, seed=settings.seed, device=device)
         self.optimizer = build_optimizer(self.model, settings)
         self.version = 0
-        self._snapshot = self._state()
+        self._published = (0, self._state())  # (version, state) in one attribute: read and replaced whole
         spec = ring_spec(self.model, step=0, chunks=1, batch=settings.batch_size, tokens=settings.chunk_tokens)
         self.coefficient_bytes = {kind: payload_bytes(spec, kind) for kind in (FORWARD, BACKWARD)}
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -103,8 +103,9 @@ class Replica:
             with torch.no_grad():
                 for name, param in basis_parameters(self.model):
                     param.copy_(bases[name].to(param.device, param.dtype))
+        state = self._state()
         self.version += 1
-        self._snapshot = self._state()
+        self._published = (self.version, state)
         return norm
 
     def bases(self) -> dict[str, Tensor]:
@@ -120,8 +121,9 @@ class Replica:
     # -- the state joiners download ---------------------------------------------------------------
 
     def model_state(self) -> tuple[int, Mapping[str, Tensor]]:
-        """(version, tensors) as of the last update (never changed in place)."""
-        return self.version, self._snapshot
+        """(version, tensors) as of the last update (never changed in place). The update runs in a
+        worker thread while the daemon may ask for this: the pair is replaced in one assignment."""
+        return self._published
 
     def _state(self) -> dict[str, Tensor]:
         tensors = {MODEL + name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
@@ -149,7 +151,7 @@ class Replica:
                 self.optimizer.state[param] = {key: (value.clone() if key == "step" else value.to(param.device).clone())
                                                for key, value in moments[name].items()}
         self.version = version
-        self._snapshot = self._state()
+        self._published = (version, self._state())
 
     def heldout_loss(self, heldout: Tensor, *, context: int) -> float:
         """Mean next-byte loss on ``heldout`` at ``context`` tokens (run it in a worker thread)."""

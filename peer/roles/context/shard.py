@@ -88,8 +88,8 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         self.finished = False
         self.checkpoint_path = ""
         self._plans: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
-        self._leading = False
-        self._state_lock = asyncio.Lock()
+        self._state_lock = asyncio.Lock()  # held while a downloaded state is fetched and adopted
+        self._accepting = asyncio.Lock()  # held while a plan is being accepted (views, state)
         self._suspects: dict[str, float] = {}  # peer -> left out while its record is no newer than this
         self._strikes: Counter[str] = Counter()  # failures of each peer since its last completed step
         self._synced: set[str] = {self.peer_id}
@@ -192,12 +192,8 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
     async def _next_attempt(self) -> Attempt | None:
         if not self._plans.empty():
             return self._plans.get_nowait()
-        if self.leader() == self.peer_id and not self._state_lock.locked():
-            self._leading = True
-            try:
-                return await self._lead()
-            finally:
-                self._leading = False
+        if self.leader() == self.peer_id and not self._state_lock.locked() and not self._accepting.locked():
+            return await self._lead()
         return await self._follow()
 
     async def _follow(self) -> Attempt | None:
@@ -231,9 +227,12 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         state = None
         if not set(members) <= self._synced:
             state = (self.replica.version, await self._state_digest())
+        if self.attempt is not None or not self._plans.empty() or self._accepting.locked():
+            return None  # a lower peer's plan came in meanwhile: follow it
         plan = Plan(step=self.replica.version, attempt=new_attempt(), members=tuple(members),
                     chunk_tokens=self.settings.chunk_tokens, batch_size=self.settings.batch_size,
                     data=self.data.digest, state=state)
+        log.debug("proposing step %d (attempt %s) to a ring of %d", plan.step, plan.attempt, plan.chunks)
         attempt = self.begin(plan)
         answers = await asyncio.gather(*(self._propose(attempt, member) for member in members[1:]))
         refusals = {m: answer for m, answer in zip(members[1:], answers, strict=True) if answer is not None}
@@ -241,6 +240,7 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
             return attempt
         attempt.abort("plan refused: " + "; ".join(f"{m[:12]} {code}: {text}" for m, (code, text, _) in refusals.items()))
         await self.abandon(attempt)
+        self.attempt = None
         self.finish_ledger(attempt)
         for member, (code, _text, version) in refusals.items():
             if code == "behind":
@@ -270,11 +270,12 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         spec = ring_spec(self.replica.model, step=plan.step, chunks=plan.chunks, batch=plan.batch_size,
                          tokens=plan.chunk_tokens)
         attempt = Attempt(plan, me=self.peer_id, spec=spec, timeout_s=self.settings.step_timeout_s)
+        if self.last_plan is None or self.last_plan.members != plan.members:
+            self.emit("ring", step=plan.step, attempt=plan.attempt, leader=plan.leader, members=list(plan.members),
+                      index=attempt.index, chunks=plan.chunks, context=plan.context)
         self.attempt, self.last_plan = attempt, plan
         early = self._early.pop(plan.attempt, [])
         self._early.clear()
-        self.emit("ring", step=plan.step, attempt=plan.attempt, leader=plan.leader, members=list(plan.members),
-                  index=attempt.index, chunks=plan.chunks, context=plan.context)
         for opened in early:
             try:
                 self.take_coefficients(attempt, opened)
@@ -293,29 +294,49 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
             return {"accepted": True}
         refusal = self._plan_refusal(plan)
         if refusal is not None:
-            code, reason = refusal
-            return {"accepted": False, "code": code, "reason": reason, "version": self.replica.version}
-        if plan.step > self.replica.version:
-            try:
-                await self._download(plan)
-            except (StateSyncError, StateMismatch) as exc:
-                return {"accepted": False, "code": "sync", "reason": str(exc)[:200], "version": self.replica.version}
-            refusal = self._plan_refusal(plan)
+            return self._refused(*refusal)
+        async with self._accepting:
+            if not await self._see(plan.members):
+                return self._refused("view", "this shard does not see every member of the plan live yet")
+            if plan.step > self.replica.version:
+                try:
+                    await self._download(plan)
+                except (StateSyncError, StateMismatch) as exc:
+                    return self._refused("sync", str(exc)[:200])
+            refusal = self._plan_refusal(plan, accepting=True)
             if refusal is not None:
-                return {"accepted": False, "code": refusal[0], "reason": refusal[1], "version": self.replica.version}
-        self._plans.put_nowait(self.begin(plan))
+                return self._refused(*refusal)
+            self._plans.put_nowait(self.begin(plan))
         return {"accepted": True}
 
-    def _plan_refusal(self, plan: Plan) -> tuple[str, str] | None:
-        """Why this shard cannot take ``plan`` now (code, reason), or None."""
+    def _refused(self, code: str, reason: str) -> dict[str, Any]:
+        log.info("refused a plan: %s: %s", code, reason)
+        return {"accepted": False, "code": code, "reason": reason, "version": self.replica.version}
+
+    async def _see(self, members: tuple[str, ...]) -> bool:
+        """Whether every other member is (or, within two heartbeats, becomes) a live cp-shard in
+        this shard's view: it must verify their frames and reach their addresses."""
+        def all_live() -> bool:
+            return all(m == self.peer_id or self.live_with(m, names.SHARD) is not None for m in members)
+
+        wait_s = min(self.settings.plan_timeout_s / 2, 2 * self.ctx.manifest.config.heartbeat_s)
+        return await self.ctx.until_view(all_live, timeout_s=wait_s)
+
+    def _plan_refusal(self, plan: Plan, *, accepting: bool = False) -> tuple[str, str] | None:
+        """Why this shard cannot take ``plan`` now (code, reason), or None (``accepting``: this
+        very plan holds the accepting lock)."""
         if self.finished or self.done():
             return "finished", f"this shard finished at step {self.replica.version}"
-        if self.attempt is not None or self._leading or self._state_lock.locked() or not self._plans.empty():
+        busy = self.attempt is not None or self._state_lock.locked() or not self._plans.empty()
+        if busy or (self._accepting.locked() and not accepting):
             return "busy", "this shard is in another step or plan"
         if plan.attempt in self._dead:
             return "stale", "that attempt was aborted"
-        if self.leader() != plan.leader:
-            return "leader", f"this shard follows {self.leader()[:12]}"
+        leader = self.leader()
+        if plan.leader != leader:
+            if not (plan.leader < leader and self.live_with(plan.leader, names.SHARD) is not None):
+                return "leader", f"this shard follows {leader[:12]}"
+            self._suspects.pop(plan.leader, None)  # a live peer below our choice leads: we suspected it wrongly
         if (plan.chunk_tokens, plan.batch_size) != (self.settings.chunk_tokens, self.settings.batch_size):
             return "settings", "chunk_tokens or batch_size differ from this run's"
         if plan.data != self.data.digest:

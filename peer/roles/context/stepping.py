@@ -185,7 +185,7 @@ class StepRunner:
         reason = attempt.ended.result() if attempt.ended.done() else "abandoned"
         suspect = attempt.ledger.suspects[0] if attempt.ledger.suspects else None
         signed = outbound(ABORT, attempt.plan.step, {"attempt": attempt.id, "reason": reason[:400], "suspect": suspect})
-        others = [m for m in attempt.members if m != self.peer_id and m not in attempt.ledger.suspects]
+        others = [m for m in attempt.members if m != self.peer_id]  # a suspect may be alive: it would wait
         await asyncio.gather(*(self.ask(m, signed, timeout_s=ABORT_NOTICE_TIMEOUT_S) for m in others),
                              return_exceptions=True)
 
