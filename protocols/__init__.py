@@ -23,6 +23,8 @@ Map of the package:
                  EDM), ``model`` (blocks as denoisers, the stack), ``train`` (the one-block
                  training step), ``inference`` (one Euler step per block in a pass,
                  generation), ``assignment`` (which worker trains which block).
+- ``fomoe``      FoMoE: an MoE LM whose peers hold a subset of its experts, skip the tokens routed
+                 elsewhere, and average each expert only among its holders.
 - ``tlpp``       TL++ traversal learning (a subpackage): ``schedule`` (virtual batches grouped by
                  node), ``model`` (the model split at the cut), ``step`` (the exact, summed
                  gradient path), ``traffic`` (the byte formulas).

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -226,17 +226,25 @@ class DilocoReplica:
         return self._x
 
     @torch.no_grad()
-    def finish_round(self, m: Params, d_mixed: Params) -> None:
+    def finish_round(self, m: Params, d_mixed: Params, *, frozen: Collection[str] = ()) -> None:
         """Outer step from the mixed parameters ``m`` with ``d_mixed``; both cover every parameter
-        (pass x itself in m, and the own d in d_mixed, for parameters that were not mixed)."""
+        (pass x itself in m, and the own d in d_mixed, for parameters that were not mixed) except
+        the ``frozen`` ones, which skip the outer step: they return to x and their momentum stays
+        as it was (FoMoE: experts this peer does not hold, and experts that saw no tokens)."""
         self._expect("outer", "finish_round")
+        frozen = frozenset(frozen)
+        unknown = sorted(frozen - self._params.keys())
+        if unknown:
+            raise ProtocolError(f"finish_round: frozen names are not parameters: {unknown}")
+        stepped = self._params.keys() - frozen
         for label, given in (("m", m), ("d_mixed", d_mixed)):
-            if given.keys() != self._params.keys():
-                raise ProtocolError(f"finish_round: {label} must cover every parameter; "
-                                    f"differs in {sorted(set(given) ^ set(self._params))}")
-        x_new = self.outer.step(self._on_device(m), self._on_device(d_mixed))
+            if given.keys() != stepped:
+                raise ProtocolError(f"finish_round: {label} must cover every parameter that is not frozen; "
+                                    f"differs in {sorted(set(given) ^ stepped)}")
+        x_new = self.outer.step(self._on_device(m, stepped), self._on_device(d_mixed, stepped))
+        assert self._x is not None
         for name, p in self._params.items():
-            p.copy_(x_new[name])
+            p.copy_(self._x[name] if name in frozen else x_new[name])
         self._x = None
         self._phase = "idle"
         self.round += 1
@@ -258,9 +266,11 @@ class DilocoReplica:
         self.inner_optimizer.state.clear()
         self.round = round
 
-    def _on_device(self, params: Params) -> Params:
+    def _on_device(self, params: Params, names: Collection[str] | None = None) -> Params:
         out: Params = {}
         for name, p in self._params.items():
+            if names is not None and name not in names:
+                continue
             t = params[name]
             if t.shape != p.shape:
                 raise ProtocolError(f"parameter {name}: shape {tuple(t.shape)} != {tuple(p.shape)}")

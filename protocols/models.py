@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,7 @@ __all__ = [
     "ByteTransformer",
     "ModelConfig",
     "TextSplit",
+    "build_initialised",
     "build_model",
     "evaluate",
     "flat_parameters",
@@ -59,6 +60,7 @@ __all__ = [
 ]
 
 INIT_STD = 0.02
+M = TypeVar("M", bound="ByteTransformer")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -136,12 +138,15 @@ def _dropout(p: float) -> nn.Module:
 
 
 class _Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """Pre-LayerNorm block; ``mlp`` is the feed-forward part (a ``_MLP`` unless the caller gives
+    another module, e.g. FoMoE's mixture of experts, which keeps the ``blocks.{i}.mlp.*`` names)."""
+
+    def __init__(self, config: ModelConfig, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(config.d_model)
         self.attn = _Attention(config)
         self.ln2 = nn.LayerNorm(config.d_model)
-        self.mlp = _MLP(config)
+        self.mlp = _MLP(config) if mlp is None else mlp
         self.drop = _dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,23 +172,27 @@ class ByteTransformer(nn.Module):
         self.head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.readout(x)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The residual stream entering block 0: token plus position embeddings, [B, T, d_model]."""
         if tokens.dim() != 2:
             raise InvalidSetting(f"tokens: expected shape [batch, length], got {tuple(tokens.shape)}")
         length = tokens.shape[1]
         if not 1 <= length <= self.config.context:
             raise InvalidSetting(f"context: sequence length {length} is outside [1, {self.config.context}]")
         positions = torch.arange(length, device=tokens.device)
-        x = self.drop(self.embed(tokens) + self.pos(positions))
-        for block in self.blocks:
-            x = block(x)
+        return self.drop(self.embed(tokens) + self.pos(positions))
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from the residual stream leaving the last block (final norm, then the head)."""
         x = self.norm_f(x)
         if self.head is None:
             return F.linear(x, self.embed.weight)
         return self.head(x)
-
-
-def _initialise(model: ByteTransformer, generator: torch.Generator) -> None:
-    init_transformer_weights(model, n_layers=model.config.n_layers, generator=generator)
 
 
 def init_transformer_weights(root: nn.Module, *, n_layers: int, generator: torch.Generator) -> None:
@@ -207,16 +216,23 @@ def build_model(config: ModelConfig, *, seed: int, device: torch.device | str = 
     The same seed gives bitwise identical parameters on the same device; the global RNG is
     neither read nor advanced.
     """
+    return build_initialised(ByteTransformer, config, seed=seed, device=device)
+
+
+def build_initialised(cls: type[M], config: ModelConfig, *, seed: int, device: torch.device | str = "cpu") -> M:
+    """``cls(config)`` built on the meta device, then filled on ``device`` by
+    ``init_transformer_weights`` from a generator seeded with ``seed`` (for subclasses of
+    ``ByteTransformer`` that keep its conventions, e.g. FoMoE's ``MoETransformer``)."""
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise InvalidSetting(f"seed: must be a non-negative integer, got {seed!r}")
     target = torch.device(device)
     with torch.device("meta"):
-        model = ByteTransformer(config)
+        model = cls(config)
     model.to_empty(device=target)
     generator = torch.Generator(device=target)
     generator.manual_seed(seed)
     with torch.no_grad():
-        _initialise(model, generator)
+        init_transformer_weights(model, n_layers=config.n_layers, generator=generator)
     return model
 
 

@@ -187,6 +187,40 @@ def test_finish_round_needs_every_parameter() -> None:
         replica.finish_round(x, partial)
 
 
+def test_frozen_parameters_return_to_x_and_keep_their_momentum() -> None:
+    replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=2, inner_lr=1e-2))
+    run_one_round(replica)
+    momentum = replica.outer.state_dict()
+    x = replica.begin_round()
+    for step in range(2):
+        replica.inner_step(*regression_batch(0, 1, step), mse)
+    d = replica.end_inner()
+    frozen = {name for name in d if name.startswith("2.")}
+    stepped = {name: t for name, t in d.items() if name not in frozen}
+
+    replica.finish_round({name: x[name] for name in stepped}, stepped, frozen=frozen)
+
+    after, u = replica.parameters_snapshot(), replica.outer.state_dict()
+    for name in d:
+        if name in frozen:
+            assert torch.equal(after[name], x[name]) and torch.equal(u[name], momentum[name])
+        else:
+            want = 0.9 * momentum[name] + d[name]
+            torch.testing.assert_close(u[name], want)
+            torch.testing.assert_close(after[name], x[name] - 0.7 * (d[name] + 0.9 * want))
+
+
+def test_frozen_names_must_be_parameters_and_leave_the_rest_covered() -> None:
+    replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=1))
+    x = replica.begin_round()
+    d = replica.end_inner()
+
+    with pytest.raises(ProtocolError, match="not parameters"):
+        replica.finish_round(x, d, frozen={"nope"})
+    with pytest.raises(ProtocolError, match="not frozen"):
+        replica.finish_round(x, d, frozen={"2.bias"})
+
+
 def run_one_round(replica: DilocoReplica, worker: int = 0) -> None:
     x = replica.begin_round()
     for step in range(replica.config.inner_steps):
