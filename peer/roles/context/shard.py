@@ -42,7 +42,7 @@ from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import Donor, StateSyncError, fetch_state, index_digest, state_index
-from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth, TcpMethod
 from gossamer.peer.roles.context import names
 from gossamer.peer.roles.context.attempt import Attempt
 from gossamer.peer.roles.context.ledger import StepLedger
@@ -126,6 +126,12 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         return {"step": self.replica.version, "assignment": assignment, "leader": plan.leader if plan else None,
                 "finished": self.finished, "checkpoint": self.checkpoint_path, "refused": dict(self.refused),
                 "loss": last[0]["loss"] if last else None, "ledgers": self.history.last(3)}
+
+    def health(self) -> RoleHealth:
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"{self.replica.version} steps; checkpoint {self.checkpoint_path}")
+        return health
 
     def gauges(self) -> dict[str, float]:
         applied = [ledger for ledger in self.history if ledger.applied and ledger.loss is not None]
