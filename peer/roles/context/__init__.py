@@ -11,7 +11,8 @@ Modules: ``names`` (the role and TCP method names), ``settings`` (the manifest),
 role: the ring, its leader, plans, joining), ``stepping`` (one attempt's compute, reduction and
 update), ``traffic`` (every frame's checks, and sending), ``wire`` (the frames and how a sender
 is verified), ``attempt`` (one attempt's state and deadline), ``ledger`` (its ledger),
-``replica`` (the model, optimizer, version, state and data).
+``replica`` (the model, optimizer, version, state and data), ``keeping`` (downloading the ring's
+state, and the checkpoint a restart resumes from).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ EVENTS = {
     "ring": EventSchema("this shard accepted (or, as leader, proposed) a plan with another ring than its last one: "
                         "the members, the leader and this shard's place",
                         ("step", "attempt", "leader", "members", "index", "chunks", "context")),
-    "step": EventSchema("one step applied on this shard: its ledger (ring messages, gradient reduction, loss)",
-                        LEDGER_FIELDS),
+    "step": EventSchema("one step applied on this shard: its ledger (ring messages, gradient reduction, loss) "
+                        "and the run's hyper.steps (0: no end)", (*LEDGER_FIELDS, "steps")),
     "aborted": EventSchema("an attempt of a step was aborted (a shard died, a deadline passed, a refusal): its "
                            "ledger, with the reason and the suspects left out of the next plans", LEDGER_FIELDS),
     "adopted": EventSchema("this shard downloaded the ring's state (joining, or behind) and is now at its step",
@@ -60,6 +61,12 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
     if event == "finished":
         return (f"finished at step {e['step']}: held-out loss {e['heldout_loss']:.3f} at {e['context']} tokens; "
                 f"checkpoint {e['checkpoint']}")
+    return None
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "step" and e.get("steps"):
+        return e["step"] + 1, e["steps"]
     return None
 
 
@@ -98,6 +105,7 @@ PLUGIN = ProtocolPlugin(
     events=EVENTS,
     finish=FinishRule("finished", by="peers"),
     describe_event=describe,
+    progress=progress,
     swarm_check=swarm_check,
     summarize=summarize,
 )

@@ -40,11 +40,11 @@ import torch
 from gossamer.crypto.envelope import ReplayGuard
 from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.ledger import History
-from gossamer.peer.kit.state_join import download_state
-from gossamer.peer.kit.statesync import Donor, StateSyncError, fetch_state, index_digest, state_index
+from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth, TcpMethod
 from gossamer.peer.roles.context import names
 from gossamer.peer.roles.context.attempt import Attempt
+from gossamer.peer.roles.context.keeping import StateKeeper
 from gossamer.peer.roles.context.ledger import StepLedger
 from gossamer.peer.roles.context.replica import MODEL, Replica, RingData, StateMismatch
 from gossamer.peer.roles.context.settings import ContextSettings
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 MAX_SUSPICION_S = 300.0
 
 
-class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
+class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSettings]):
     """A ring member (see the module docstring)."""
 
     name = names.SHARD
@@ -87,6 +87,7 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         self.last_plan: Plan | None = None
         self.finished = False
         self.checkpoint_path = ""
+        self.resumed_from = ""
         self._plans: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
         self._state_lock = asyncio.Lock()  # held while a downloaded state is fetched and adopted
         self._accepting = asyncio.Lock()  # held while a plan is being accepted (views, state)
@@ -96,6 +97,7 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         self._early: OrderedDict[str, list[Opened]] = OrderedDict()
         self._dead: deque[str] = deque(maxlen=64)
         self._digest: tuple[int, str] | None = None
+        self._checkpointed = -1  # the version the last checkpoint holds
         self._waiting_reported = -1
         self._stepped = asyncio.Condition()
 
@@ -105,6 +107,7 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         return {names.METHOD: self.handle}
 
     async def start(self) -> None:
+        self.resumed_from = self.resume()
         self.spawn(self._run(), name="steps")
 
     async def aclose(self) -> None:
@@ -125,6 +128,7 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         last = self.history.last(1)
         return {"step": self.replica.version, "assignment": assignment, "leader": plan.leader if plan else None,
                 "finished": self.finished, "checkpoint": self.checkpoint_path, "refused": dict(self.refused),
+                "resumed_from": self.resumed_from,
                 "loss": last[0]["loss"] if last else None, "ledgers": self.history.last(3)}
 
     def health(self) -> RoleHealth:
@@ -145,10 +149,6 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
             except TimeoutError:
                 return False
         return True
-
-    async def stepped(self) -> None:
-        async with self._stepped:
-            self._stepped.notify_all()
 
     # -- the ring: who is in it and who leads -----------------------------------------------------
 
@@ -352,49 +352,6 @@ class CpShardRole(RingTraffic, StepRunner, ProtocolRole[ContextSettings]):
         if plan.step > self.replica.version and (plan.state is None or plan.state[0] != plan.step):
             return "behind", f"this shard is at step {self.replica.version} and the plan offers no state"
         return None
-
-    # -- state: joining, catching up --------------------------------------------------------------
-
-    async def _download(self, plan: Plan) -> None:
-        """The leader's state at the plan's step, checked against the digest its signed plan names."""
-        assert plan.state is not None
-        live = self.live_with(plan.leader, names.SHARD)
-        if live is None:
-            raise StateSyncError("the plan's leader is not live", failures=())
-        async with self._state_lock:
-            tensors, report = await fetch_state(self.ctx.http_client, [Donor(plan.leader, live.record.http_addr)],
-                                                version=plan.step, digest=plan.state[1], joiner_id=self.peer_id,
-                                                timeout_s=self.settings.plan_timeout_s)
-            await self._adopt(plan.step, tensors, donors=len(report.shards_served), why="placed in the ring")
-
-    async def catch_up(self, *, why: str) -> None:
-        """Download the state of the live shards when their records are ahead of this one."""
-        others = self.peers_with(names.SHARD)
-        if self._state_lock.locked() or not any(p.record.round > self.replica.version for p in others):
-            return
-        async with self._state_lock:
-            try:
-                version, tensors, report = await download_state(self.ctx.http_client, others, joiner_id=self.peer_id,
-                                                                timeout_s=self.settings.plan_timeout_s)
-                if version > self.replica.version:
-                    await self._adopt(version, tensors, donors=len(report.shards_served), why=why)
-            except (StateSyncError, StateMismatch) as exc:
-                log.warning("could not catch up with the ring (%s): %s", why, exc)
-
-    async def _adopt(self, version: int, tensors: Mapping[str, torch.Tensor], *, donors: int, why: str) -> None:
-        self.replica.adopt(version, tensors)
-        self._synced = {self.peer_id}
-        self.ctx.announce()
-        self.emit("adopted", step=version, donors=donors, why=why)
-        log.info("%s: now at step %d (state from %d donor(s))", why, version, donors)
-        await self.stepped()
-
-    async def _state_digest(self) -> str:
-        version, tensors = self.replica.model_state()
-        if self._digest is None or self._digest[0] != version:
-            digest = await asyncio.to_thread(lambda: index_digest(state_index(version, tensors)))
-            self._digest = (version, digest)
-        return self._digest[1]
 
     async def next_refresh(self) -> None:
         """Wait for the next view refresh (at most a heartbeat)."""

@@ -199,7 +199,7 @@ class StepRunner:
         fields = ledger.to_json()
         if ledger.applied:
             self.cleared(attempt.members)
-            self.emit("step", **fields)
+            self.emit("step", **fields, steps=self.settings.steps)
         else:
             log.warning("step %d (attempt %s) aborted: %s", ledger.step, ledger.attempt, ledger.aborted)
             self.emit("aborted", **fields)
