@@ -3,19 +3,23 @@ peer --roles cp-shard`` processes form a ring (shards that start later join it a
 boundary) of four and train (the loss falls); one shard is
 SIGKILLed mid-run: the leader's ledger names it (an aborted step, or a plan or update it could not
 deliver), no process hangs, and the three survivors go on as a ring of three with a shorter
-context to the end of the run."""
+context to the end of the run, each exiting by itself. And the ``context`` preset, run as README.md
+shows it."""
 
 from __future__ import annotations
 
+import re
 import signal
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 STEPS = 40
 CHUNK = 32
@@ -101,3 +105,20 @@ def test_four_shards_train_and_the_survivors_of_a_kill_go_on_shorter(tmp_path: P
     finally:
         for proc in [*shards, orch]:
             proc.stop()
+
+
+def test_the_context_preset_trains_a_ring_of_four_and_exits_cleanly(tmp_path: Path) -> None:
+    """``gossamer swarm --preset context``, as README.md shows it."""
+    result = subprocess.run([sys.executable, "-m", "gossamer.peer.cli", "swarm", "--preset", "context", "--workdir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 0, out[-5000:] + result.stderr[-3000:]
+    assert "the run is finished (all 4 peers)" in out and "stopped 5 process(es) cleanly" in out
+    steps = [(int(step), float(loss), int(chunks)) for step, loss, chunks in
+             re.findall(r"step (\d+): loss (\d+\.\d+)  chunk \d of (\d) \(\d+-token context\).*\(leader\)", out)]
+    assert [step for step, _, _ in steps] == list(range(steps[0][0], 60)) and steps[-1][2] == 4, steps
+    losses = [loss for _, loss, _ in steps]
+    assert statistics.mean(losses[-5:]) < statistics.mean(losses[:5]) - 1.0, losses
+    heldout = [float(x) for x in re.findall(r"finished at step 60: held-out loss (\d+\.\d+) at 256 tokens", out)]
+    assert len(heldout) == 4 and len(set(heldout)) == 1, heldout  # one model on every shard
+    assert len(list((tmp_path / "checkpoints").glob("context-demo-*-step60.safetensors"))) == 4

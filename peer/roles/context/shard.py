@@ -88,6 +88,7 @@ class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSett
         self.finished = False
         self.checkpoint_path = ""
         self.resumed_from = ""
+        self.series: dict[str, list[list[float]]] = {"loss": []}  # [step, loss] of each applied step
         self._plans: asyncio.Queue[Attempt] = asyncio.Queue(maxsize=1)
         self._state_lock = asyncio.Lock()  # held while a downloaded state is fetched and adopted
         self._accepting = asyncio.Lock()  # held while a plan is being accepted (views, state)
@@ -128,7 +129,7 @@ class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSett
         last = self.history.last(1)
         return {"step": self.replica.version, "assignment": assignment, "leader": plan.leader if plan else None,
                 "finished": self.finished, "checkpoint": self.checkpoint_path, "refused": dict(self.refused),
-                "resumed_from": self.resumed_from,
+                "resumed_from": self.resumed_from, "steps": self.settings.steps, "series": self.series,
                 "loss": last[0]["loss"] if last else None, "ledgers": self.history.last(3)}
 
     def health(self) -> RoleHealth:

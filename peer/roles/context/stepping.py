@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ABORT_NOTICE_TIMEOUT_S = 2.0
+MAX_SERIES = 2000  # loss points kept for /status (the swarm page's curves)
 
 
 class StepRunner:
@@ -45,6 +46,7 @@ class StepRunner:
         data: RingData
         attempt: Attempt | None
         history: History[tuple[int, str], StepLedger]
+        series: dict[str, list[list[float]]]
         _synced: set[str]
         _dead: Any
 
@@ -175,12 +177,15 @@ class StepRunner:
     # -- the end of an attempt --------------------------------------------------------------------
 
     async def abandon(self, attempt: Attempt) -> None:
-        """Stop everything of an aborted attempt and tell the other members (unless one told us)."""
+        """Stop everything of an aborted attempt and tell the other members (unless one told us and
+        this shard does not lead: the leader passes on every notice it gets, since a member may not
+        yet verify the frames of another member whose record it has not seen, but it took the
+        leader's plan)."""
         await attempt.cancel_sends()
         for peer in attempt.ledger.suspects:
             self.suspect(peer)
         self._dead.append(attempt.id)
-        if attempt.noticed:
+        if attempt.noticed and not attempt.leads:
             return
         reason = attempt.ended.result() if attempt.ended.done() else "abandoned"
         suspect = attempt.ledger.suspects[0] if attempt.ledger.suspects else None
@@ -199,6 +204,9 @@ class StepRunner:
         fields = ledger.to_json()
         if ledger.applied:
             self.cleared(attempt.members)
+            if ledger.loss is not None:
+                self.series["loss"].append([ledger.step, ledger.loss])
+                del self.series["loss"][:-MAX_SERIES]
             self.emit("step", **fields, steps=self.settings.steps)
         else:
             log.warning("step %d (attempt %s) aborted: %s", ledger.step, ledger.attempt, ledger.aborted)
