@@ -146,6 +146,6 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def gossamer(args: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+def gossamer(args: list[str], *, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
     """Run a short-lived ``gossamer`` command to completion."""
     return subprocess.run([sys.executable, "-m", "gossamer.peer.cli", *args], capture_output=True, text=True, timeout=timeout_s)

@@ -34,7 +34,8 @@ from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.safetensors_stream import load_file
 from gossamer.transport.tcp import TcpConfig, tcp_connect
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+# Each test may pay for the module fixtures (training, then serving); their waits are bounded one by one.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 MODEL = {"d_model": 32, "n_heads": 2, "context": 32, "num_blocks": 3}
 VERSIONS = 6
