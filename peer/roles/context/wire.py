@@ -7,8 +7,8 @@ Every frame is a REQUEST of the TCP method ``names.METHOD`` on the daemon's TCP 
 
 ``body`` is a msgpack map (``{"op", "step", "attempt", ...}``, the op's fields below) carried as
 bytes, so that exactly the bytes that were signed are the bytes that are checked. ``env`` is a
-``crypto.envelope`` (Ed25519) binding sender, recipient, run, round (= the step), timestamp and a
-nonce to SHA-256(body || payload). ``op`` and ``step`` are repeated in the clear header only for
+``crypto.envelope`` (Ed25519) binding sender, recipient, run, round (= the step), method ``RING``
+and target ``/context-ring/<op>``, timestamp and a nonce to SHA-256(body || payload). ``op`` and ``step`` are repeated in the clear header only for
 routing and fault injection, and must equal the body's.
 
 How a receiver verifies the sender before it uses a byte of the payload (``open_frame`` and the
@@ -122,12 +122,20 @@ def outbound(op: str, step: int, body: Mapping[str, Any], payload: Buffer | Sequ
                     digest=payload_digest(body_bytes, *views))
 
 
+ENVELOPE_METHOD = "RING"  # the envelope's method and target bind it to a ring frame of one op
+
+
+def envelope_target(op: str) -> str:
+    return f"/{METHOD}/{op}"
+
+
 def frame_for(signed: Outbound, identity: Identity, *, recipient: str, run_id: str, now: float) -> Frame:
     """The REQUEST frame carrying ``signed`` to ``recipient``, with an envelope from ``identity``.
     Passing on a verified frame (a kv to the successor) is ``frame_for(opened, ...)``: the same
     body and payload under this hop's envelope."""
-    envelope = seal(identity, recipient=recipient, run_id=run_id, round=signed.step, payload_digest=signed.digest,
-                    now=now, nonce=secrets.token_bytes(16))
+    envelope = seal(identity, recipient=recipient, run_id=run_id, round=signed.step, method=ENVELOPE_METHOD,
+                    target=envelope_target(signed.op), payload_digest=signed.digest, now=now,
+                    nonce=secrets.token_bytes(16))
     return Frame(FrameType.REQUEST, {"method": METHOD, "op": signed.op, "step": signed.step, "env": envelope,
                                      "body": signed.body_bytes}, signed.payload)
 
@@ -160,7 +168,8 @@ def open_frame(frame: Frame, *, guard: ReplayGuard, me: str, run_id: str, now: f
     body_bytes = frame.header["body"]
     digest = payload_digest(body_bytes, memoryview(payload).cast("B"))
     try:
-        envelope = guard.open(frame.header["env"], me=me, run_id=run_id, payload_digest=digest, now=now)
+        envelope = guard.open(frame.header["env"], me=me, run_id=run_id, method=ENVELOPE_METHOD,
+                              target=envelope_target(op), payload_digest=digest, now=now)
     except VerificationError:
         raise FrameRefused("envelope refused", code="envelope") from None
     try:
