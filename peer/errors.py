@@ -12,6 +12,9 @@
      ├── SecureLinkError    (kit.secure_link) an encrypted link failed; it is closed
      ├── RequestRefused     (kit.secure_link) the peer refused a request, with a code; the link stays
      ├── RouteFailed        (route.client) no live host is left for a unit of the route
+     ├── FrameRefused       (roles.context.wire) a ring frame refused, with a code; the shard serves on
+     ├── StepAborted        (roles.context.attempt) a context-parallel step's attempt was abandoned
+     ├── StateMismatch      (roles.context.replica) a downloaded state does not fit the run's model
      └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
           └── HelperFailed  the TL++ helper failed a request (secure mode stops with this)
 

@@ -99,6 +99,14 @@ class GossamerProcess:
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         return self.wait_event(lambda e: e["event"] == "ready", timeout_s=timeout_s)
 
+    def pump(self) -> None:
+        """Read the events that have arrived, without waiting: they stay queued for ``wait_event``
+        and ``latest`` is current. A test that waits on another process calls this now and then,
+        so this one never blocks writing to a full stdout pipe."""
+        assert self.proc.stdout is not None
+        while not self._eof and select.select([self.proc.stdout], [], [], 0.0)[0]:
+            self._absorb(os.read(self.proc.stdout.fileno(), 1 << 16))
+
     def wait_peer_count(self, count: int, timeout_s: float) -> dict[str, Any]:
         """Wait until the process's live peer table has ``count`` peers (now, or by a later event)."""
         while self._next_event(0.0) is not None and not self._eof:

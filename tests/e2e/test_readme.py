@@ -35,8 +35,9 @@ BIN = Path(sys.executable).parent
 WALKED = {"Identity", "Host a run (orchestrator)", "Join a run (volunteer)", "Train a model together (gossip DiLoCo)",
           "Split learning on private data (TL++)", "TL++ on your own data: declare a model, bring an .npz",
           "BlockTrain: train blocks apart, serve them across hosts",
-          "A local swarm"}
-ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py"}
+          "Long sequences over slow links (compressed context parallelism)", "A local swarm"}
+ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py",
+             "gossamer swarm --preset context": "tests/e2e/test_context.py"}
 
 
 def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -261,6 +262,27 @@ def test_blocktrain_train_serve_generate(walk_of) -> None:
     generated = walk.run(generate, timeout_s=180)
     assert generated.returncode == 0 and generated.stdout.startswith("The "), generated.stderr[-2000:]
     assert len(generated.stdout.encode()) >= len("The ") + 64
+
+
+def test_context_parallel_ring_status_stop_and_resume(walk_of) -> None:
+    walk, commands = walk_of("Long sequences over slow links (compressed context parallelism)")
+    orchestrator, shard, status, preset = commands
+    assert preset in ELSEWHERE
+    walk.owner_started(orchestrator)
+    homes = [walk.home(False) for _ in range(3)]
+    procs = [walk.start(shard, home=home) for home in homes]
+    first, first_log = procs[0]
+    walk.wait_for(first_log, r"step \d+: loss [\d.]+  chunk \d of 3 \(192-token context\)", first, timeout_s=300)
+    shown = walk.run(status)
+    assert shown.returncode == 0 and "ring of 3 chunk(s), 192-token context" in shown.stdout, shown.stdout + shown.stderr
+
+    second, second_log = procs[1]
+    assert walk.stop(second) == 0
+    walk.wait_for(second_log, r"cp-shard: checkpoint written to \S+-state\.safetensors", second)
+    again, again_log = walk.start(shard, home=homes[1])
+    resumed = int(walk.wait_for(again_log, r"resumed from \S+ at step (\d+)", again).group(1))
+    assert resumed >= 1
+    walk.wait_for(again_log, r"step \d+: loss [\d.]+  chunk \d of 3", again)
 
 
 def test_a_local_swarm(walk_of, tmp_path: Path) -> None:
