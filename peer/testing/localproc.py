@@ -70,9 +70,7 @@ class GossamerProcess:
 
     def drain(self) -> list[dict[str, Any]]:
         """Every event that has arrived so far, without waiting (they are not returned again)."""
-        assert self.proc.stdout is not None
-        while not self._eof and select.select([self.proc.stdout], [], [], 0)[0]:
-            self._absorb(os.read(self.proc.stdout.fileno(), 1 << 16))
+        self.pump()
         events = list(self._pending)
         self._pending.clear()
         return events
