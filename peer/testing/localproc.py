@@ -107,8 +107,7 @@ class GossamerProcess:
 
     def wait_peer_count(self, count: int, timeout_s: float) -> dict[str, Any]:
         """Wait until the process's live peer table has ``count`` peers (now, or by a later event)."""
-        while self._next_event(0.0) is not None and not self._eof:
-            pass  # drain what has already arrived, so ``latest`` is current
+        self.drain()  # what has already arrived: ``latest`` is current, older events are not waited on
         latest = self.latest.get("peers")
         if latest is not None and latest["count"] == count:
             return latest
