@@ -77,8 +77,10 @@ def test_a_declared_model_trains_on_28x28_npz_files_brought_by_the_data_owners(t
     assert normalized["mean"] == pytest.approx([union.mean()], abs=1e-6)
     assert normalized["std"] == pytest.approx([union.std()], abs=1e-6)
     assert [e["step"] for e in steps] == list(range(STEPS)) and all(e["mode"] == mode for e in steps)
-    for e in steps:  # every step applies a gradient, and accounts for each node it planned
-        assert e["applied"] and sorted([*e["used"], *e["rejected"]]) == node_ids, e
+    for e in steps:  # every step applies a gradient, and accounts for each node it planned (a node dropped
+        # from a step leaves the schedule until the epoch ends, so a later step may plan one node)
+        assert e["applied"] and sorted([*e["used"], *e["rejected"]]) == sorted(e["expected"]), e
+        assert set(e["expected"]) <= set(node_ids), e
     if mode == "base":
         assert all(e["used"] == node_ids for e in steps), steps
     else:  # a node whose share 1 lost the race with the helper's wait (e.g. at step 0, before it saw the

@@ -213,13 +213,16 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
 
     def _push(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         """Start pushing share 1 to ``helper`` beside the answer (see the module docstring)."""
-        task = self.spawn(self._to_helper(helper, step, kind, tensors), name=f"push {kind} {step}")
-        task.add_done_callback(self._pushed)
+        self.spawn(self._push_or_note(helper, step, kind, tensors), name=f"push {kind} {step}")
 
-    def _pushed(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
+    async def _push_or_note(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
+        """A push that fails is counted and logged, never a failure of the node: the helper then
+        answers without this node, and the orchestrator leaves it out of that phase."""
+        try:
+            await self._to_helper(helper, step, kind, tensors)
+        except RequestRefused as exc:
             self.pushes_failed += 1
-            log.warning("TL++ node: %s", task.exception())
+            log.warning("TL++ node: %s", exc)
 
     async def _to_helper(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         """Push share 1 to the named helper; RequestRefused(code="helper") when it cannot be done."""
