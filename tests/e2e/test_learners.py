@@ -20,7 +20,7 @@ RUN = """
 [run]
 name = "{name}"
 protocol = "diloco"
-heartbeat_s = 1.0
+heartbeat_s = {heartbeat_s}
 [model]
 d_model = 32
 n_layers = 1
@@ -56,9 +56,11 @@ def start_learner(work: Path, ready: dict, index: int, attack: str | None = None
 
 
 def start_run(work: Path, *, name: str, learners: int, rounds: int, aggregator: str, f: int = 0,
-              attacks: dict[int, str] | None = None, w2_deadline_s: float = 8.0, aggregator_extra: str = "") -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
+              attacks: dict[int, str] | None = None, w2_deadline_s: float = 8.0, aggregator_extra: str = "",
+              heartbeat_s: float = 1.0) -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
     (work / "run.toml").write_text(RUN.format(name=name, learners=learners, rounds=rounds, aggregator=aggregator, f=f,
-                                              w2_deadline_s=w2_deadline_s, aggregator_extra=aggregator_extra))
+                                              w2_deadline_s=w2_deadline_s, aggregator_extra=aggregator_extra,
+                                              heartbeat_s=heartbeat_s))
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
                             "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
     ready = orch.wait_ready()
@@ -127,7 +129,8 @@ def test_sign_flipping_learner_does_not_stop_honest_learners(tmp_path: Path) -> 
     the same attacker (x10 sign flip, one of four) pushed the held-out loss to 5.4 by round 2."""
     orch, procs, _ids, _ready = start_run(tmp_path, name="byz", learners=4, rounds=4, aggregator="centered_clipping",
                                         f=1, attacks={3: "sign_flip:10"}, w2_deadline_s=30.0,
-                                        aggregator_extra="tau = 0.5")
+                                        aggregator_extra="tau = 0.5", heartbeat_s=3.0)
+    # every round must see all four learners: records that live 9 s, not 3, survive a starved heartbeat
     try:
         for proc in procs[:3]:
             events = rounds_of(proc, 4)
