@@ -75,7 +75,8 @@ def rounds_of(proc: GossamerProcess, count: int, *, timeout_s: float = 200) -> l
 
 
 def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_current_round(tmp_path: Path) -> None:
-    orch, procs, ids, ready = start_run(tmp_path, name="kill", learners=4, rounds=5, aggregator="mean")
+    # 8 rounds: the joiner, started after round 0, must be up before the others finish, loaded machine or not
+    orch, procs, ids, ready = start_run(tmp_path, name="kill", learners=4, rounds=8, aggregator="mean")
     try:
         first = [proc.wait_event(lambda e: e["event"] == "diloco.round", timeout_s=200) for proc in procs]
         procs[3].stop(signal.SIGKILL)
@@ -92,7 +93,7 @@ def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_
             assert events[-1]["heldout_loss"] < first[0]["heldout_loss"] - 0.1
         for proc in procs[:3]:
             finished = proc.wait_event(lambda e: e["event"] == "diloco.finished", timeout_s=60)
-            assert Path(finished["checkpoint"]).is_file() and finished["round"] == 5
+            assert Path(finished["checkpoint"]).is_file() and finished["round"] == 8
         assert "joined at round" in joiner.log()
     finally:
         for proc in [*procs, orch]:
