@@ -110,8 +110,9 @@ class PeerConfig:
             raise ConfigError("public_name must be at most 64 characters")
 
     @property
-    def advertised_host(self) -> str:
-        """The host other peers should connect to for HTTP and TCP."""
+    def configured_host(self) -> str:
+        """The host the flags name for others to connect to ("" when none does: the daemon derives
+        it from the swarm, ``peer.run.addresses``)."""
         if self.announce_host:
             return self.announce_host
         if self.host not in ("0.0.0.0", "::"):
@@ -120,7 +121,12 @@ class PeerConfig:
             parts = maddr.split("/")
             if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0":
                 return parts[2]
-        return "127.0.0.1"
+        return ""
+
+    @property
+    def advertised_host(self) -> str:
+        """The host other peers should connect to for HTTP and TCP, from the flags alone."""
+        return self.configured_host or "127.0.0.1"
 
 
 def _check_ip(name: str, value: str) -> None:

@@ -34,8 +34,9 @@ from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts, 
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
 from gossamer.peer.progress import ProgressPrinter
 from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
+from gossamer.peer.run.addresses import announced_host, dht_mismatch
 from gossamer.peer.run.admission import Admission
-from gossamer.peer.run.joining import fetch_manifest, start_membership
+from gossamer.peer.run.joining import fetch_manifest, lonely_line, start_membership
 from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest
 from gossamer.peer.run.publisher import Publisher, StoreLog
@@ -67,8 +68,9 @@ class Daemon:
 
     def __init__(self, *, config: PeerConfig, identity: Identity, manifest: Manifest, plugin: ProtocolPlugin,
                  membership: DhtMembership, http_client: HttpClient, view: PeerView, traffic: Traffic,
-                 resources: contextlib.AsyncExitStack, device_info: dict[str, Any]) -> None:
+                 resources: contextlib.AsyncExitStack, device_info: dict[str, Any], host: str) -> None:
         self.config = config
+        self.host = host  # what the record announces for HTTP and TCP (``run.addresses``)
         self.plugin = plugin
         self.events = EventSink(enabled=config.events, observer=ProgressPrinter(plugin))
         self.identity = identity
@@ -115,6 +117,9 @@ class Daemon:
             run_keys = RunKeys()
             membership = await start_membership(config, run_keys=run_keys)
             stack.push_async_callback(membership.aclose)
+            host = announced_host(config, dht_maddrs=membership.visible_maddrs())
+            if mismatch := dht_mismatch(host, membership.visible_maddrs()):
+                log.warning("%s", mismatch)
             if identity is not None:
                 manifest = build_manifest(identity, run_config, now=membership.now())
             else:
@@ -132,7 +137,7 @@ class Daemon:
             view = PeerView(admission, ttl_s=manifest.ttl_s)
             daemon = cls(config=config, identity=identity, manifest=manifest, plugin=plugin, membership=membership,
                          http_client=http_client, view=view, traffic=Traffic(), resources=stack.pop_all(),
-                         device_info=describe_device(device))
+                         device_info=describe_device(device), host=host)
         try:
             ctx = RoleContext(identity=identity, config=config, manifest=manifest, plugin=plugin, settings=settings,
                               membership=membership, http_client=http_client, view=view, device=device,
@@ -163,6 +168,7 @@ class Daemon:
             await role.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="daemon-heartbeat"))
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
+        self._tasks.append(asyncio.create_task(self._lonely_watch(), name="daemon-lonely"))
 
     def _build_app(self) -> web.Application:
         return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state,
@@ -174,7 +180,7 @@ class Daemon:
     # -- heartbeat and view -------------------------------------------------------------------
 
     def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
-        host, config, now = self.config.advertised_host, self.config, self.membership.now()
+        host, config, now = self.host, self.config, self.membership.now()
         owner = self.identity.public_key == self.manifest.owner_public_key
         tenured = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s) if owner else ()
         return peer_record(identity=self.identity, config=config, roles=self.roles,
@@ -253,6 +259,17 @@ class Daemon:
             if len(live) != last_count:
                 self.events.emit("peers", count=len(live), peer_ids=[p.record.peer_id for p in live])
                 last_count = len(live)
+
+    async def _lonely_watch(self) -> None:
+        """One line when no other peer shows up within ``join_timeout_s``: a network nobody joins,
+        or a second network started next to a live run (two DHTs that never meet)."""
+        me = self.identity.peer_id
+        try:
+            async with asyncio.timeout(self.config.join_timeout_s), self._view_refreshed:
+                await self._view_refreshed.wait_for(
+                    lambda: any(p.record.peer_id != me for p in self.view.live(now=self.membership.now())))
+        except TimeoutError:
+            log.warning("%s", lonely_line(self.config, self.join_command()))
 
     # -- introspection ------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 A record is a plain map signed with the peer's Ed25519 key (``crypto.signed``). Readers verify it
 before use and drop anything unsigned, mis-signed, published under someone else's subkey, expired,
-or too far in the future. Admission (open / allowlist / join token) is checked separately by
+or too far in the future, and one that announces an address nobody can dial (``0.0.0.0``, port 0:
+``run.addresses``). Admission (open / allowlist / join token) is checked separately by
 ``peer.run.admission`` because it needs the run's manifest.
 
 ``join_token`` carries only a token bound to the record's own key (a token bound to no key is a
@@ -20,6 +21,7 @@ from gossamer.crypto.errors import VerificationError
 from gossamer.crypto.identity import Identity, peer_id_of
 from gossamer.crypto.signed import open_signed, sign_object
 from gossamer.peer.errors import RecordRejected
+from gossamer.peer.run.addresses import unusable_address
 
 MAX_RECORD_BYTES = 16 * 1024
 MAX_CLOCK_SKEW_S = 30.0
@@ -72,6 +74,9 @@ def open_record(blob: bytes, *, subkey: str, now: float, ttl_s: float) -> PeerRe
         raise RecordRejected("record's peer id does not match the key that signed it", reason="identity")
     if subkey != record.peer_id:
         raise RecordRejected(f"record for {record.peer_id[:12]} was published under subkey {subkey[:12]!r}", reason="identity")
+    for addr in (record.http_addr, record.tcp_addr):
+        if problem := unusable_address(addr):
+            raise RecordRejected(f"record of {record.peer_id[:12]}: {problem}", reason="address")
     if now - record.timestamp > ttl_s:
         raise RecordRejected(f"record of {record.peer_id[:12]} expired {now - record.timestamp - ttl_s:.1f}s ago", reason="expired")
     if record.timestamp - now > MAX_CLOCK_SKEW_S:
