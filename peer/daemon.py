@@ -33,6 +33,7 @@ from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts, process_usage
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
 from gossamer.peer.progress import ProgressPrinter
+from gossamer.peer.reach.service import Reach
 from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
 from gossamer.peer.run.addresses import announced_host, dht_mismatch
 from gossamer.peer.run.admission import Admission
@@ -96,6 +97,9 @@ class Daemon:
         self._view_refreshed = asyncio.Condition()
         self._closed = False
         self.checkpoints: dict[str, str] = {}  # role -> the checkpoint it wrote at shutdown
+        self.reach = Reach(identity=identity, admission=view.admission, ttl_s=manifest.ttl_s, now=membership.now,
+                           http_client=http_client, view=view, view_refreshed=self._view_refreshed,
+                           direct_record=self.record, announce=self._announce.set)
 
     @classmethod
     async def create(cls, config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,
@@ -166,16 +170,17 @@ class Daemon:
         await self.refresh_view()
         for role in self.roles:
             await role.start()
+        self.reach.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="daemon-heartbeat"))
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
         self._tasks.append(asyncio.create_task(self._lonely_watch(), name="daemon-lonely"))
 
     def _build_app(self) -> web.Application:
-        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state,
-                                                                           status_token=self.config.status_token))
+        extra = daemon_routes(self.status, self.metrics, self.state, status_token=self.config.status_token)
+        return role_app(self.roles, self.state_donor, extra=[*extra, *self.reach.routes()])
 
     def _tcp_dispatcher(self) -> TcpDispatch:
-        return role_dispatcher(self.roles)
+        return role_dispatcher(self.roles, extra=self.reach.tcp_methods())
 
     # -- heartbeat and view -------------------------------------------------------------------
 
@@ -186,7 +191,8 @@ class Daemon:
         return peer_record(identity=self.identity, config=config, roles=self.roles,
                            http_addr=f"{host}:{config.announce_http_port or self.http.address[1]}" if self.http else "",
                            tcp_addr=f"{host}:{config.announce_tcp_port or self.tcp.address[1]}" if self.tcp else "",
-                           now=now, capacity=self.device_info, state=state, tenured=tenured)
+                           now=now, capacity=self.device_info, state=state, tenured=tenured,
+                           reachability=self.reach.reachability)
 
     def listening(self) -> dict[str, str]:
         """Where the HTTP and TCP servers listen ("host:port"; the record may announce other ports)."""
@@ -309,7 +315,7 @@ class Daemon:
             "roles": list(dict.fromkeys(self.config.roles)), "round": self.round,
             "uptime_s": round(time.monotonic() - self._started, 3), "device": self.device_info,
             "addresses": {"http": record.http_addr, "tcp": record.tcp_addr, "dht": self.membership.visible_maddrs()},
-            "listening": self.listening(),
+            "listening": self.listening(), "reachability": self.reach.status(),
             "bytes_sent": sum(sent.values()), "bytes_received": sum(received.values()),
             "live_peers": [peer_row(p.record, now) for p in live],
             "records_rejected": dict(self.view.rejected),
@@ -346,6 +352,7 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.reach.aclose()
         for role in reversed(self.roles):
             await role.aclose()
             if checkpoint:
@@ -375,6 +382,7 @@ def peer_row(record: PeerRecord, now: float) -> dict[str, Any]:
     """One row of a live peer table (``/status`` and ``gossamer status``)."""
     return {"peer_id": record.peer_id, "name": record.name, "roles": list(record.roles), "round": record.round,
             "http_addr": record.http_addr, "tcp_addr": record.tcp_addr, "version": record.version,
+            "reachability": record.reachability,
             "device": record.capacity.get("device_name") or record.capacity.get("device", ""),
             "assignment": dict(record.assignment), "last_seen_s": round(max(0.0, now - record.timestamp), 1)}
 
