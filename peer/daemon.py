@@ -33,7 +33,7 @@ from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts, process_usage
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
 from gossamer.peer.progress import ProgressPrinter
-from gossamer.peer.reach.service import Reach
+from gossamer.peer.reach.service import Reach, Volunteer
 from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
 from gossamer.peer.run.addresses import announced_host, dht_mismatch
 from gossamer.peer.run.admission import Admission
@@ -58,6 +58,7 @@ from gossamer.transport.errors import TransportError
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
+from gossamer.transport.relay import RelayConfig
 from gossamer.transport.tcp import TcpConfig, TcpServer
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,12 @@ class Daemon:
         self._view_refreshed = asyncio.Condition()
         self._closed = False
         self.checkpoints: dict[str, str] = {}  # role -> the checkpoint it wrote at shutdown
+        volunteer = Volunteer(config.host, config.relay_port, RelayConfig(
+            max_peers=config.relay_max_peers, rate_bytes_per_s=config.relay_rate_bytes_per_s)) if config.relay else None
         self.reach = Reach(identity=identity, admission=view.admission, ttl_s=manifest.ttl_s, now=membership.now,
                            http_client=http_client, view=view, view_refreshed=self._view_refreshed,
-                           direct_record=self.record, announce=self._announce.set)
+                           direct_record=lambda: self.record(direct=True), announce=self._announce.set,
+                           targets=self._local_targets, volunteer_as=volunteer)
 
     @classmethod
     async def create(cls, config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,
@@ -166,11 +170,11 @@ class Daemon:
                                TcpServer.create(self._tcp_dispatcher(), host=self.config.host,
                                                 port=self.config.tcp_port, config=TcpConfig(),
                                                 gate=role_gate(self.roles)))
+        await _bind("relay", "--relay_port", self.config.relay_port, self.reach.start())
         await self.publish_record()
         await self.refresh_view()
         for role in self.roles:
             await role.start()
-        self.reach.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="daemon-heartbeat"))
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
         self._tasks.append(asyncio.create_task(self._lonely_watch(), name="daemon-lonely"))
@@ -184,15 +188,24 @@ class Daemon:
 
     # -- heartbeat and view -------------------------------------------------------------------
 
-    def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
+    def record(self, state: dict[str, Any] | None = None, *, direct: bool = False) -> PeerRecord:
+        """This peer's record; its addresses are a relay's while it is private and has one
+        (``direct``: its own, always, as the reachability self-test and relays need)."""
         host, config, now = self.host, self.config, self.membership.now()
         owner = self.identity.public_key == self.manifest.owner_public_key
         tenured = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s) if owner else ()
-        return peer_record(identity=self.identity, config=config, roles=self.roles,
-                           http_addr=f"{host}:{config.announce_http_port or self.http.address[1]}" if self.http else "",
-                           tcp_addr=f"{host}:{config.announce_tcp_port or self.tcp.address[1]}" if self.tcp else "",
-                           now=now, capacity=self.device_info, state=state, tenured=tenured,
-                           reachability=self.reach.reachability)
+        http_addr = f"{host}:{config.announce_http_port or self.http.address[1]}" if self.http else ""
+        tcp_addr = f"{host}:{config.announce_tcp_port or self.tcp.address[1]}" if self.tcp else ""
+        if not direct:
+            http_addr, tcp_addr = self.reach.addresses(http_addr, tcp_addr)
+        return peer_record(identity=self.identity, config=config, roles=self.roles, http_addr=http_addr,
+                           tcp_addr=tcp_addr, now=now, capacity=self.device_info, state=state, tenured=tenured,
+                           reachability=self.reach.reachability, relay=self.reach.relay_addr(host))
+
+    def _local_targets(self) -> list[tuple[str, int]]:
+        """Where a relay's connections go on this host: the HTTP and TCP servers."""
+        local = "127.0.0.1" if self.config.host in ("0.0.0.0", "::") else self.config.host
+        return [(local, server.address[1]) for server in (self.http, self.tcp) if server is not None]
 
     def listening(self) -> dict[str, str]:
         """Where the HTTP and TCP servers listen ("host:port"; the record may announce other ports)."""

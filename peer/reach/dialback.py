@@ -138,7 +138,7 @@ class DialBack:
 
     def _verified(self, blob: bytes) -> PeerRecord:
         try:
-            record = open_record(blob, subkey=_claimed_id(blob), now=self._now(), ttl_s=self._ttl_s)
+            record = open_record(blob, subkey=claimed_peer_id(blob), now=self._now(), ttl_s=self._ttl_s)
             self._admission.check(record, now=self._now())
         except RecordRejected as exc:
             raise web.HTTPForbidden(text=f"dial-back refused: {exc}") from exc
@@ -172,7 +172,7 @@ class DialBack:
         return answer.header.get("peer_id") == record.peer_id
 
 
-def _claimed_id(blob: bytes) -> str:
+def claimed_peer_id(blob: bytes) -> str:
     """The peer id the record claims (``open_record`` then checks it against the signing key)."""
     try:
         _body, public_key = open_signed(blob, max_bytes=MAX_RECORD_BYTES)

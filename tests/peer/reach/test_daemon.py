@@ -3,6 +3,7 @@ public in its signed record, ``/status`` and ``gossamer status``; a private peer
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ from gossamer.peer.kit.state_join import choose_donors
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import RunConfig
-from gossamer.peer.run.records import PRIVATE, PUBLIC
+from gossamer.peer.run.records import PRIVATE, PUBLIC, RELAYED
 from gossamer.peer.run.view import LivePeer
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.tcp import tcp_connect
 from tests.peer.run.test_records import make_record
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,3 +63,42 @@ def test_a_private_peer_is_never_a_state_donor() -> None:
     assert [d.peer_id for d in choose_donors(live)[2]] == [public.peer_id]
     with pytest.raises(StateSyncError):
         choose_donors(live[1:])
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_a_private_peer_is_reached_through_a_volunteer_relay(tmp_path: Path) -> None:
+    """The joiner announces ports nothing listens on (as a NAT would leave them): it learns it is
+    private, takes a relay from the owner (--relay) and announces the relay's ports; the owner's
+    own HTTP and TCP clients reach the joiner through them."""
+    owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator",), relay=True),
+                                run_config=RunConfig(name="relay", heartbeat_s=1.0), plugins=PLUGINS)
+    daemons = [owner]
+    try:
+        join = {"run": owner.manifest.run_id, "initial_peers": tuple(owner.membership.visible_maddrs())}
+        joiner = await Daemon.create(config(tmp_path, "joiner", announce_http_port=closed_port(),
+                                            announce_tcp_port=closed_port(), **join), plugins=PLUGINS)
+        daemons.append(joiner)
+        me = joiner.identity.peer_id
+        async with owner._view_refreshed:
+            await owner._view_refreshed.wait_for(
+                lambda: getattr(owner.view.get(me), "record", None) is not None
+                and owner.view.get(me).record.reachability == RELAYED)
+        assert joiner.reach.selftest.verdict.kind == PRIVATE
+        assert "forward TCP port(s)" in joiner.status()["reachability"]["hint"]
+        record = owner.view.get(me).record
+        assert record.http_addr.split(":")[1] == str(joiner.reach.relaying.client.ports[0])
+        assert await owner.http_client.get_json(f"http://{record.http_addr}/reach/whoami") == {"peer_id": me}
+        host, port = record.tcp_addr.split(":")
+        connection = await tcp_connect(host, int(port))
+        answer = await connection.request(Frame(FrameType.REQUEST, {"method": "reach.whoami"}))
+        await connection.aclose()
+        assert answer.header["peer_id"] == me
+        assert owner.status()["reachability"]["relaying_for"]["peers"] == 1
+    finally:
+        for daemon in reversed(daemons):
+            await daemon.aclose()
