@@ -103,7 +103,8 @@ class Daemon:
         self.reach = Reach(identity=identity, admission=view.admission, ttl_s=manifest.ttl_s, now=membership.now,
                            http_client=http_client, view=view, view_refreshed=self._view_refreshed,
                            direct_record=lambda: self.record(direct=True), announce=self._announce.set,
-                           targets=self._local_targets, volunteer_as=volunteer)
+                           targets=self._local_targets, volunteer_as=volunteer,
+                           notify=lambda fields: self.events.emit("reachability", **fields))
 
     @classmethod
     async def create(cls, config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,

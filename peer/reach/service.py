@@ -3,7 +3,8 @@
 It answers others' dial-back requests (``dialback``), tests this peer (``selftest``) as soon as
 another live peer is in the view and then every ``every_s``, volunteers a relay when asked to
 (``--relay``), keeps a relay while the self-test says private (``relaying``), and says what the
-record announces (``reachability``, ``addresses``, ``relay_addr``) and what ``/status`` shows.
+record announces (``reachability``, ``addresses``, ``relay_addr``) and what ``/status`` shows;
+``notify`` hears every change (the daemon's ``reachability`` event).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Reach:
                  http_client: HttpClient, view: PeerView, view_refreshed: asyncio.Condition,
                  direct_record: Callable[[], PeerRecord], announce: Callable[[], None],
                  targets: Callable[[], list[tuple[str, int]]], volunteer_as: Volunteer | None = None,
-                 every_s: float = 300.0, limits: DialBackLimits = DialBackLimits()) -> None:
+                 notify: Callable[[dict], None] = lambda status: None, every_s: float = 300.0, limits: DialBackLimits = DialBackLimits()) -> None:
         self._identity = identity
         self._admission = admission
         self._ttl_s = ttl_s
@@ -52,6 +53,7 @@ class Reach:
         self._now = now
         self._direct_record = direct_record
         self._announce = announce
+        self._notify = notify
         self._volunteer_as = volunteer_as
         self._changed = asyncio.Event()
         self.dialback = DialBack(peer_id=identity.peer_id, admission=admission, ttl_s=ttl_s, now=now,
@@ -59,7 +61,7 @@ class Reach:
         self.selftest = SelfTest(http_client=http_client, probe=self._probe, candidates=self._candidates,
                                  on_change=self._verdict_changed, every_s=every_s)
         self.relaying = Relaying(my_id=identity.peer_id, candidates=self._candidates, auth=lambda: self._probe()[1],
-                                 targets=targets, on_change=announce)
+                                 targets=targets, on_change=self._announce_change)
         self.relay_server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -122,7 +124,13 @@ class Reach:
     def _verdict_changed(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+        self._announce_change()
+
+    def _announce_change(self) -> None:
         self._announce()
+        relayed = self.relaying.addresses
+        self._notify({"reachability": self.reachability, "verdict": self.selftest.verdict.kind,
+                      "relayed_by": self.relaying.relay_id if relayed else ""})
 
     async def _until(self, predicate: Callable[[], bool]) -> None:
         while not predicate():
