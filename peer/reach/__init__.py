@@ -4,5 +4,6 @@
                 addresses (verified record, source address only, rate-limited).
 - ``selftest``  the asking side: classify this peer ``public`` or ``private``; the one line that
                 tells a private peer's owner what to forward and pass.
+- ``relaying``  volunteering a relay (``--relay``) and keeping one while private, with fallback.
 - ``service``   ``Reach``: the dial-back service and the self-test loop one daemon holds.
 """

@@ -28,7 +28,7 @@ n_layers = 1
 n_heads = 2
 context = 16
 [hyper]
-rounds = 4
+rounds = 8
 batch_size = 8
 w1_grace_s = 1.0
 w2_deadline_s = 8.0

@@ -3,8 +3,8 @@
 ``RelayClient.connect`` opens the control connection (outbound, so a NAT lets it through), asks
 for one port per local service (``targets``: where this peer's own HTTP and TCP servers listen)
 and returns once the relay answered with its ports. For every connection the relay announces,
-it opens a new outbound connection to the relay, attaches it, connects to the local service and
-splices the two. It pings every ``ping_s``; ``closed`` completes when the control connection
+it opens a new outbound connection to the relay's attach port, attaches it, connects to the local
+service and splices the two (``wire.Pipe``). It pings every ``ping_s``; ``closed`` completes when the control connection
 ends (the relay went away, refused a ping, or ``aclose``), and the caller picks another relay.
 """
 
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 
 from gossamer.transport.errors import ConnectionClosed, TransportError, TransportTimeout
 from gossamer.transport.relay.server import RelayRefused
-from gossamer.transport.relay.wire import MAX_LINE_BYTES, Pace, read_message, splice, write_message
+from gossamer.transport.relay.wire import MAX_LINE_BYTES, Pace, Pipe, read_message, write_message
 from gossamer.transport.tcp_client import ConnectFailed
 
 log = logging.getLogger(__name__)
@@ -25,16 +26,16 @@ log = logging.getLogger(__name__)
 class RelayClient:
     """One live allocation on a relay; see the module docstring."""
 
-    def __init__(self, *, relay: tuple[str, int], targets: list[tuple[str, int]], ports: list[int],
+    def __init__(self, *, relay: tuple[str, int], targets: list[tuple[str, int]], ports: list[int], attach_port: int,
                  control: tuple[asyncio.StreamReader, asyncio.StreamWriter], ping_s: float, max_connections: int,
-                 connect_timeout_s: float, idle_timeout_s: float) -> None:
+                 connect_timeout_s: float) -> None:
         self.relay = relay
         self.ports = ports
+        self._attach_at = (relay[0], attach_port)
         self._targets = targets
         self._control = control
         self._ping_s = ping_s
         self._connect_timeout_s = connect_timeout_s
-        self._idle_timeout_s = idle_timeout_s
         self._slots = asyncio.Semaphore(max_connections)
         self._pace = Pace(0)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -43,8 +44,8 @@ class RelayClient:
 
     @classmethod
     async def connect(cls, relay: tuple[str, int], *, auth: bytes, targets: list[tuple[str, int]],
-                      ping_s: float = 20.0, max_connections: int = 32, connect_timeout_s: float = 10.0,
-                      idle_timeout_s: float = 900.0) -> RelayClient:
+                      ping_s: float = 20.0, max_connections: int = 32, connect_timeout_s: float = 10.0
+                      ) -> RelayClient:
         """An allocation of ``len(targets)`` ports on ``relay``; RelayRefused, ConnectFailed or
         TransportTimeout when there is none."""
         control = await _open(relay, connect_timeout_s)
@@ -54,16 +55,15 @@ class RelayClient:
             answer = await read_message(control[0], timeout_s=connect_timeout_s)
             if answer.get("ok") is not True:
                 raise RelayRefused(f"relay {relay[0]}:{relay[1]} refused: {str(answer.get('error'))[:200]}")
-            ports = answer.get("ports")
+            ports, attach_port = answer.get("ports"), answer.get("attach_port")
             if not isinstance(ports, list) or len(ports) != len(targets) or \
-                    not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
-                raise RelayRefused(f"relay {relay[0]}:{relay[1]} answered bad ports {ports!r}")
+                    not all(isinstance(p, int) and 0 < p < 65536 for p in [*ports, attach_port]):
+                raise RelayRefused(f"relay {relay[0]}:{relay[1]} answered bad ports {ports!r}, {attach_port!r}")
         except BaseException:
             control[1].close()
             raise
-        client = cls(relay=relay, targets=targets, ports=ports, control=control, ping_s=ping_s,
-                     max_connections=max_connections, connect_timeout_s=connect_timeout_s,
-                     idle_timeout_s=idle_timeout_s)
+        client = cls(relay=relay, targets=targets, ports=ports, attach_port=attach_port, control=control,
+                     ping_s=ping_s, max_connections=max_connections, connect_timeout_s=connect_timeout_s)
         client._loop_task = asyncio.create_task(client._run(), name="relay-client")
         return client
 
@@ -124,19 +124,31 @@ class RelayClient:
 
     async def _forward(self, target: tuple[str, int], connection_id: str) -> None:
         async with self._slots:
+            outside = inside = None
             try:
-                outside = await _open(self.relay, self._connect_timeout_s)
+                outside = await self._pipe_to(self._attach_at)
+                assert outside.transport is not None
+                outside.transport.write(json.dumps({"op": "attach", "id": connection_id}).encode() + b"\n")
+                inside = await self._pipe_to(target)
+                outside.pair(inside)
+                await asyncio.gather(outside.done, inside.done)
             except TransportError as exc:
-                log.debug("relay attach failed: %s", exc)
-                return
-            try:
-                write_message(outside[1], {"op": "attach", "id": connection_id})
-                inside = await _open(target, self._connect_timeout_s)
-            except (TransportError, OSError) as exc:
                 log.debug("relayed connection to %s:%d failed: %s", *target, exc)
-                outside[1].close()
-                return
-            await splice(outside, inside, pace=self._pace, idle_timeout_s=self._idle_timeout_s)
+            finally:
+                for pipe in (outside, inside):
+                    if pipe is not None:
+                        pipe.close()
+
+    async def _pipe_to(self, address: tuple[str, int]) -> Pipe:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _transport, pipe = await loop.create_connection(lambda: Pipe(pace=self._pace), *address)
+        except TimeoutError:
+            raise TransportTimeout(f"connect to {address[0]}:{address[1]} timed out") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
+        return pipe
 
 
 async def _open(address: tuple[str, int], timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -5,15 +5,17 @@ A private peer opens a control connection and sends ``{"op": "allocate", "auth":
 peer or raises ``RelayRefused``. The relay then listens on ``n`` fresh ports (its allocation) and
 answers ``{"ok": true, "ports": [...]}``; the peer announces ``relay host:port`` as its addresses.
 Each connection that arrives at an allocation port is announced on the control connection
-(``{"op": "connect", "id": ..., "service": k}``); the peer opens a new connection to the relay,
-sends ``{"op": "attach", "id": ...}``, and from then the relay splices the two byte for byte. It
+(``{"op": "connect", "id": ..., "service": k}``); the peer opens a new connection to the relay's
+attach port (``attach_port`` in the answer), sends ``{"op": "attach", "id": ...}``, and from then
+the relay splices the two byte for byte (``wire.Pipe``). It
 never reads or changes what it forwards: signatures and the secure links' encryption are end to
 end, so a relay can drop traffic but never forge it.
 
 Caps (``RelayConfig``): at most ``max_peers`` allocations (a peer's new allocation replaces its
 old one), ``max_connections`` spliced or pending connections per peer (beyond: closed at once),
-``rate_bytes_per_s`` shared by all of one peer's connections, a pending connection the peer does
-not attach within ``attach_timeout_s`` is closed, a spliced one idle for ``idle_timeout_s`` too.
+``rate_bytes_per_s`` shared by all of one peer's connections, and a pending connection the peer
+does not attach within ``attach_timeout_s`` is closed (a spliced one lives as long as its ends:
+their own deadlines apply).
 The control connection must send something (a ping) every ``control_timeout_s``; when it ends,
 the allocation and its connections end with it.
 """
@@ -30,12 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gossamer.transport.errors import TransportError
-from gossamer.transport.relay.wire import MAX_LINE_BYTES, Pace, read_message, splice, write_message
+from gossamer.transport.relay.wire import MAX_LINE_BYTES, Pace, Pipe, read_message, write_message
 
 log = logging.getLogger(__name__)
-
-Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
 
 class RelayRefused(TransportError):
     """A relay refused an allocation: not authorized, full, or a bad request (the message says which)."""
@@ -50,7 +49,6 @@ class RelayConfig:
         max_connections: most connections (spliced or waiting for the peer) per relayed peer.
         rate_bytes_per_s: bytes per second per relayed peer, both directions together (0: no cap).
         attach_timeout_s: how long an incoming connection waits for the private peer to attach.
-        idle_timeout_s: a spliced connection with no byte either way this long is closed.
         control_timeout_s: a control connection silent this long is dropped (clients ping every third).
         max_services: most ports one allocation may ask for.
     """
@@ -59,7 +57,6 @@ class RelayConfig:
     max_connections: int = 32
     rate_bytes_per_s: float = 0.0
     attach_timeout_s: float = 10.0
-    idle_timeout_s: float = 900.0
     control_timeout_s: float = 60.0
     max_services: int = 4
 
@@ -69,7 +66,7 @@ class RelayConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.rate_bytes_per_s < 0:
             raise ValueError(f"rate_bytes_per_s must be >= 0, got {self.rate_bytes_per_s!r}")
-        for name in ("attach_timeout_s", "idle_timeout_s", "control_timeout_s"):
+        for name in ("attach_timeout_s", "control_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
 
@@ -80,9 +77,9 @@ class _Allocation:
     control: asyncio.StreamWriter
     pace: Pace
     listeners: list[asyncio.Server] = field(default_factory=list)
-    pending: dict[str, asyncio.Future[Stream]] = field(default_factory=dict)
-    connections: int = 0
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    pending: dict[str, Pipe] = field(default_factory=dict)
+    pipes: set[Pipe] = field(default_factory=set)  # connections to the relayed peer, from anyone
+    attached: set[Pipe] = field(default_factory=set)  # the peer's ends of them
 
     @property
     def ports(self) -> list[int]:
@@ -97,8 +94,9 @@ class RelayServer:
         self._config = config
         self._authorize = authorize
         self._server: asyncio.Server | None = None
+        self._attach_server: asyncio.Server | None = None
         self._allocations: dict[str, _Allocation] = {}
-        self._by_id: dict[str, _Allocation] = {}
+        self._pending: dict[str, _Allocation] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -106,6 +104,12 @@ class RelayServer:
                      authorize: Callable[[bytes], str]) -> RelayServer:
         relay = cls(host=host, config=config, authorize=authorize)
         relay._server = await asyncio.start_server(relay._accept, host, port, limit=2 * MAX_LINE_BYTES)
+        try:
+            relay._attach_server = await asyncio.get_running_loop().create_server(
+                lambda: Pipe(on_line=relay._attach), host, 0)
+        except BaseException:
+            relay._server.close()
+            raise
         return relay
 
     @property
@@ -113,26 +117,33 @@ class RelayServer:
         assert self._server is not None
         return self._server.sockets[0].getsockname()[:2]
 
+    @property
+    def attach_port(self) -> int:
+        assert self._attach_server is not None
+        return self._attach_server.sockets[0].getsockname()[1]
+
     def stats(self) -> dict[str, int]:
         """Relayed peers, their open connections, and the bytes moved for them."""
         allocations = list(self._allocations.values())
-        return {"peers": len(allocations), "connections": sum(a.connections for a in allocations),
+        return {"peers": len(allocations), "connections": sum(len(a.pipes) for a in allocations),
                 "bytes": sum(a.pace.moved for a in allocations)}
 
     async def aclose(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._attach_server):
+            if server is not None:
+                server.close()
         for allocation in list(self._allocations.values()):
-            await self._release(allocation)
+            self._release(allocation)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5.0):
-                    await self._server.wait_closed()
+        for server in (self._server, self._attach_server):
+            if server is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5.0):
+                        await server.wait_closed()
 
-    # -- the relay's own port: control and attach connections ----------------------------------
+    # -- control connections ----------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -142,10 +153,8 @@ class RelayServer:
             first = await read_message(reader, timeout_s=self._config.attach_timeout_s)
             if first.get("op") == "allocate":
                 await self._control(first, reader, writer)
-            elif first.get("op") == "attach":
-                await self._attach(str(first.get("id", "")), (reader, writer))
         except TransportError as exc:
-            log.debug("relay connection ended: %s", exc)
+            log.debug("relay control connection ended: %s", exc)
         finally:
             writer.close()
             if task is not None:
@@ -158,7 +167,7 @@ class RelayServer:
             write_message(writer, {"ok": False, "error": str(exc)})
             await writer.drain()
             return
-        write_message(writer, {"ok": True, "ports": allocation.ports})
+        write_message(writer, {"ok": True, "ports": allocation.ports, "attach_port": self.attach_port})
         try:
             while True:
                 message = await read_message(reader, timeout_s=self._config.control_timeout_s)
@@ -166,8 +175,7 @@ class RelayServer:
                     write_message(writer, {"op": "pong"})
                     await writer.drain()
         finally:
-            if self._allocations.get(allocation.peer_id) is allocation:
-                await self._release(allocation)
+            self._release(allocation)
 
     async def _allocate(self, request: dict, writer: asyncio.StreamWriter) -> _Allocation:
         services = request.get("services")
@@ -180,73 +188,65 @@ class RelayServer:
         peer_id = self._authorize(auth)  # RelayRefused when not authorized
         old = self._allocations.get(peer_id)
         if old is not None:
-            await self._release(old)
+            self._release(old)
         if len(self._allocations) >= self._config.max_peers:
             raise RelayRefused(f"this relay is full ({self._config.max_peers} peers)")
         allocation = _Allocation(peer_id=peer_id, control=writer, pace=Pace(self._config.rate_bytes_per_s))
         self._allocations[peer_id] = allocation
+        loop = asyncio.get_running_loop()
         try:
             for service in range(services):
-                allocation.listeners.append(await asyncio.start_server(
-                    lambda r, w, s=service: self._incoming(allocation, s, (r, w)), self._host, 0))
+                allocation.listeners.append(await loop.create_server(
+                    lambda s=service: Pipe(pace=allocation.pace, on_made=lambda pipe: self._incoming(allocation, s, pipe)),
+                    self._host, 0))
         except OSError as exc:
-            await self._release(allocation)
+            self._release(allocation)
             raise RelayRefused(f"the relay cannot listen: {exc}") from exc
         log.info("relaying for peer %s on ports %s", peer_id[:12], allocation.ports)
         return allocation
 
-    async def _attach(self, connection_id: str, stream: Stream) -> None:
-        allocation = self._by_id.pop(connection_id, None)
-        if allocation is None:
-            return
-        future = allocation.pending.pop(connection_id, None)
-        if future is None or future.done():
-            return
-        done = asyncio.get_running_loop().create_future()
-        future.set_result((stream, done))
-        await done  # the splice owns the stream until it ends
-
-    async def _release(self, allocation: _Allocation) -> None:
+    def _release(self, allocation: _Allocation) -> None:
         if self._allocations.get(allocation.peer_id) is allocation:
             del self._allocations[allocation.peer_id]
         for server in allocation.listeners:
             server.close()
-        for connection_id, future in list(allocation.pending.items()):
-            self._by_id.pop(connection_id, None)
-            future.cancel()
-        for task in list(allocation.tasks):
-            task.cancel()
-        await asyncio.gather(*allocation.tasks, return_exceptions=True)
+        for connection_id in allocation.pending:
+            self._pending.pop(connection_id, None)
+        for pipe in [*allocation.pipes, *allocation.attached]:
+            pipe.close()
         allocation.control.close()
 
-    # -- allocation ports: connections from anyone to the relayed peer -------------------------
+    # -- connections from anyone to a relayed peer, and the peer's attaching ones ------------------
 
-    async def _incoming(self, allocation: _Allocation, service: int, stream: Stream) -> None:
-        task = asyncio.current_task()
-        if allocation.connections >= self._config.max_connections or self._allocations.get(allocation.peer_id) \
-                is not allocation or task is None:
-            stream[1].close()
+    def _incoming(self, allocation: _Allocation, service: int, pipe: Pipe) -> None:
+        if len(allocation.pipes) >= self._config.max_connections or \
+                self._allocations.get(allocation.peer_id) is not allocation:
+            pipe.close()
             return
-        allocation.connections += 1
-        allocation.tasks.add(task)
         connection_id = secrets.token_hex(16)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        allocation.pending[connection_id] = future
-        self._by_id[connection_id] = allocation
-        done: asyncio.Future | None = None
-        try:
-            write_message(allocation.control, {"op": "connect", "id": connection_id, "service": service})
-            async with asyncio.timeout(self._config.attach_timeout_s):
-                await allocation.control.drain()
-                attached, done = await future
-            await splice(stream, attached, pace=allocation.pace, idle_timeout_s=self._config.idle_timeout_s)
-        except (TimeoutError, OSError, ConnectionError):
-            pass
-        finally:
-            if done is not None and not done.done():
-                done.set_result(None)
+        allocation.pipes.add(pipe)
+        allocation.pending[connection_id] = pipe
+        self._pending[connection_id] = allocation
+
+        def forget(_done: object) -> None:
+            allocation.pipes.discard(pipe)
             allocation.pending.pop(connection_id, None)
-            self._by_id.pop(connection_id, None)
-            allocation.connections -= 1
-            allocation.tasks.discard(task)
-            stream[1].close()
+            self._pending.pop(connection_id, None)
+
+        pipe.done.add_done_callback(forget)
+        asyncio.get_running_loop().call_later(self._config.attach_timeout_s,
+                                              lambda: pipe.close() if pipe.peer is None else None)
+        write_message(allocation.control, {"op": "connect", "id": connection_id, "service": service})
+
+    def _attach(self, message: dict, pipe: Pipe) -> None:
+        connection_id = message.get("id")
+        allocation = self._pending.pop(connection_id, None) if isinstance(connection_id, str) else None
+        inbound = allocation.pending.pop(connection_id, None) if allocation is not None else None
+        if message.get("op") != "attach" or allocation is None or inbound is None or inbound.transport is None \
+                or inbound.transport.is_closing():
+            pipe.close()
+            return
+        pipe.pace = allocation.pace
+        allocation.attached.add(pipe)
+        pipe.done.add_done_callback(lambda _done: allocation.attached.discard(pipe))
+        inbound.pair(pipe)

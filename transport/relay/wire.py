@@ -1,12 +1,12 @@
-"""What both ends of a relay share: small JSON control messages, one per line, and the splice
-that moves bytes between two connections under a shared pace (``Pace``) with an idle deadline."""
+"""What both ends of a relay share: small JSON control messages, one per line, and ``Pipe``, the
+asyncio protocol that splices two connections under a shared pace (``Pace``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gossamer.transport.errors import ConnectionClosed, DecodeError, TransportTimeout
@@ -54,46 +54,140 @@ class Pace:
         self._at = time.monotonic()
         self.moved = 0
 
-    async def take(self, nbytes: int) -> None:
+    def debit(self, nbytes: int) -> float:
+        """Count ``nbytes`` moved; the seconds the mover should pause to stay within the rate."""
         self.moved += nbytes
         if self.rate <= 0:
-            return
+            return 0.0
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
         self._tokens -= nbytes
-        if self._tokens < 0:
-            await asyncio.sleep(-self._tokens / self.rate)
+        return -self._tokens / self.rate if self._tokens < 0 else 0.0
 
 
-async def splice(a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                 b: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, pace: Pace, idle_timeout_s: float) -> None:
-    """Move bytes both ways until both directions end (a half-close is passed on), a connection
-    fails, or nothing moves for ``idle_timeout_s``; then close both."""
-    tasks = [asyncio.create_task(_pump(a[0], b[1], pace, idle_timeout_s), name="relay-pump"),
-             asyncio.create_task(_pump(b[0], a[1], pace, idle_timeout_s), name="relay-pump")]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for _reader, writer in (a, b):
-            writer.close()
-        for _reader, writer in (a, b):
-            with contextlib.suppress(OSError, ConnectionError):
-                await writer.wait_closed()
+class Pipe(asyncio.Protocol):
+    """One end of a splice: what it receives is written to its peer's transport as it arrives
+    (asyncio's own buffers, no copies beyond the kernel's), with flow control both ways (a full
+    peer pauses our reading), a half-close passed on, and a close of either end closing both.
 
+    Before ``pair`` it holds what arrives (``hold_bytes`` at most, then reading pauses). With
+    ``on_line`` it first reads one control line (``MAX_LINE_BYTES`` at most) and hands it over,
+    decoded, with itself; the bytes after it are held for the peer.
+    """
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pace: Pace, idle_timeout_s: float) -> None:
-    while True:
-        async with asyncio.timeout(idle_timeout_s):
-            data = await reader.read(CHUNK_BYTES)
-        if not data:
-            if writer.can_write_eof():
-                writer.write_eof()
+    def __init__(self, *, pace: Pace | None = None, on_line: Callable[[dict[str, Any], Pipe], None] | None = None,
+                 on_made: Callable[[Pipe], None] | None = None, hold_bytes: int = CHUNK_BYTES) -> None:
+        self.pace = pace or Pace(0)
+        self.transport: asyncio.Transport | None = None
+        self.peer: Pipe | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._on_line = on_line
+        self._on_made = on_made
+        self._held = bytearray()
+        self._hold_bytes = hold_bytes
+        self._pauses: set[str] = set()
+        self._eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self._on_made is not None:
+            self._on_made(self)
+
+    def pair(self, peer: Pipe) -> None:
+        """Splice this end to ``peer``: each passes on what it held and everything after."""
+        self.peer, peer.peer = peer, self
+        for end in (self, peer):
+            end._flush()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._on_line is not None:
+            self._read_line(data)
+        elif self.peer is None or self.peer.transport is None:
+            self._hold(data)
+        else:
+            self._forward(data)
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self.peer is not None and self.peer.transport is not None and not self._held:
+            if self.peer.transport.can_write_eof():
+                self.peer.transport.write_eof()
+            else:
+                self.peer.close()
+        return True  # keep our sending half open for the peer's answer
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None:
+            self.peer.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self.peer is not None:
+            self.peer._pause("peer-full")
+
+    def resume_writing(self) -> None:
+        if self.peer is not None:
+            self.peer._resume("peer-full")
+
+    def _read_line(self, data: bytes) -> None:
+        self._held += data
+        end = self._held.find(b"\n")
+        if end < 0:
+            if len(self._held) > MAX_LINE_BYTES:
+                self.close()
             return
-        await pace.take(len(data))
-        writer.write(data)
-        async with asyncio.timeout(idle_timeout_s):
-            await writer.drain()
+        line, rest = bytes(self._held[:end]), bytes(self._held[end + 1:])
+        self._held.clear()
+        callback, self._on_line = self._on_line, None
+        try:
+            message = json.loads(line)
+        except (UnicodeDecodeError, ValueError):
+            message = None
+        if not isinstance(message, dict):
+            self.close()
+            return
+        if rest:
+            self._hold(rest)
+        callback(message, self)
+
+    def _hold(self, data: bytes) -> None:
+        self._held += data
+        if len(self._held) >= self._hold_bytes:
+            self._pause("unpaired")
+
+    def _flush(self) -> None:
+        if self.peer is None or self.peer.transport is None:
+            return
+        held, self._held = bytes(self._held), bytearray()
+        self._resume("unpaired")
+        if held:
+            self._forward(held)
+        if self._eof:
+            self.eof_received()
+
+    def _forward(self, data: bytes) -> None:
+        assert self.peer is not None and self.peer.transport is not None
+        self.peer.transport.write(data)
+        delay = self.pace.debit(len(data))
+        if delay > 0:
+            self._pause("pace")
+            asyncio.get_running_loop().call_later(delay, self._resume, "pace")
+
+    def _pause(self, why: str) -> None:
+        if not self._pauses and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._pauses.add(why)
+
+    def _resume(self, why: str) -> None:
+        if why not in self._pauses:
+            return
+        self._pauses.discard(why)
+        if not self._pauses and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
