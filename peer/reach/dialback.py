@@ -74,6 +74,12 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def http_url(addr: str, path: str) -> str:
+    """``http://host:port/path`` for a record's ``host:port`` (an IPv6 host in brackets)."""
+    host, port = split_addr(addr)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
 class DialBack:
     """Serves ``/reach/dialback`` and ``/reach/whoami`` (and the TCP ``reach.whoami``) for one peer."""
 
@@ -147,10 +153,9 @@ class DialBack:
     async def _dial_http(self, record: PeerRecord) -> bool:
         if not record.http_addr:
             return False
-        host, port = split_addr(record.http_addr)
         try:
             async with asyncio.timeout(self._limits.dial_timeout_s):
-                answer = await self._http.get_json(f"http://{_bracketed(host)}:{port}/reach/whoami")
+                answer = await self._http.get_json(http_url(record.http_addr, "/reach/whoami"))
         except (TransportError, TimeoutError):
             return False
         return isinstance(answer, dict) and answer.get("peer_id") == record.peer_id
@@ -179,7 +184,3 @@ def claimed_peer_id(blob: bytes) -> str:
     except VerificationError as exc:
         raise RecordRejected("the record is unsigned or its signature does not verify", reason="signature") from exc
     return peer_id_of(public_key)
-
-
-def _bracketed(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

@@ -17,7 +17,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from gossamer.peer.reach.dialback import split_addr
+from gossamer.peer.reach.dialback import http_url, split_addr
 from gossamer.peer.run.records import PRIVATE, PUBLIC, UNKNOWN, PeerRecord
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http_client import HttpClient
@@ -100,8 +100,7 @@ class SelfTest:
             await asyncio.sleep(self._every_s if verdict.answered else min(RETRY_S, self._every_s))
 
     async def _ask(self, peer: PeerRecord, blob: bytes) -> dict | None:
-        host, port = split_addr(peer.http_addr)
-        url = f"http://{f'[{host}]' if ':' in host else host}:{port}/reach/dialback"
+        url = http_url(peer.http_addr, "/reach/dialback")
         try:
             async with asyncio.timeout(self._timeout_s):
                 answer = await self._http.put_bytes(url, blob)
