@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from gossamer.transport.frames import Frame
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.relay import RelayConfig, RelayServer
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Volunteer:
@@ -35,6 +38,12 @@ class Volunteer:
     host: str
     port: int
     config: RelayConfig
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped: %r (this peer's reachability is no longer checked or kept)", task.get_name(),
+                  task.exception())
 
 
 class Reach:
@@ -91,6 +100,8 @@ class Reach:
         self._tasks = [asyncio.create_task(self.selftest.run(self._someone_to_ask), name="reach-selftest"),
                        asyncio.create_task(self.relaying.hold(self._private, self._not_private, self._view_change),
                                            name="reach-relaying")]
+        for task in self._tasks:
+            task.add_done_callback(_log_failure)
 
     async def aclose(self) -> None:
         for task in self._tasks:

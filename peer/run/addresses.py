@@ -79,7 +79,17 @@ def announced_host(config: PeerConfig, *, dht_maddrs: Sequence[str]) -> str:
 
 
 def _first_routable(maddrs: Sequence[str]) -> str:
-    return next((h for h in maddr_hosts(maddrs) if h not in UNSPECIFIED and not is_loopback(h)), "")
+    """The first IPv4 address, else IPv6, of ``maddrs`` that another host can dial (not loopback,
+    unspecified or link-local)."""
+    usable = [h for h in maddr_hosts(maddrs) if h not in UNSPECIFIED and not is_loopback(h) and not _link_local(h)]
+    return next((h for h in usable if ":" not in h), usable[0] if usable else "")
+
+
+def _link_local(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_link_local
+    except ValueError:
+        return False
 
 
 def unusable_address(addr: str) -> str:

@@ -27,8 +27,10 @@ def test_flags_win_and_loopback_swarms_get_loopback() -> None:
 
 
 def test_a_new_swarm_announces_a_routable_dht_address_not_loopback() -> None:
-    maddrs = ("/ip4/127.0.0.1/tcp/5/p2p/x", "/ip4/192.0.2.7/tcp/5/p2p/x")
+    maddrs = ("/ip4/127.0.0.1/tcp/5/p2p/x", "/ip6/fe80::1/tcp/5/p2p/x", "/ip6/2001:db8::1/tcp/5/p2p/x",
+              "/ip4/192.0.2.7/tcp/5/p2p/x")
     assert announced_host(config(new_swarm=True), dht_maddrs=maddrs) == "192.0.2.7"
+    assert announced_host(config(new_swarm=True), dht_maddrs=maddrs[:3]) == "2001:db8::1"
 
 
 def test_a_remote_swarm_gets_the_interface_that_routes_to_it() -> None:
