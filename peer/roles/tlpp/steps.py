@@ -14,7 +14,9 @@ Secure mode (``peer.roles.tlpp.secure``; the helper is party 1):
 0. ``ping`` to the helper with the batch's nodes it has not yet confirmed: it answers which of
    them it sees live (waiting, bounded, for the others); a node it does not see could not push
    it a share and is dropped before its forward. Confirmed nodes are remembered per helper, so
-   this costs one round trip when a node is new to the helper, not one per step;
+   this costs one round trip when a node is new to the helper, not one per step; a ``ping`` also
+   announces the step, and is sent for that alone when the helper last heard of a step before the
+   previous one (it takes shares only in a small window after the announced step);
 1. ``forward``: each node pushes share 1 of A_i to the helper and, without waiting for that
    push, answers share 0 and y_i;
 2. ``logits`` to the helper with W: its logit share over the nodes that answered whose share it
@@ -39,6 +41,11 @@ secure mode a node whose share the helper does not hold counts as failed in that
 left out of the batch; step 4: left out of the gradient, normalised the same way). A step with no
 completed node applies nothing. The ledger lists who answered, who was dropped in which
 phase and why.
+
+**k and the minimum batch** (secure mode, SECURITY.md). The orchestrator never reconstructs
+anything over fewer than ``min_sum_nodes`` (k) nodes or ``min_batch`` samples: a plan, a logits
+answer or a sum below either applies nothing and the ledger's note says why (the helper refuses
+them too, and the nodes refuse a grad_scale below ``min_batch``).
 
 **The helper.** Any failure of a request to the helper (unreachable, timeout, refusal) raises
 ``HelperFailed``: secure training stops with that error rather than going on without the
@@ -149,6 +156,7 @@ class StepDriver:
         self.version = 0
         self._cached: dict[str, int] = {}
         self._confirmed: tuple[str, set[str]] = ("", set())  # (helper, the nodes it said it sees)
+        self._told = -1  # the latest step the helper heard of from this orchestrator
         self._weights: tuple[int, dict[str, Tensor]] | None = None
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self._node_params = {name: p.detach() for name, p in node_side.named_parameters()}
@@ -170,6 +178,10 @@ class StepDriver:
             plan = await self._seen_by_helper(ledger, plan, helper)
             if not plan:
                 ledger.note = "the helper sees none of the step's nodes"
+                return None
+            short = self._short(plan, {n: len(i) for n, i in plan.items()})
+            if short:
+                ledger.note = f"not run: {short}"
                 return None
         forwarded = await self._forward_all(ledger.step, plan, ledger, helper)
         if not forwarded:
@@ -195,12 +207,22 @@ class StepDriver:
         asked with one ``ping`` (HelperFailed if the helper fails it)."""
         if self._confirmed[0] != helper:
             self._confirmed = (helper, set())
-        confirmed = self._confirmed[1]
-        unknown = sorted(set(nodes) - confirmed)
+        confirmed, nodes = self._confirmed[1], set(nodes)
+        unknown = sorted(nodes - confirmed)
+        if not unknown and step > self._told + 1:
+            unknown = sorted(nodes)  # only to announce the step: the helper's share window follows it
         if unknown:
             reply = await self._helper(helper, LinkMessage(PING, step, {"nodes": unknown}))
             confirmed.update(_used(reply, dict.fromkeys(unknown)))
-        return confirmed & set(nodes)
+        return confirmed & nodes
+
+    def _short(self, nodes: Mapping[str, object], rows: Mapping[str, int]) -> str:
+        """Secure mode: why ``nodes`` are too few to reveal anything over (k, min_batch), or ""."""
+        k, least = self.settings.min_sum_nodes, self.settings.smallest_batch
+        if len(nodes) < k:
+            return f"{len(nodes)} node(s), fewer than min_sum_nodes = {k}"
+        samples = sum(rows[n] for n in nodes)
+        return f"{samples} samples, fewer than min_batch = {least}" if samples < least else ""
 
     def forget(self, nodes: set[str]) -> None:
         """These nodes left the schedule: confirm them with the helper again if they come back."""
@@ -290,14 +312,23 @@ class StepDriver:
     async def _secure(self, ledger: StepLedger, forwarded: dict[str, _Forwarded],
                       helper: str) -> dict[str, Tensor] | None:
         settings, weight = self.settings, self._server_weight
-        reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {
-            "nodes": sorted(forwarded), "sizes": {n: f.act.shape[0] for n, f in forwarded.items()}},
-            {"weight": weight.detach().cpu()}))
-        used = _used(reply, forwarded)
+        sizes = {n: f.act.shape[0] for n, f in forwarded.items()}
+        short = self._short(forwarded, sizes)
+        if short:
+            ledger.note = f"not run: of the nodes that answered the forward pass, {short}"
+            return None
+        reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {"nodes": sorted(forwarded), "sizes": sizes},
+                                                       {"weight": weight.detach().cpu()}))
+        used, short = _used(reply, forwarded), _note(reply)
         for node in sorted(set(forwarded) - set(used)):
-            ledger.drop(node, "logits", "the helper holds no matching activation share")
+            ledger.drop(node, "logits", short or "the helper holds no matching activation share")
         if not used:
-            ledger.note = "the helper holds no activation share of any node that answered"
+            ledger.note = f"not reconstructed: the helper holds {short}" if short else \
+                "the helper holds no activation share of any node that answered"
+            return None
+        short = self._short(used, sizes)
+        if short:  # the helper never answers such a share; nothing is reconstructed from one that does
+            ledger.note = f"not reconstructed: {short}"
             return None
         rows = sum(forwarded[n].act.shape[0] for n in used)
         check_tensors(reply.tensors, {"logits": torch.empty(rows, settings.num_classes, dtype=torch.int64)},
@@ -323,14 +354,23 @@ class StepDriver:
         if not shares:
             ledger.note = "no node completed the backward pass"
             return None
+        short = self._short(shares, sizes)
+        if short:
+            ledger.note = f"not summed: {short}"
+            return None
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
-        kept = _used(helper_sum, shares)
+        kept, short = _used(helper_sum, shares), _note(helper_sum)
         for node in sorted(set(shares) - set(kept)):
-            ledger.drop(node, "sum", "the helper holds no gradient share")
+            ledger.drop(node, "sum", short or "the helper holds no gradient share")
         ledger.use(kept)
         ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
         if not kept:
-            ledger.note = "the helper holds no gradient share of any node that completed the backward pass"
+            ledger.note = f"not reconstructed: the helper holds {short}" if short else \
+                "the helper holds no gradient share of any node that completed the backward pass"
+            return None
+        short = self._short(kept, sizes)
+        if short:
+            ledger.note = f"not reconstructed: {short}"
             return None
         check_tensors(helper_sum.tensors, self._grads, what="the helper's summed share")
         own_sum = server_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in kept])
@@ -369,6 +409,7 @@ class StepDriver:
         return await self.links.request(node, NODE_METHOD, message, timeout_s=self.settings.node_timeout_s)
 
     async def _helper(self, helper: str, message: LinkMessage) -> LinkMessage:
+        self._told = max(self._told, message.step)
         try:
             return await self.links.request(helper, HELPER_METHOD, message, timeout_s=self.settings.helper_timeout_s)
         except (SecureLinkError, RequestRefused) as exc:
@@ -380,6 +421,12 @@ def _used(reply: LinkMessage, asked: Mapping[str, object]) -> list[str]:
     """The nodes the helper's answer says it used, of those it was asked about (sorted)."""
     nodes = reply.fields.get("nodes")
     return sorted(n for n in nodes if isinstance(n, str) and n in asked) if isinstance(nodes, list) else []
+
+
+def _note(reply: LinkMessage) -> str:
+    """Why the helper answered no share (too few nodes or samples), or ""."""
+    note = reply.fields.get("note")
+    return note[:200] if isinstance(note, str) else ""
 
 
 def grads_finite(grads: Mapping[str, Tensor]) -> bool:
