@@ -28,10 +28,10 @@ class Tlpp(LocalNet):
     @classmethod
     async def create(cls, tmp_path: Path, *, hyper: dict[str, Any], sources: list[str], helper: bool,  # type: ignore[override]
                      identities: dict[str, Identity] | None = None, model: dict[str, Any] | None = None,
-                     data: dict[str, Any] | None = None) -> Tlpp:
+                     data: dict[str, Any] | None = None, admit: tuple[Identity, ...] = ()) -> Tlpp:
         """Nodes ``node0..`` reading ``sources``, a helper if asked, and the orchestrator (not started),
         for a run with these ``hyper`` (and ``model``, ``data``) tables. Pass the same ``identities``
-        to two networks to give them the same schedule."""
+        to two networks to give them the same schedule; ``admit`` adds keys to a secure run's allowlist."""
         names = [f"node{i}" for i in range(len(sources))] + (["helper"] if helper else [])
         identities = identities or {name: Identity.generate() for name in [*names, "orchestrator"]}
         doc = {"run": {"name": "t", "protocol": "tlpp", "heartbeat_s": 30.0}, "hyper": hyper,
@@ -40,7 +40,8 @@ class Tlpp(LocalNet):
         if hyper.get("mode") == "secure":  # the helper pinned in the manifest and by every node; an allowlist
             pin = {"node": {"helper": identities["helper"].peer_id}}
             doc["hyper"] = {"helper": identities["helper"].peer_id, **hyper}
-            doc["admission"] = {"policy": "allowlist", "allow": [identities[n].public_key.hex() for n in names]}
+            allow = [identities[n].public_key for n in names] + [i.public_key for i in admit]
+            doc["admission"] = {"policy": "allowlist", "allow": [key.hex() for key in allow]}
         net = await super().create(doc, plugins=PLUGINS, workdir=tmp_path, owner=identities["orchestrator"])
         net.identities = identities
         for i, source in enumerate(sources):

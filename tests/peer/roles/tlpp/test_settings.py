@@ -16,7 +16,6 @@ from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.run.manifest import RunConfig, run_config_from_dict
 from gossamer.protocols.tlpp import Normalize
 
-
 PIN = "ab" * 32  # a helper's peer id: secure mode needs one
 SECURE = {"mode": "secure", "helper": PIN, "min_nodes": 2}
 
