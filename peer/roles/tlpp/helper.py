@@ -16,8 +16,8 @@ manifest owner) with what is computed share-wise on them:
   (``server_sum``), waiting likewise and answering which nodes it summed (a node whose push failed
   is left out); only the orchestrator can add its own summed share and reconstruct the sum, never a
   single node's part. The named nodes must be among those the step's ``logits`` used, at least
-  ``min_sum_nodes`` (k) of them; fewer than k held, or fewer than ``min_batch`` samples, and it
-  answers no share at all.
+  ``min_sum_nodes`` (k) of them; when it holds the shares of fewer than k, or of fewer than
+  ``min_batch`` samples, it answers which it holds and no share (``logits`` likewise).
 - ``ping`` {nodes}: which of the named nodes the helper sees as live data nodes of the run,
   waiting up to ``helper_wait_s`` for those it does not see yet. The orchestrator asks before a
   node's first step with this helper: a node the helper cannot see could not push it a share.
@@ -269,8 +269,8 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         shares = await self.store.collect(message.step, nodes, "act", timeout_s=self.settings.helper_wait_s)
         used = [n for n in nodes if n in shares and shares[n][ACT].shape[0] == sizes[n]]
         short = self._short(used, sizes) if used else ""
-        if not used or short:
-            return LinkMessage(LOGITS, message.step, {"nodes": [], **({"note": short} if short else {})})
+        if not used or short:  # which nodes it holds, but no share
+            return LinkMessage(LOGITS, message.step, {"nodes": used, **({"note": short} if short else {})})
         self.store.logits_used(message.step, {n: sizes[n] for n in used})
         with torch.no_grad():
             self._linear.weight.copy_(message.tensors["weight"])
@@ -311,8 +311,8 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         used = [n for n in nodes if n in shares]
         self.store.discard(message.step)
         short = self._short(used, rows) if used else ""
-        if not used or short:
-            return LinkMessage(SUM, message.step, {"nodes": [], **({"note": short} if short else {})})
+        if not used or short:  # which nodes it holds, but no share
+            return LinkMessage(SUM, message.step, {"nodes": used, **({"note": short} if short else {})})
         summed = server_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])
         self.sums_served += 1
         return LinkMessage(SUM, message.step, {"nodes": used}, {GRADS: summed.ring})

@@ -319,12 +319,11 @@ class StepDriver:
             return None
         reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {"nodes": sorted(forwarded), "sizes": sizes},
                                                        {"weight": weight.detach().cpu()}))
-        used, short = _used(reply, forwarded), _note(reply)
+        used = _used(reply, forwarded)
         for node in sorted(set(forwarded) - set(used)):
-            ledger.drop(node, "logits", short or "the helper holds no matching activation share")
+            ledger.drop(node, "logits", "the helper holds no matching activation share")
         if not used:
-            ledger.note = f"not reconstructed: the helper holds {short}" if short else \
-                "the helper holds no activation share of any node that answered"
+            ledger.note = "the helper holds no activation share of any node that answered"
             return None
         short = self._short(used, sizes)
         if short:  # the helper never answers such a share; nothing is reconstructed from one that does
@@ -356,22 +355,18 @@ class StepDriver:
             return None
         short = self._short(shares, sizes)
         if short:
-            ledger.note = f"not summed: {short}"
-            return None
+            return _nothing(ledger, f"not summed: {short}")
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
-        kept, short = _used(helper_sum, shares), _note(helper_sum)
+        kept = _used(helper_sum, shares)
         for node in sorted(set(shares) - set(kept)):
-            ledger.drop(node, "sum", short or "the helper holds no gradient share")
-        ledger.use(kept)
-        ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
+            ledger.drop(node, "sum", "the helper holds no gradient share")
         if not kept:
-            ledger.note = f"not reconstructed: the helper holds {short}" if short else \
-                "the helper holds no gradient share of any node that completed the backward pass"
-            return None
+            return _nothing(ledger, "the helper holds no gradient share of any node that completed the backward pass")
         short = self._short(kept, sizes)
         if short:
-            ledger.note = f"not reconstructed: {short}"
-            return None
+            return _nothing(ledger, f"not reconstructed: {short}")
+        ledger.use(kept)
+        ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
         check_tensors(helper_sum.tensors, self._grads, what="the helper's summed share")
         own_sum = server_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in kept])
         grads = orchestrator_gradients(own_sum, PartyShare(HELPER, helper_sum.tensors[GRADS]), layout=self._layout,
@@ -423,10 +418,11 @@ def _used(reply: LinkMessage, asked: Mapping[str, object]) -> list[str]:
     return sorted(n for n in nodes if isinstance(n, str) and n in asked) if isinstance(nodes, list) else []
 
 
-def _note(reply: LinkMessage) -> str:
-    """Why the helper answered no share (too few nodes or samples), or ""."""
-    note = reply.fields.get("note")
-    return note[:200] if isinstance(note, str) else ""
+def _nothing(ledger: StepLedger, note: str) -> None:
+    """The step applies nothing (no node's gradient is used), for the reason ``note``."""
+    ledger.use([])
+    ledger.samples = 0
+    ledger.note = note
 
 
 def grads_finite(grads: Mapping[str, Tensor]) -> bool:

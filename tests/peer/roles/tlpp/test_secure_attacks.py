@@ -190,7 +190,8 @@ async def test_the_helper_reveals_no_sum_over_fewer_than_k_nodes_nor_outside_the
             await owner(SUM, {"nodes": [net.id_of("node0"), net.id_of("node2")]})
         assert one.value.code == outside.value.code == "nodes"
         short = await owner(SUM, {"nodes": pair})  # node1's gradient share never came
-        assert short.fields["nodes"] == [] and "1 node(s), fewer than min_sum_nodes" in short.fields["note"]
+        assert short.fields["nodes"] == [net.id_of("node0")] and "1 node(s), fewer than min_sum_nodes" in \
+            short.fields["note"]
         assert not short.tensors
         with pytest.raises(RequestRefused, match="summed it already"):
             await owner(SUM, {"nodes": pair})
@@ -285,7 +286,7 @@ async def test_a_batch_below_min_batch_is_never_revealed_whether_planned_or_shru
         shrunk = StepLedger(step=1, epoch=0, index=0, mode="secure")
         assert await driver.run(batch_of(net, ["node0", "node1"]), shrunk, helper) is None
         assert list(shrunk.rejected) == [net.id_of("node1")]
-        assert shrunk.note == "not summed: 1 node(s), fewer than min_sum_nodes = 2"
+        assert shrunk.note == "not summed: 1 node(s), fewer than min_sum_nodes = 2" and not shrunk.used
         three = StepLedger(step=2, epoch=0, index=0, mode="secure")
         net.fail("node2", 2, "backward")
         assert await driver.run(batch_of(net, ["node0", "node1", "node2"], rows=8), three, helper) is None
