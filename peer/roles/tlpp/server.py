@@ -21,7 +21,8 @@ seen twice or not at all); at each epoch boundary the schedule is rebuilt from t
 nodes that left the view are no longer scheduled and a node that came back is scheduled again. A
 node that left the view mid-epoch stays scheduled until it fails a request (records can lag a
 loaded host by a heartbeat; a node that still answers is still a node). With no node left, it
-waits.
+waits. A secure node that refuses a forward as a step it answered already (this orchestrator,
+resumed from a checkpoint, replays the steps after it) stays scheduled: those steps go on without it.
 
 Secure mode (SECURITY.md, "TL++ secure mode: threat model"): the helper is the one the manifest
 pins (``hyper.helper``), never another live peer with the role; the run must not admit anyone
@@ -281,7 +282,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     def _reduced(self, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
         """The schedule without the nodes that failed this step; None if none is left."""
-        leaving = {n for n in scheduler.counts if n in ledger.rejected}
+        leaving = {n for n in scheduler.counts if n in ledger.rejected and n not in self.driver.behind}
         if not leaving:
             return scheduler
         self.driver.forget(leaving)

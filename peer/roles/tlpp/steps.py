@@ -157,6 +157,7 @@ class StepDriver:
         self._cached: dict[str, int] = {}
         self._confirmed: tuple[str, set[str]] = ("", set())  # (helper, the nodes it said it sees)
         self._told = -1  # the latest step the helper heard of from this orchestrator
+        self.behind: set[str] = set()  # nodes that refused the last step's forward as one they answered already
         self._weights: tuple[int, dict[str, Tensor]] | None = None
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self._node_params = {name: p.detach() for name, p in node_side.named_parameters()}
@@ -170,7 +171,7 @@ class StepDriver:
 
     async def run(self, batch: VirtualBatch, ledger: StepLedger, helper: str | None) -> dict[str, Tensor] | None:
         """The step's summed gradients by parameter name, or None when nothing can be applied."""
-        plan = batch.by_node()
+        plan, self.behind = batch.by_node(), set()
         ledger.planned = batch.sizes()
         ledger.expect(ledger.planned)
         if self.settings.secure:
@@ -252,6 +253,8 @@ class StepDriver:
             elif isinstance(result, SecureLinkError | RequestRefused):
                 self._cached.pop(node, None)
                 ledger.drop(node, "forward", result)
+                if isinstance(result, RequestRefused) and result.code == "step":  # a resumed orchestrator
+                    self.behind.add(node)  # replays steps a secure node answered: it stays scheduled
             else:
                 raise result
         return forwarded

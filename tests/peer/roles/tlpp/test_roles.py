@@ -318,3 +318,19 @@ async def test_the_helper_waits_for_a_node_it_does_not_see_yet(tmp_path: Path) -
     finally:
         await as_owner.aclose()
         await net.aclose()
+
+
+async def test_a_resumed_orchestrator_replaying_steps_a_secure_node_answered_keeps_the_node(tmp_path: Path) -> None:
+    """A secure node answers one forward per step, steps going up. An orchestrator resumed from a
+    checkpoint older than the node's last step replays steps it answered: the node refuses them,
+    those steps train on the others, and the node stays scheduled and trains from the next step on."""
+    net = await Tlpp.create(tmp_path, hyper={**SECURE, "steps": 6}, sources=SOURCES, helper=True)
+    net.peers["node2"].role.forwarded_step = 2  # type: ignore[attr-defined]  # as before the orchestrator's restart
+    try:
+        await train(net)
+        ledgers, node2 = list(net.orchestrator.history), net.id_of("node2")
+        assert all(ledger.applied for ledger in ledgers) and not net.orchestrator.error
+        assert all("answers one forward per step" in ledger.rejected[node2] for ledger in ledgers[:3])
+        assert all(node2 in ledger.used for ledger in ledgers[3:])
+    finally:
+        await net.aclose()
