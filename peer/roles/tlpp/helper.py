@@ -268,7 +268,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         self.store.open_logits(message.step)
         shares = await self.store.collect(message.step, nodes, "act", timeout_s=self.settings.helper_wait_s)
         used = [n for n in nodes if n in shares and shares[n][ACT].shape[0] == sizes[n]]
-        short = self._short(used, sizes) if used else ""
+        short = self.settings.too_few(used, sizes) if used else ""
         if not used or short:  # which nodes it holds, but no share
             return LinkMessage(LOGITS, message.step, {"nodes": used, **({"note": short} if short else {})})
         self.store.logits_used(message.step, {n: sizes[n] for n in used})
@@ -286,19 +286,9 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
     def _check_enough(self, nodes: list[str], rows: dict[str, int], *, what: str) -> None:
         """RequestRefused for a request that could never reveal enough: fewer than k nodes or
         ``min_batch`` samples (the orchestrator never sends one; one that does is not followed)."""
-        short = self._short(nodes, rows)
+        short = self.settings.too_few(nodes, rows)
         if short:
-            raise RequestRefused(f"{what}: {short}", code="nodes")
-
-    def _short(self, nodes: list[str], rows: dict[str, int]) -> str:
-        """Why ``nodes`` are too few to reveal a sum over (k, min_batch), or ""."""
-        k, least = self.settings.min_sum_nodes, self.settings.smallest_batch
-        if len(nodes) < k:
-            return f"{len(nodes)} node(s), fewer than min_sum_nodes = {k}; nothing over them is revealed"
-        samples = sum(rows[n] for n in nodes)
-        if samples < least:
-            return f"{samples} samples, fewer than min_batch = {least}; nothing over them is revealed"
-        return ""
+            raise RequestRefused(f"{what}: {short}; nothing over them is revealed", code="nodes")
 
     async def _sum(self, message: LinkMessage) -> LinkMessage:
         nodes = node_list(message.fields.get("nodes"), "sum: nodes")
@@ -310,7 +300,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         shares = await self.store.collect(message.step, nodes, "grad", timeout_s=self.settings.helper_wait_s)
         used = [n for n in nodes if n in shares]
         self.store.discard(message.step)
-        short = self._short(used, rows) if used else ""
+        short = self.settings.too_few(used, rows) if used else ""
         if not used or short:  # which nodes it holds, but no share
             return LinkMessage(SUM, message.step, {"nodes": used, **({"note": short} if short else {})})
         summed = server_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])

@@ -57,8 +57,9 @@ from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import DataSourceError, load_run_data
+from gossamer.peer.roles.tlpp.ledger import StepLedger
 from gossamer.peer.roles.tlpp.settings import TlppSettings, check_secure_admission
-from gossamer.peer.roles.tlpp.steps import StepDriver, StepLedger, TrainingStopped, grads_finite
+from gossamer.peer.roles.tlpp.steps import StepDriver, TrainingStopped, grads_finite
 from gossamer.peer.roles.tlpp.wire import ShareLog
 from gossamer.protocols.tlpp import (
     ChannelStats,

@@ -40,6 +40,7 @@ Manifest layout (run config TOML)::
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -180,6 +181,14 @@ class TlppSettings:
             raise ConfigError(f"hyper.min_nodes = {self.min_nodes} is below hyper.min_sum_nodes = {self.min_sum_nodes}: "
                               "secure mode never reveals a gradient summed over fewer nodes, so training could not "
                               "start")
+
+    def too_few(self, nodes: Collection[str], rows: Mapping[str, int]) -> str:
+        """Secure mode: why a sum over ``nodes`` (holding ``rows`` samples each) must not be revealed
+        (fewer than ``min_sum_nodes`` nodes or ``min_batch`` samples), or "" when it may."""
+        if len(nodes) < self.min_sum_nodes:
+            return f"{len(nodes)} node(s), fewer than min_sum_nodes = {self.min_sum_nodes}"
+        samples = sum(rows[n] for n in nodes)
+        return f"{samples} samples, fewer than min_batch = {self.smallest_batch}" if samples < self.smallest_batch else ""
 
     @property
     def smallest_batch(self) -> int:

@@ -55,17 +55,16 @@ second server. Every remote await has the timeout of the settings.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import PeerError
-from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
+from gossamer.peer.roles.tlpp.ledger import StepLedger
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
     ORCHESTRATOR,
@@ -105,33 +104,6 @@ class TrainingStopped(PeerError):
 
 class HelperFailed(TrainingStopped):
     """The helper is unreachable, timed out or refused: secure mode cannot go on without it."""
-
-
-@dataclass(kw_only=True)
-class StepLedger(Exchange):
-    """What happened in one virtual batch (the kit's ``Exchange`` over the batch's nodes):
-    ``expected`` are the nodes planned into it (``planned``: their sample counts), ``arrived``
-    those that answered the forward pass, ``used`` those whose gradient the step applied, and
-    ``rejected`` those dropped, with ``phase: reason``; plus the loss and accuracy over the
-    forwarded samples, whether a gradient was applied, and the bytes and time it took."""
-
-    step: int
-    epoch: int
-    index: int
-    mode: str
-    planned: dict[str, int] = field(default_factory=dict)
-    samples: int = 0
-    loss: float = math.nan
-    accuracy: float = math.nan
-    applied: bool = False
-    note: str = ""
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    wall_s: float = 0.0
-
-    def drop(self, node: str, phase: str, reason: object) -> None:
-        """``node`` is left out of the step from ``phase`` on, for ``reason``."""
-        self.reject(node, f"{phase}: {reason}"[:300])
 
 
 @dataclass
@@ -180,7 +152,7 @@ class StepDriver:
             if not plan:
                 ledger.note = "the helper sees none of the step's nodes"
                 return None
-            short = self._short(plan, {n: len(i) for n, i in plan.items()})
+            short = self.settings.too_few(plan, {n: len(i) for n, i in plan.items()})
             if short:
                 ledger.note = f"not run: {short}"
                 return None
@@ -216,14 +188,6 @@ class StepDriver:
             reply = await self._helper(helper, LinkMessage(PING, step, {"nodes": unknown}))
             confirmed.update(_used(reply, dict.fromkeys(unknown)))
         return confirmed & nodes
-
-    def _short(self, nodes: Mapping[str, object], rows: Mapping[str, int]) -> str:
-        """Secure mode: why ``nodes`` are too few to reveal anything over (k, min_batch), or ""."""
-        k, least = self.settings.min_sum_nodes, self.settings.smallest_batch
-        if len(nodes) < k:
-            return f"{len(nodes)} node(s), fewer than min_sum_nodes = {k}"
-        samples = sum(rows[n] for n in nodes)
-        return f"{samples} samples, fewer than min_batch = {least}" if samples < least else ""
 
     def forget(self, nodes: set[str]) -> None:
         """These nodes left the schedule: confirm them with the helper again if they come back."""
@@ -316,7 +280,7 @@ class StepDriver:
                       helper: str) -> dict[str, Tensor] | None:
         settings, weight = self.settings, self._server_weight
         sizes = {n: f.act.shape[0] for n, f in forwarded.items()}
-        short = self._short(forwarded, sizes)
+        short = self.settings.too_few(forwarded, sizes)
         if short:
             ledger.note = f"not run: of the nodes that answered the forward pass, {short}"
             return None
@@ -328,7 +292,7 @@ class StepDriver:
         if not used:
             ledger.note = "the helper holds no activation share of any node that answered"
             return None
-        short = self._short(used, sizes)
+        short = self.settings.too_few(used, sizes)
         if short:  # the helper never answers such a share; nothing is reconstructed from one that does
             ledger.note = f"not reconstructed: {short}"
             return None
@@ -356,7 +320,7 @@ class StepDriver:
         if not shares:
             ledger.note = "no node completed the backward pass"
             return None
-        short = self._short(shares, sizes)
+        short = self.settings.too_few(shares, sizes)
         if short:
             return _nothing(ledger, f"not summed: {short}")
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
@@ -365,7 +329,7 @@ class StepDriver:
             ledger.drop(node, "sum", "the helper holds no gradient share")
         if not kept:
             return _nothing(ledger, "the helper holds no gradient share of any node that completed the backward pass")
-        short = self._short(kept, sizes)
+        short = self.settings.too_few(kept, sizes)
         if short:
             return _nothing(ledger, f"not reconstructed: {short}")
         ledger.use(kept)

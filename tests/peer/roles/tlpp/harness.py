@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from gossamer.crypto.identity import Identity
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.tlpp.data import load_data
+from gossamer.peer.roles.tlpp.ledger import StepLedger
 from gossamer.peer.roles.tlpp.server import TlppServerRole
-from gossamer.peer.roles.tlpp.steps import StepLedger
 from gossamer.peer.testing.localnet import LocalNet
 from gossamer.protocols.tlpp import VirtualBatchScheduler
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
 from gossamer.peer.roles.tlpp.data import load_data
-from gossamer.peer.roles.tlpp.steps import StepLedger
+from gossamer.peer.roles.tlpp.ledger import StepLedger
 from gossamer.peer.roles.tlpp.wire import HELPER_METHOD, NODE_METHOD, PING, SHARE, ShareLog
 from gossamer.protocols.tlpp import VirtualBatch, VirtualBatchScheduler, digits_cnn
 from gossamer.transport.errors import RemoteError

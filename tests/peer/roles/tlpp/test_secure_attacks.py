@@ -17,10 +17,10 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinks
 from gossamer.peer.roles import PLUGINS
+from gossamer.peer.roles.tlpp.ledger import StepLedger
 from gossamer.peer.roles.tlpp.secure import gradient_layout, layout_numel, secure_step
 from gossamer.peer.roles.tlpp.server import _optimizer
 from gossamer.peer.roles.tlpp.settings import TlppSettings
-from gossamer.peer.roles.tlpp.steps import StepLedger
 from gossamer.peer.roles.tlpp.wire import ACT, FORWARD, GRADS, HELPER_METHOD, LOGITS, NODE_METHOD, SHARE, SUM
 from gossamer.peer.run.records import PeerRecord
 from gossamer.peer.testing.localnet import LocalNet
