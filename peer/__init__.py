@@ -12,7 +12,9 @@ Map of the package:
 - ``events``     machine-readable JSON event lines (``--events``).
 - ``metrics``    Prometheus metrics and traffic counters of one daemon.
 - ``device``     ``--device auto|cpu|cuda[:N]``.
-- ``http_api``   the daemon's own ``/healthz``, ``/status`` and ``/metrics``.
+- ``http_api``   the daemon's own ``/healthz``, ``/status``, ``/metrics`` and the swarm page (``/``).
+- ``progress``   human progress lines (with a bar and an ETA) for a protocol's events.
+- ``page``       the swarm page's static files (HTML, a small script, CSS).
 - ``run``        who is in the run: manifests, signed records, admission, the live view, joining.
 - ``kit``        what roles share: signed messaging, secure links, state sync, inboxes, ledgers,
                  the settings reader, checkpoints.

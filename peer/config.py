@@ -39,7 +39,10 @@ class PeerConfig:
         data: dataset for data-holding roles (``builtin:pydoc`` or a local path).
         join_token: owner-signed token for runs with an allowlist.
         manifest: a manifest file to use instead of fetching it from the DHT (still verified).
-        checkpoint_dir: where roles write checkpoints (safetensors, written atomically).
+        checkpoint_dir: where roles write checkpoints (safetensors, written atomically); a role
+            started again with the same identity and directory resumes from its own.
+        checkpoint_every: roles holding state write it every this many rounds (0: only on a
+            clean shutdown and at the end), besides on Ctrl+C / SIGTERM.
         threads: torch CPU threads for this process (0: torch's default); use 1 when several
             peers share one host.
         attack: for experiments and tests only: make this learner Byzantine (e.g. ``sign_flip:10``).
@@ -67,6 +70,7 @@ class PeerConfig:
     join_token: str = ""
     manifest: str = ""
     checkpoint_dir: Path = Path("~/.gossamer/checkpoints")
+    checkpoint_every: int = 10
     threads: int = 0
     attack: str = ""
     share_log: str = ""
@@ -88,6 +92,8 @@ class PeerConfig:
             _check_ip("announce_host", self.announce_host)
         if self.new_swarm and self.initial_peers:
             raise ConfigError("pass either --new_swarm (start a new network) or --initial_peers (join one), not both")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be a non-negative integer, got {self.checkpoint_every!r}")
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ConfigError(f"threads must be a non-negative integer, got {self.threads!r}")
         if len(self.public_name) > 64:

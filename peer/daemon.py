@@ -1,7 +1,12 @@
 """The peer daemon: identity, DHT membership, TCP and HTTP servers, signed heartbeat, roles.
 
-``Daemon.create`` builds everything (undoing what it built if a later step fails) and returns a
-running daemon; ``aclose`` withdraws the record and tears everything down, idempotently.
+``Daemon.create`` checks everything it can before it touches the disk or the network (roles,
+settings, device; the identity file is created only once the arguments are known to be good),
+refuses to start a second live daemon with an identity that is already in the run, builds
+everything (undoing what it built if a later step fails) and returns a running daemon. ``state``
+says how its roles are doing (``/healthz``); ``aclose`` withdraws the record and tears everything
+down, idempotently, and with ``checkpoint=True`` (a clean shutdown) has every role write what a
+restart resumes from.
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ from gossamer.crypto.errors import IdentityError
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.device import describe_device, resolve_device
-from gossamer.peer.errors import StartupError
+from gossamer.peer.errors import ConfigError, StartupError
 from gossamer.peer.events import EventSink
 from gossamer.peer.http_api import daemon_routes
 from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
-from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.progress import ProgressPrinter
+from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, start_membership
 from gossamer.peer.run.keys import peers_key
@@ -61,7 +67,7 @@ class Daemon:
                  resources: contextlib.AsyncExitStack, device_info: dict[str, Any]) -> None:
         self.config = config
         self.plugin = plugin
-        self.events = EventSink(enabled=config.events)
+        self.events = EventSink(enabled=config.events, observer=ProgressPrinter(plugin))
         self.identity = identity
         self.manifest = manifest
         self.membership = membership
@@ -81,6 +87,7 @@ class Daemon:
         self._announce = asyncio.Event()
         self._view_refreshed = asyncio.Condition()
         self._closed = False
+        self.checkpoints: dict[str, str] = {}  # role -> the checkpoint it wrote at shutdown
 
     @classmethod
     async def create(cls, config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,
@@ -91,23 +98,27 @@ class Daemon:
         if run_config is not None:
             plugins.check_roles(run_config.protocol, config.roles, run=run_config.name)
             plugins.plugin(run_config.protocol).read_settings(run_config)  # refuse bad settings before any I/O
-        identity = load_identity(config)
+        unknown = [role for role in config.roles if role not in plugins.role_names]
+        if unknown:
+            raise ConfigError(f"unknown role(s) {', '.join(unknown)}; the roles are: {', '.join(plugins.role_names)}")
         device = resolve_device(config.device)
+        identity = load_identity(config) if run_config is not None else None
         if config.threads:
             torch.set_num_threads(config.threads)  # once for every role of this process
         async with contextlib.AsyncExitStack() as stack:
             membership = await start_membership(config)
             stack.push_async_callback(membership.aclose)
-            if run_config is not None:
+            if identity is not None:
                 manifest = build_manifest(identity, run_config, now=membership.now())
             else:
                 manifest = await fetch_manifest(membership, config)
-            http_config = HttpConfig()
-            http_client = await HttpClient.create(config=http_config)
-            stack.push_async_callback(http_client.aclose)
             plugin = plugins.plugin(manifest.config.protocol)
             plugins.check_roles(plugin.name, config.roles, run=manifest.run_id)
             settings = plugin.read_settings(manifest.config)
+            identity = identity or load_identity(config)  # only now: every argument checked out
+            http_config = HttpConfig()
+            http_client = await HttpClient.create(config=http_config)
+            stack.push_async_callback(http_client.aclose)
             view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
             daemon = cls(config=config, identity=identity, manifest=manifest, plugin=plugin, membership=membership,
                          http_client=http_client, view=view, traffic=Traffic(), resources=stack.pop_all(),
@@ -127,6 +138,7 @@ class Daemon:
     async def _start(self, ctx: RoleContext, plugins: PluginRegistry,
                      role_options: Mapping[str, Mapping[str, Any]] | None) -> None:
         self.roles = build_roles(plugins, self.plugin.name, self.config.roles, ctx, role_options)
+        await self._refuse_a_twin()
         self.state_donor = state_donor(self.roles)
         self.http = await _bind("HTTP", "--http_port", self.config.http_port,
                                 HttpServer.create(self._build_app(), host=self.config.host, port=self.config.http_port,
@@ -142,7 +154,7 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
 
     def _build_app(self) -> web.Application:
-        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics))
+        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state))
 
     def _tcp_dispatcher(self) -> TcpDispatch:
         return role_dispatcher(self.roles)
@@ -169,6 +181,32 @@ class Daemon:
             self._view_refreshed.notify_all()
         log.debug("peer table refreshed: %d record(s) found, %d live, rejected so far %s", len(entries),
                   len(self.view.live(now=self.membership.now())), dict(self.view.rejected))
+
+    async def _refuse_a_twin(self) -> None:
+        """StartupError when another live daemon already uses this identity in the run: its record
+        is in the view and is republished while we watch (the DHT keeps one record per peer id, so
+        the two would overwrite each other and one would silently vanish from the run). A record
+        left by a killed earlier life of this peer is not republished, and we go on."""
+        await self.refresh_view()
+        me = self.identity.peer_id
+        found = self.view.get(me)
+        if found is None:
+            return
+        seen = found.record.timestamp
+        watch_s = 1.5 * self.manifest.config.heartbeat_s + 1.0
+        log.info("a record with this peer id is already in the run; checking for %.0f s whether its daemon is "
+                 "alive", watch_s)
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(0.5, self.manifest.config.heartbeat_s / 2))
+            await self.refresh_view()
+            live = self.view.get(me)
+            if live is not None and live.record.timestamp > seen:
+                where = f" (http {live.record.http_addr}{', ' + repr(live.record.name) if live.record.name else ''})"
+                raise StartupError(
+                    f"another live daemon uses this identity in run {self.manifest.run_id}{where}: peer id "
+                    f"{me[:16]} from {self.config.identity_path}. Every daemon needs its own identity: pass "
+                    f"--identity_path PATH (e.g. --identity_path ~/.gossamer/peer2.pem; it is created if missing)")
 
     async def _heartbeat_loop(self) -> None:
         """Republish the record every heartbeat, and at once when a role announces a change."""
@@ -202,10 +240,32 @@ class Daemon:
     def round(self) -> int:
         return max((role.round for role in self.roles), default=0)
 
+    def state(self) -> dict[str, Any]:
+        """How this peer is doing: ``failed`` (a role failed), ``running`` (a role is working
+        towards its end, or the peer only serves), ``idle`` (its roles with an end are finished
+        and the others serve on) or ``finished`` (every role is finished); and each role's health."""
+        health = {role.name: role.health() for role in self.roles}
+        states = {h.state for h in health.values()}
+        if FAILED in states:
+            overall = "failed"
+        elif RUNNING in states or not states or states == {SERVING}:
+            overall = "running"
+        else:
+            overall = "idle" if SERVING in states else "finished"
+        return {"state": overall, "roles": {name: h.to_json() for name, h in health.items()}}
+
+    def join_command(self) -> str:
+        """The command line that joins this run, with this peer as the bootstrap."""
+        roles = ",".join(self.plugin.swarm_roles)
+        return (f"gossamer peer --run {self.manifest.run_id} --initial_peers {' '.join(self.membership.visible_maddrs())}"
+                + (f" --roles {roles}" if roles else ""))
+
     def status(self) -> dict[str, Any]:
         now = self.membership.now()
         record = self.record()
         sent, received = self._bytes()
+        live = self.view.live(now=now)
+        panel = self.plugin.panel([p.record for p in live])
         return {
             "peer_id": self.identity.peer_id, "name": self.config.public_name, "version": VERSION,
             "run_id": self.manifest.run_id, "protocol": self.manifest.config.protocol,
@@ -213,9 +273,11 @@ class Daemon:
             "uptime_s": round(time.monotonic() - self._started, 3), "device": self.device_info,
             "addresses": {"http": record.http_addr, "tcp": record.tcp_addr, "dht": self.membership.visible_maddrs()},
             "bytes_sent": sum(sent.values()), "bytes_received": sum(received.values()),
-            "live_peers": [peer_row(p.record, now) for p in self.view.live(now=now)],
+            "live_peers": [peer_row(p.record, now) for p in live],
             "records_rejected": dict(self.view.rejected),
             "role_status": {role.name: role.status() for role in self.roles},
+            "health": self.state(), "join": self.join_command(), "summary": self.plugin.summary,
+            "panels": [panel.to_json()] if panel is not None else [], "checkpoints": dict(self.checkpoints),
         }
 
     def _bytes(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -232,7 +294,9 @@ class Daemon:
 
     # -- shutdown -----------------------------------------------------------------------------
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, checkpoint: bool = False) -> None:
+        """Stop everything; with ``checkpoint`` (a clean shutdown) every role first writes what a
+        restart resumes from (``checkpoints`` says where)."""
         if self._closed:
             return
         self._closed = True
@@ -241,11 +305,23 @@ class Daemon:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for role in reversed(self.roles):
             await role.aclose()
+            if checkpoint:
+                await self._checkpoint(role)
         await self._withdraw()
         for server in (self.tcp, self.http):
             if server is not None:
                 await server.aclose()
         await self._resources.aclose()
+
+    async def _checkpoint(self, role: Role) -> None:
+        try:
+            path = await role.checkpoint()
+        except OSError as exc:
+            log.error("%s: could not write its checkpoint: %s", role.name, exc)
+            return
+        if path:
+            self.checkpoints[role.name] = path
+            log.info("%s: checkpoint written to %s", role.name, path)
 
     async def _withdraw(self) -> None:
         if not self._record_expiration:
@@ -261,7 +337,8 @@ def peer_row(record: PeerRecord, now: float) -> dict[str, Any]:
     """One row of a live peer table (``/status`` and ``gossamer status``)."""
     return {"peer_id": record.peer_id, "name": record.name, "roles": list(record.roles), "round": record.round,
             "http_addr": record.http_addr, "tcp_addr": record.tcp_addr, "version": record.version,
-            "last_seen_s": round(max(0.0, now - record.timestamp), 1)}
+            "device": record.capacity.get("device_name") or record.capacity.get("device", ""),
+            "assignment": dict(record.assignment), "last_seen_s": round(max(0.0, now - record.timestamp), 1)}
 
 
 def load_identity(config: PeerConfig) -> Identity:

@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
+
+Observer = Callable[[str, Mapping[str, Any]], None]
 
 
 class EventSink:
-    """Writes events as JSON lines to ``stream`` (stdout by default) when ``enabled``."""
+    """Writes events as JSON lines to ``stream`` (stdout by default) when ``enabled``; otherwise
+    hands each to ``observer`` if there is one (a hand-started peer's human progress lines)."""
 
-    def __init__(self, *, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(self, *, enabled: bool, stream: TextIO | None = None, observer: Observer | None = None) -> None:
         self.enabled = enabled
         self._stream = stream
+        self.observer = observer
 
     def emit(self, event: str, **fields: Any) -> None:
-        """Write ``{"event": event, **fields}`` as one line, if enabled."""
+        """Write ``{"event": event, **fields}`` as one line, if enabled (else tell the observer)."""
+        if not self.enabled and self.observer is not None:
+            self.observer(event, fields)
         if self.enabled:
             stream = self._stream or sys.stdout
             stream.write(json.dumps({"event": event, **fields}, sort_keys=True, default=str) + "\n")

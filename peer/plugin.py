@@ -22,6 +22,7 @@ from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.settings import read_settings
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.peer.run.records import PeerRecord
+from gossamer.protocols.errors import InvalidSetting
 
 if TYPE_CHECKING:
     from gossamer.peer.config import PeerConfig
@@ -92,12 +93,33 @@ def _no_description(event: str, fields: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _no_progress(event: str, fields: Mapping[str, Any]) -> tuple[int, int] | None:
+    return None
+
+
+def _no_panel(records: Sequence[PeerRecord]) -> Panel | None:
+    return None
+
+
 def _no_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None:
     return None
 
 
 def _no_summary(records: Sequence[PeerRecord]) -> list[str]:
     return []
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A table a protocol adds to the swarm page (``GET /``), built from the live peers' records:
+    e.g. which blocks are covered by which workers and servers."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: list[list[Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": list(self.columns), "rows": self.rows}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +136,11 @@ class ProtocolPlugin:
         commands: extra ``gossamer`` subcommands.
         events: the events its roles emit, by name (without the protocol prefix).
         finish: when a local swarm is done.
-        describe_event: one human line for an event (``gossamer swarm``); None: the default.
+        describe_event: one human line for an event (``gossamer swarm``, a hand-started peer);
+            None: the default.
+        progress: (done, total) for an event that says how far the run is (a bar and an ETA
+            beside its line); None for the others.
+        panel: a table for the swarm page from the live peers' records (block coverage, ...).
         swarm_check: refuses (ConfigError) a swarm of ``num_peers`` peers with ``roles`` that
             could not work, before any process starts.
         summarize: extra lines ``gossamer status`` prints about the live peers' records.
@@ -130,6 +156,8 @@ class ProtocolPlugin:
     events: Mapping[str, EventSchema] = field(default_factory=dict)
     finish: FinishRule | None = None
     describe_event: Callable[[str, Mapping[str, Any]], str | None] = _no_description
+    progress: Callable[[str, Mapping[str, Any]], tuple[int, int] | None] = _no_progress
+    panel: Callable[[Sequence[PeerRecord]], Panel | None] = _no_panel
     swarm_check: Callable[[RunConfig, int, Sequence[str]], None] = _no_check
     summarize: Callable[[Sequence[PeerRecord]], list[str]] = _no_summary
 
@@ -230,4 +258,10 @@ def build_roles(registry: PluginRegistry, protocol: str, names: Sequence[str], c
     registry.check_roles(protocol, names, run=ctx.manifest.run_id)
     factories = registry.factories(protocol)
     options = role_options or {}
-    return [factories[name](ctx, **options.get(name, {})) for name in dict.fromkeys(names)]
+    roles = []
+    for name in dict.fromkeys(names):
+        try:
+            roles.append(factories[name](ctx, **options.get(name, {})))
+        except InvalidSetting as exc:  # e.g. a --data file that cannot be read: one line, no traceback
+            raise ConfigError(f"role {name}: {exc}") from exc
+    return roles

@@ -5,6 +5,12 @@ A role is built from a ``RoleContext`` by a factory its protocol's plugin regist
 start, then calls ``start()``; on shutdown it calls ``aclose()`` (idempotent), which cancels every
 task the role spawned. ``status()`` feeds ``/status``, ``/metrics`` and the swarm view.
 
+A role says how it is doing through ``health()`` (``RoleHealth``: running, serving, finished or
+failed, with a detail): the daemon's ``/healthz`` reports it (503 once a role failed), and
+``gossamer peer`` exits when every role is finished (0) or one failed (1). A task a role spawned
+that ends with an exception fails the role. ``checkpoint()`` writes what a restart resumes from;
+the daemon calls it on a clean shutdown (Ctrl+C, SIGTERM), after ``aclose``.
+
 ``Role`` is the base of every role; ``ProtocolRole[S]`` is the base of a protocol's roles, with
 the run's settings ``S`` (parsed once per daemon, before any role is built) and the helpers every
 role used to write out: the live peers with a given role, the run-owner check, this peer's shard
@@ -39,6 +45,20 @@ log = logging.getLogger(__name__)
 
 TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
 S = TypeVar("S")
+
+RUNNING, SERVING, FINISHED, FAILED = "running", "serving", "finished", "failed"
+
+
+@dataclass(frozen=True)
+class RoleHealth:
+    """How a role is doing: ``running`` (working towards an end), ``serving`` (a role without an end
+    of its own, e.g. the orchestrator or a block server), ``finished`` or ``failed``."""
+
+    state: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"state": self.state, "detail": self.detail}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,11 +99,14 @@ class Role:
     """Base class with the no-op defaults; subclasses override what they need."""
 
     name = "role"
+    ends = True
+    """Whether the role's work has an end (False: it serves until stopped)."""
 
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.failure = ""  # set when a spawned task ended with an exception
 
     def routes(self) -> list[web.RouteDef]:
         return []
@@ -99,7 +122,15 @@ class Role:
         task = asyncio.create_task(coro, name=f"{self.name}: {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._note_failure)
         return task
+
+    def _note_failure(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("%s failed", task.get_name(), exc_info=exc)
+        self.failure = self.failure or f"{task.get_name()}: {type(exc).__name__}: {exc}"
 
     async def drain(self) -> None:
         """Wait until every task the role has spawned so far has ended (tests, orderly shutdowns)."""
@@ -112,6 +143,17 @@ class Role:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def health(self) -> RoleHealth:
+        """How the role is doing (see ``RoleHealth``); subclasses say when they are finished."""
+        if self.failure:
+            return RoleHealth(FAILED, self.failure)
+        return RoleHealth(RUNNING if self.ends else SERVING)
+
+    async def checkpoint(self) -> str | None:
+        """Write what a restart of this role resumes from (called on a clean shutdown, after
+        ``aclose``); the file's path, or None when the role keeps no state of its own."""
+        return None
 
     @property
     def round(self) -> int:

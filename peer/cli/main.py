@@ -21,6 +21,7 @@ from gossamer.crypto.errors import CryptoError
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.tokens import issue_join_token
 from gossamer.peer.cli.flags import add_peer_flags, peer_options
+from gossamer.peer.cli.presets import presets
 from gossamer.peer.config import DEFAULT_IDENTITY, PeerConfig, build_peer_config, load_toml_options
 from gossamer.peer.errors import PeerError
 from gossamer.peer.plugin import Command, PluginRegistry
@@ -65,7 +66,7 @@ def build_parser(plugins: PluginRegistry = PLUGINS) -> argparse.ArgumentParser:
 
     orch = sub.add_parser("orchestrator", help="host a run: sign its manifest, publish it, bootstrap peers")
     orch.add_argument("-c", "--config", type=Path, required=True, help="run config TOML")
-    add_peer_flags(orch, skip=("run", "manifest"))
+    add_peer_flags(orch, skip=("run", "manifest", "attack"))
 
     for _plugin, command in plugins.commands():
         command.add_arguments(sub.add_parser(command.name, help=command.help), kit)
@@ -82,10 +83,11 @@ def build_parser(plugins: PluginRegistry = PLUGINS) -> argparse.ArgumentParser:
     status.add_argument("--timeout_s", "--timeout-s", type=float, default=15.0)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    swarm = sub.add_parser("swarm", help="launch an orchestrator and N peers on loopback")
+    swarm = sub.add_parser("swarm", help="launch an orchestrator and N peers on loopback",
+                           epilog=f"presets: {', '.join(presets())}")
     where = swarm.add_mutually_exclusive_group(required=True)
     where.add_argument("-c", "--config", type=Path, help="run config TOML")
-    where.add_argument("--preset", help="a built-in preset, e.g. demo")
+    where.add_argument("--preset", choices=presets(), metavar="NAME", help=f"a built-in preset: {', '.join(presets())}")
     swarm.add_argument("--peers", type=int, default=None, help="number of peers besides the orchestrator")
     swarm.add_argument("--duration_s", "--duration-s", type=float, default=None,
                        help="stop after this many seconds (default: the preset's, or run until Ctrl+C)")

@@ -1,12 +1,16 @@
 """Running a daemon as a process: signals, the ready banner, and a clean (or forced) exit.
 
-SIGINT/SIGTERM start a clean shutdown (record withdrawn, sockets closed, ``p2pd`` gone); a second
-SIGINT/SIGTERM forces the exit after killing this process's children.
+SIGINT/SIGTERM start a clean shutdown (every role writes its checkpoint, record withdrawn,
+sockets closed, ``p2pd`` gone); a second SIGINT/SIGTERM forces the exit after killing this
+process's children. The process also ends by itself when its roles say so (``Daemon.state``):
+with exit code 1 when a role failed, 0 when every role is finished; when only roles that serve
+are left (the run's orchestrator, a block server) it says so once and serves on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,6 +27,7 @@ from gossamer.peer.testing.localproc import child_pids
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 20.0
+SUPERVISE_S = 1.0  # how often the roles' state is looked at
 
 
 def run_daemon(config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,
@@ -48,14 +53,40 @@ async def _serve(config: PeerConfig, plugins: PluginRegistry, run_config: RunCon
     stopping.cancel()
     daemon = creating.result()  # re-raises a start-up error for the CLI to print
     _announce(daemon)
-    await stop.wait()
+    code = await supervise(daemon, stop)
     log.info("shutting down (press Ctrl+C again to force)")
     try:
-        await asyncio.wait_for(daemon.aclose(), timeout=SHUTDOWN_TIMEOUT_S)
+        await asyncio.wait_for(daemon.aclose(checkpoint=True), timeout=SHUTDOWN_TIMEOUT_S)
     except TimeoutError:
         log.error("clean shutdown took longer than %.0fs; forcing exit", SHUTDOWN_TIMEOUT_S)
         force_exit(1)
-    daemon.events.emit("stopped", peer_id=daemon.identity.peer_id)
+    for role, path in daemon.checkpoints.items():
+        print(f"{role}: checkpoint written to {path} (started again with the same --identity_path and "
+              f"--checkpoint_dir, it resumes from there)", file=sys.stderr, flush=True)
+    daemon.events.emit("stopped", peer_id=daemon.identity.peer_id, code=code, checkpoints=daemon.checkpoints)
+    return code
+
+
+async def supervise(daemon: Daemon, stop: asyncio.Event) -> int:
+    """Wait for Ctrl+C/SIGTERM (0), a failed role (1) or every role finished (0)."""
+    said_idle = False
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=SUPERVISE_S)
+        state = daemon.state()
+        details = "; ".join(f"{name}: {h['detail']}" for name, h in state["roles"].items() if h["detail"])
+        if state["state"] == "failed":
+            failed = [name for name, h in state["roles"].items() if h["state"] == "failed"]
+            print(f"error: role {', '.join(failed)} failed: {details}", file=sys.stderr, flush=True)
+            return 1
+        if state["state"] == "finished":
+            print(f"the run is finished for this peer ({details}); exiting", file=sys.stderr, flush=True)
+            return 0
+        if state["state"] == "idle" and not said_idle:
+            said_idle = True
+            serving = [name for name, h in state["roles"].items() if h["state"] == "serving"]
+            print(f"the run is finished ({details}); still serving as {', '.join(serving)} until Ctrl+C",
+                  file=sys.stderr, flush=True)
     return 0
 
 

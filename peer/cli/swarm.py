@@ -2,9 +2,12 @@
 
 Ports are chosen by the OS; the orchestrator's ``ready`` event (``--events`` JSON lines) gives
 the multiaddrs and run id the peers join with. Each process's events are streamed to this
-terminal with its name; its log goes to ``WORKDIR/NAME.log``. A live peer table (from the
-orchestrator's ``/status``) is printed whenever it changes. Ctrl+C (or ``--duration_s``) stops
-them all: SIGTERM first, SIGKILL for any that do not exit in time.
+terminal with its name, as the human line its protocol describes (with a progress bar where
+the length is known); its log goes to ``WORKDIR/NAME.log``. The live peer table (from the
+orchestrator's ``/status``) is printed whenever its peers or their roles change. Ctrl+C (or
+``--duration_s``) stops them all: SIGTERM first, SIGKILL for any that do not exit in time. Peers
+take the roles of the config's ``[swarm]`` table, or their protocol's ``swarm_roles``; a swarm
+whose peers would take no role that does the protocol's work is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gossamer.peer.cli.presets import presets
 from gossamer.peer.cli.status import format_table
 from gossamer.peer.errors import ConfigError, StartupError
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin
+from gossamer.peer.progress import Progress
 from gossamer.peer.run.manifest import run_config_from_dict
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http import HttpConfig
@@ -32,6 +37,7 @@ from gossamer.transport.http_client import HttpClient
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 25.0
+MAX_LINE = 160  # an event without a human line is shown as its first fields, cut here
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +54,7 @@ def load_swarm_config(options: SwarmOptions) -> tuple[str, dict[str, Any], dict[
     if options.preset is not None:
         preset = resources.files("gossamer.peer.cli.presets") / f"{options.preset}.toml"
         if not preset.is_file():
-            raise ConfigError(f"no built-in preset {options.preset!r}")
+            raise ConfigError(f"no built-in preset {options.preset!r}; the presets are: {', '.join(presets())}")
         text = preset.read_text(encoding="utf-8")
     else:
         try:
@@ -81,11 +87,27 @@ class Swarm:
             raise ConfigError("--peers must be >= 0")
         plugins.check_roles(run_config.protocol, self.roles, run=run_config.name)
         self.plugin.read_settings(run_config)  # a bad setting ends here, before any process starts
+        self._refuse_idle()
         self.plugin.swarm_check(run_config, self.num_peers, self.roles)
+        self.progress = Progress(self.plugin)
         self.workdir = options.workdir or Path(tempfile.mkdtemp(prefix="gossamer-swarm-"))
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(maxsize=1024)
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _refuse_idle(self) -> None:
+        """A swarm whose peers take none of the roles that do the protocol's work would start, print
+        a table and do nothing: refuse it, saying why."""
+        workers = self.plugin.swarm_roles
+        if not workers:
+            return  # a protocol without work roles (membership only): the peers are the point
+        if self.num_peers == 0:
+            raise ConfigError(f"--peers 0: a {self.plugin.name} swarm needs peers with role {' or '.join(workers)}, "
+                              "or nothing would train")
+        if not set(self.roles) & set(workers):
+            raise ConfigError(f"the swarm's peers would take roles {self.roles or '(none)'} and none of "
+                              f"{', '.join(workers)}, so nothing would train; drop the [swarm] roles line or add "
+                              f"{workers[0]} to it")
 
     async def run(self, stop: asyncio.Event) -> int:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +156,7 @@ class Swarm:
 
     async def _watch(self, ready: dict[str, Any], stop: asyncio.Event) -> int:
         client = await HttpClient.create(config=HttpConfig())
-        started, last_table, all_seen = time.monotonic(), "", False
+        started, last_table, all_seen = time.monotonic(), None, False
         try:
             while not stop.is_set():
                 if self.duration_s is not None and time.monotonic() - started >= float(self.duration_s):
@@ -142,18 +164,20 @@ class Swarm:
                 with contextlib.suppress(TimeoutError):
                     name, event = await asyncio.wait_for(self.events.get(), timeout=1.0)
                     self._print_event(name, event)
-                    if event["event"] == "exited":
+                    if event["event"] == "exited" and (event["code"] != 0 or name == "orchestrator"):
                         print(f"swarm: {name} exited unexpectedly (code {event['code']}); see {self.workdir / name}.log")
                         return 1
+                    if event["event"] == "exited":
+                        print(f"[{name}] finished its part of the run and exited", flush=True)
                     if self._finishes(name, event):
                         self.finished[name] = event
                 if self._done():
                     self._print_finish()
                     return 0
-                table, count = await self._table(client, ready["http"])
-                if table and table != last_table:
+                table, key, count = await self._table(client, ready["http"])
+                if table and count and key != last_table:
                     print(table, flush=True)
-                    last_table = table
+                    last_table = key
                 if count == self.num_peers + 1 and not all_seen:
                     all_seen = True
                     print(f"swarm: all {count} peers see each other after {time.monotonic() - started:.1f}s", flush=True)
@@ -161,15 +185,15 @@ class Swarm:
             await client.aclose()
         return 0 if all_seen or stop.is_set() else 1
 
-    async def _table(self, client: HttpClient, http_addr: str) -> tuple[str, int]:
+    async def _table(self, client: HttpClient, http_addr: str) -> tuple[str, Any, int]:
+        """The live peer table, what it is printed again for (its peers, names and roles), its size."""
         try:
             status = await client.get_json(f"http://{http_addr}/status")
         except TransportError:
-            return "", 0
+            return "", None, 0
         rows = status.get("live_peers", [])
-        for row in rows:
-            row["last_seen_s"] = "-"  # keeps the table stable between refreshes
-        return f"live peers of {status.get('run_id')}:\n{format_table(rows)}", len(rows)
+        key = sorted((row["peer_id"], row.get("name"), tuple(row.get("roles", []))) for row in rows)
+        return f"live peers of {status.get('run_id')}:\n{format_table(rows)}", key, len(rows)
 
     def _finishes(self, name: str, event: dict[str, Any]) -> bool:
         """Whether ``event`` is the protocol's end-of-run event from a process that counts for it."""
@@ -196,18 +220,24 @@ class Swarm:
 
     def _print_event(self, name: str, event: dict[str, Any]) -> None:
         kind = str(event.get("event"))
-        protocol, _dot, short = kind.partition(".")
-        if protocol == self.plugin.name and short:
-            line = self.plugin.describe_event(short, event)
-            print(f"[{name}] {line}" if line is not None else f"[{name}] {json.dumps(event)}", flush=True)
+        line = self.progress.line(kind, event, source=name)
+        if line is not None:
+            print(f"[{name}] {line}", flush=True)
+        elif kind.startswith(f"{self.plugin.name}."):
+            print(f"[{name}] {_short(event)}", flush=True)
         elif kind == "ready":
             print(f"[{name}] ready: peer {event['peer_id'][:12]} http {event['http']} roles {event.get('roles')}", flush=True)
         elif kind == "peers":
             print(f"[{name}] sees {event['count']} peer(s)", flush=True)
         elif kind not in ("exited", "stopped"):
-            print(f"[{name}] {json.dumps(event)}", flush=True)
+            print(f"[{name}] {_short(event)}", flush=True)
 
     async def aclose(self) -> None:
+        # peers that finished their part exit by themselves: a SIGTERM in their last moments (after
+        # their own clean shutdown) would only turn their exit code into -15
+        finishing = {name: proc for name, proc in self.procs.items()
+                     if name in self.finished and name != "orchestrator" and proc.returncode is None}
+        await _wait_all(finishing, STOP_TIMEOUT_S)
         for proc in self.procs.values():
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -218,6 +248,13 @@ class Swarm:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         clean = all(code == 0 for code in codes.values())
         print(f"swarm: stopped {len(codes)} process(es){' cleanly' if clean else ': ' + json.dumps(codes)}", flush=True)
+
+
+def _short(event: dict[str, Any]) -> str:
+    """An event without a human line, on one line: its name and its first fields, cut short."""
+    fields = " ".join(f"{key}={json.dumps(value, default=str)}" for key, value in event.items() if key != "event")
+    text = f"{event.get('event')} {fields}"
+    return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
 async def _wait_all(procs: dict[str, asyncio.subprocess.Process], timeout_s: float) -> dict[str, int | None]:

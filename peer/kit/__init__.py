@@ -6,6 +6,7 @@
 - ``inbox``        contributions other peers sent, per (kind, round, sender), bounded.
 - ``ledger``       the one ledger (``Exchange``) and its bounded ``History``.
 - ``checkpoint``   atomic safetensors checkpoints, read back only for the same run and format.
+- ``state_tree``   a role's resumable state (optimizer, generators, counters) as checkpoint tensors.
 - ``statesync``    serving and downloading a replicated state in shards from several donors.
 - ``state_join``   choosing donors for a joiner and downloading the run's state from them.
 """

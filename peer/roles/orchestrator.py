@@ -1,12 +1,16 @@
 """Role ``orchestrator``: the run owner's peer. Generic: every run has one, whatever its protocol.
 
 It publishes the owner-signed manifest in the DHT (refreshed every heartbeat) and serves it over
-HTTP; the protocol's own run-owner roles (``ProtocolPlugin.owner_roles``) come beside it.
+HTTP: ``GET /manifest`` as JSON (the run, its owner and config, and the signed bytes in base64),
+``GET /manifest?format=signed`` as the signed bytes themselves (what ``--manifest FILE`` takes).
+The protocol's own run-owner roles (``ProtocolPlugin.owner_roles``) come beside it. It has no end
+of its own: it serves until stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from typing import Any
 
@@ -24,6 +28,7 @@ class OrchestratorRole(Role):
     """Publishes the owner-signed manifest in the DHT (refreshed every heartbeat) and over HTTP."""
 
     name = "orchestrator"
+    ends = False
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
@@ -35,7 +40,19 @@ class OrchestratorRole(Role):
         return [web.get("/manifest", self._serve_manifest)]
 
     async def _serve_manifest(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.ctx.manifest.blob, content_type="application/octet-stream")
+        manifest = self.ctx.manifest
+        if request.rel_url.query.get("format") == "signed":
+            return web.Response(body=manifest.blob, content_type="application/octet-stream")
+        config = manifest.config
+        return web.json_response({
+            "run_id": manifest.run_id, "owner_peer_id": manifest.owner_peer_id,
+            "owner_public_key": manifest.owner_public_key.hex(), "created_at": manifest.created_at,
+            "run": {"name": config.name, "protocol": config.protocol, "description": config.description,
+                    "heartbeat_s": config.heartbeat_s},
+            "model": config.model, "data": config.data, "hyper": config.hyper,
+            "admission": {"policy": config.policy, "allow": list(config.allow)},
+            "signed_base64": base64.b64encode(manifest.blob).decode("ascii"),
+        })
 
     async def start(self) -> None:
         await self.publish_once()

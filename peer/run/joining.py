@@ -15,6 +15,7 @@ from gossamer.transport.dht import BootstrapFailed, DhtConfig, DhtMembership, Dh
 from gossamer.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
+LOOKING_LINE_S = 5.0  # how often a join that waits for the manifest says so
 
 
 async def start_membership(config: PeerConfig) -> DhtMembership:
@@ -42,7 +43,12 @@ async def fetch_manifest(membership: DhtMembership, config: PeerConfig) -> Manif
     loop = asyncio.get_running_loop()
     deadline = loop.time() + config.join_timeout_s
     delay_s, last_error = 0.2, None
+    started, said = loop.time(), loop.time()
     while True:
+        if loop.time() - said >= LOOKING_LINE_S:
+            said = loop.time()
+            log.info("looking for run %s in the DHT (%.0f s of %.0f s)", config.run, said - started,
+                     config.join_timeout_s)
         try:
             entries = await membership.get_all(manifest_key(config.run))
         except TransportError as exc:

@@ -14,7 +14,8 @@ Faults are declared by (peer, step, operation), never by subclassing internals:
 host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
 ``op``; for an HTTP request, the route's ``{round}`` (or ``{step}``) and ``{kind}`` (or, without
 a kind, the request path). ``kill(name)`` closes a peer's servers and roles; its record stays in
-the view until the run's TTL, as a killed process's would. ``received`` keeps every TCP request
+the view until the run's TTL, as a killed process's would; ``stop(name)`` is a clean shutdown
+(the roles write their checkpoints too). ``received`` keeps every TCP request
 each peer got, as sent, so a test can replay or tamper with a real one.
 """
 
@@ -222,6 +223,17 @@ class LocalNet:
                 await server.aclose()
         for role in peer.roles:
             await role.aclose()
+
+    async def stop(self, name: str) -> dict[str, str]:
+        """A clean shutdown of the peer (Ctrl+C): as ``kill``, then each role writes what a restart
+        resumes from; the paths, by role."""
+        await self.kill(name)
+        written = {}
+        for role in self.peers[name].roles:
+            path = await role.checkpoint()
+            if path:
+                written[role.name] = path
+        return written
 
     def _tcp_dispatcher(self, peer: LocalPeer):
         dispatch = role_dispatcher(peer.roles)

@@ -120,7 +120,8 @@ def test_sigkilled_peer_disappears_within_ttl_and_sigterm_leaves_no_p2pd(swarm) 
 
 def test_wrong_manifest_signature_refuses_to_join(swarm, tmp_path: Path) -> None:
     import urllib.request
-    blob = bytearray(urllib.request.urlopen(f"http://{swarm['ready']['http']}/manifest", timeout=10).read())
+    blob = bytearray(urllib.request.urlopen(f"http://{swarm['ready']['http']}/manifest?format=signed",
+                                                 timeout=10).read())
     blob[len(blob) // 2] ^= 1
     (tmp_path / "bad.manifest").write_bytes(bytes(blob))
     result = gossamer(["peer", "--run", swarm["ready"]["run_id"], "--manifest", str(tmp_path / "bad.manifest"),

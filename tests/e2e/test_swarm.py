@@ -24,7 +24,7 @@ def test_demo_preset_trains_and_exits_cleanly(tmp_path: Path) -> None:
     assert "all 4 peers see each other" in out
     assert "the run is finished (all 3 peers)" in out and "sample from" in out
     assert "stopped 4 process(es) cleanly" in out
-    heldout = [float(x) for x in re.findall(r"\[peer-1\] round \d+: .*?held-out (\d+\.\d+)", out)]
+    heldout = [float(x) for x in re.findall(r"\[peer-1\] \[[#-]+\] +\d+/8  round \d+: .*?held-out (\d+\.\d+)", out)]
     assert len(heldout) == 8 and heldout[-1] < heldout[0] - 0.2, heldout
     checkpoints = sorted((tmp_path / "checkpoints").glob("demo-*-round8.safetensors"))
     assert len(checkpoints) == 3

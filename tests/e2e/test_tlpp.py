@@ -2,7 +2,8 @@
 ``gossamer peer --roles node --data ...`` as separate processes. Base mode trains (the loss falls)
 and goes on when a node is SIGKILLed mid-run (the ledger records it); secure mode trains, the
 servers' share logs show that neither ever received both shares of any tensor, and a SIGKILLed
-helper stops secure training with a clear error instead of a hang."""
+helper stops secure training with a clear error instead of a hang: the orchestrator writes its
+checkpoint and exits with code 1."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def read_log(path: Path) -> list[dict]:
 
 def test_secure_mode_trains_no_server_sees_both_shares_and_a_dead_helper_stops_it(
         tmp_path: Path) -> None:
-    orch, ready, procs = start_run(tmp_path, mode="secure", steps=1000, share_logs=True)
+    orch, _ready, procs = start_run(tmp_path, mode="secure", steps=1000, share_logs=True)
     helper = procs[0]
     try:
         first = step_event(orch, 0)
@@ -113,9 +114,10 @@ def test_secure_mode_trains_no_server_sees_both_shares_and_a_dead_helper_stops_i
         helper.stop(signal.SIGKILL)
         error = orch.wait_event(lambda e: e["event"] == "tlpp.error", timeout_s=40)
         assert error["kind"] == "HelperFailed" and "helper" in error["message"], error
-        status = json.loads(http_get(ready["http"], "/status"))["role_status"]["tlpp-server"]
-        assert status["error"] == error["message"] and not status["finished"]
         assert Path(error["checkpoint"]).is_file()
+        exited = orch.wait_event(lambda e: e["event"] == "exited", timeout_s=60)
+        assert exited["code"] == 1, "a failed role ends the orchestrator with a non-zero exit code"
+        assert f"error: role tlpp-server failed: tlpp-server: {error['message']}" in orch.log()
     finally:
         for proc in [*procs, orch]:
             proc.stop()

@@ -11,10 +11,10 @@ serve``) hold blocks for inference, and ``gossamer generate`` routes a sequence 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.peer.plugin import EventSchema, FinishRule, Panel, ProtocolPlugin
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.commands import GENERATE, SERVE
 
@@ -23,7 +23,7 @@ EVENTS = {
                               ("assignment", "coverage", "versions")),
     "version": EventSchema("the coordinator closed a block version; its ledger in short",
                            ("block", "version", "used", "rejected", "timed_out", "train_loss", "update_norm",
-                            "heldout_ce", "versions")),
+                            "heldout_ce", "versions", "target")),
     "finished": EventSchema("every block reached hyper.versions; the coordinator's checkpoints are final",
                             ("versions", "heldout_ce", "initial_heldout_ce", "checkpoints")),
     "assigned": EventSchema("a worker took (or switched to) a block", ("block",)),
@@ -57,6 +57,32 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
     return None
 
 
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "version" and e.get("target"):
+        return sum(min(v, e["target"]) for v in e["versions"]), e["target"] * len(e["versions"])
+    return None
+
+
+def panel(records: Sequence[Any]) -> Panel | None:
+    """Block coverage: per block, the workers training it and the servers holding it (with their version)."""
+    workers: dict[int, list[str]] = {}
+    servers: dict[int, list[str]] = {}
+    for record in records:
+        label = record.name or record.peer_id[:12]
+        block = record.assignment.get("block")
+        if names.WORKER in record.roles and isinstance(block, int):
+            workers.setdefault(block, []).append(label)
+        versions = record.assignment.get("block_versions") or {}
+        for k in record.assignment.get("blocks") or []:
+            version = versions.get(str(k), versions.get(k)) if isinstance(versions, dict) else None
+            servers.setdefault(k, []).append(label + (f" v{version}" if version is not None else ""))
+    blocks = sorted({*workers, *servers})
+    if not blocks:
+        return None
+    return Panel(title="block coverage", columns=("block", "workers", "servers"),
+                 rows=[[k, ", ".join(workers.get(k, [])) or "-", ", ".join(servers.get(k, [])) or "-"] for k in blocks])
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="BlockTrain: denoiser blocks trained apart by volunteers, served across hosts",
@@ -71,4 +97,6 @@ PLUGIN = ProtocolPlugin(
     events=EVENTS,
     finish=FinishRule("finished", by="owner"),
     describe_event=describe,
+    progress=progress,
+    panel=panel,
 )

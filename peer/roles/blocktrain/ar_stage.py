@@ -145,6 +145,7 @@ class ArStageRole(ProtocolRole[BlockTrainSettings]):
     """Serves stages of the run's matched AR model (``gossamer serve --ar_stages``)."""
 
     name = names.AR_STAGE
+    ends = False  # serves its stages until stopped
 
     def __init__(self, ctx: RoleContext, *, stages: tuple[int, ...] = ()) -> None:
         super().__init__(ctx)

@@ -33,7 +33,7 @@ import torch
 from aiohttp import web
 
 from gossamer.peer.kit.messaging import SignedMessenger
-from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.checkpoints import BlockCheckpoints, Version
 from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
@@ -80,6 +80,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         self.assignment: dict[str, int] = {}
         self.finished = False
         self.heldout_ce: float | None = None
+        self.series: dict[str, list[list[float]]] = {"heldout_ce": []}  # by total versions, for the swarm page
         self.initial_heldout_ce: float | None = None
         self._changed = asyncio.Event()
         self._moved = asyncio.Condition()  # notified after every step
@@ -120,7 +121,13 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
     def status(self) -> dict[str, Any]:
         return {"versions": list(self.board.versions), "assignment_by_worker": dict(self.assignment),
                 "finished": self.finished, "heldout_ce": self.heldout_ce, "checkpoints": str(self.directory),
-                "ledgers": self.board.ledgers.last(6)}
+                "ledgers": self.board.ledgers.last(6), "series": self.series}
+
+    def health(self) -> RoleHealth:
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"every block at version {self.settings.versions}; checkpoints {self.directory}")
+        return health
 
     # -- HTTP -----------------------------------------------------------------------------------
 
@@ -250,9 +257,13 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         self.ctx.announce()
         self._reassign()
         await self._evaluate()
+        if self.heldout_ce is not None:
+            self.series["heldout_ce"].append([sum(self.board.versions), self.heldout_ce])
+            del self.series["heldout_ce"][:-2000]
         self.emit("version", block=k, version=self.board.versions[k], used=ledger.used,
              rejected=ledger.rejected, timed_out=ledger.timed_out, train_loss=ledger.train_loss,
-             update_norm=ledger.update_norm, heldout_ce=self.heldout_ce, versions=list(self.board.versions))
+             update_norm=ledger.update_norm, heldout_ce=self.heldout_ce, versions=list(self.board.versions),
+             target=self.settings.versions)
         log.info("block %d: version %d from %d update(s) (timed out %d, rejected %d); held-out CE %s", k,
                  self.board.versions[k], len(ledger.used), len(ledger.timed_out), len(ledger.rejected),
                  f"{self.heldout_ce:.3f}" if self.heldout_ce is not None else "-")

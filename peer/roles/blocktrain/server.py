@@ -40,6 +40,7 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
     """See the module docstring. ``blocks`` defaults to every block of the run."""
 
     name = names.SERVER
+    ends = False  # serves blocks until stopped
 
     def __init__(self, ctx: RoleContext, *, blocks: tuple[int, ...] | None = None) -> None:
         super().__init__(ctx)

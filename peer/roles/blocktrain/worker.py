@@ -12,6 +12,11 @@ The worker holds only its block and that block's AdamW state (``peer.block_stack
 the other blocks have no storage). The optimizer state is kept across versions of the same block
 and dropped when the coordinator moves the worker to another block. The record carries the
 assignment (``{"block": k}``) and the version it trains from as its round.
+
+Checkpoints: after every ``checkpoint_every`` updates and on a clean shutdown the worker writes its
+block, that block's AdamW state, its generators and counters; started again with the same identity
+and ``--checkpoint_dir`` it takes them back (the optimizer state only if it is given the same block
+again; the block's tensors always come from the coordinator's current version).
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from typing import Any
 
 import torch
 
+from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.messaging import SignedMessenger
-from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block, find_coordinator
 from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
@@ -64,6 +71,11 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
         self.updates = {"sent": 0, "accepted": 0, "refused": 0}
         self.last_reason: str | None = None
         self.finished = False
+        self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id,
+                                       format="gossamer/blocktrain-worker")
+        self._saved_optimizer: tuple[int, dict[str, Any]] | None = None
+        self.resumed_from = self._resume()
+        self._boundary = self._cycle_state()
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -78,6 +90,12 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
         return {"assignment": {"block": self.block} if self.block is not None else {},
                 "version": self.version, "shard": self.shard, "updates": dict(self.updates),
                 "last_refusal": self.last_reason, "finished": self.finished}
+
+    def health(self) -> RoleHealth:
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"the run is finished; updates {self.updates}")
+        return health
 
     # -- the cycle ------------------------------------------------------------------------------
 
@@ -124,6 +142,10 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
         self.last_reason = None if accepted else str(answer.get("reason"))
         self.emit("update", block=block, version=fetched.version, loss=loss,
              accepted=accepted, reason=answer.get("reason"))
+        self._boundary = self._cycle_state()
+        every = self.ctx.config.checkpoint_every
+        if every and self.updates["sent"] % every == 0:
+            await self.checkpoint()
 
     async def fetch(self, coordinator: LivePeer, block: int) -> BlockVersion:
         """Download the block's current version and load it (taking the block on, if it is new here)."""
@@ -146,6 +168,9 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
             hold_block(self.stack, block, device=self.ctx.device)
             self.optimizer = torch.optim.AdamW(block_parameters(self.stack, block), lr=self.settings.lr,
                                                weight_decay=0.0)
+            if self._saved_optimizer is not None and self._saved_optimizer[0] == block:
+                self.optimizer.load_state_dict(self._saved_optimizer[1])  # resumed: the same block again
+            self._saved_optimizer = None
             self.emit("assigned", block=block)
 
     def train(self, block: int) -> float:
@@ -167,6 +192,38 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
             now = {name: t.to("cpu") for name, t in self.stack.embedding_state().items()}
             embedding = {name: now[name] - fetched.embedding[name] for name in now}
         return pack(update, embedding)
+
+
+    # -- resuming --------------------------------------------------------------------------------
+
+    def _state_name(self) -> str:
+        return f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-worker-state"
+
+    def _cycle_state(self) -> dict[str, Any]:
+        """The block, its optimizer state, the generators and counters after the last cycle (a
+        cycle cut short by a shutdown is lost, as in a crash: the coordinator never saw it)."""
+        block, optimizer = self._saved_optimizer or (self.block, None)  # not yet given its block back
+        if self.optimizer is not None:
+            block, optimizer = self.block, self.optimizer.state_dict()
+        return snapshot({"block": block, "optimizer": optimizer,
+                         "sampler": self.sampler.generator.get_state(), "noise": self.noise.get_state(),
+                         "updates": dict(self.updates)})
+
+    async def checkpoint(self) -> str | None:
+        return await write_state(self.checkpoints, self._state_name(), self._boundary)
+
+    def _resume(self) -> str:
+        def apply(state: dict[str, Any]) -> None:
+            self.sampler.generator.set_state(state["sampler"])
+            self.noise.set_state(state["noise"])
+            self.updates.update({key: int(value) for key, value in state["updates"].items()})
+            if state["block"] is not None and state["optimizer"] is not None:
+                self._saved_optimizer = (int(state["block"]), state["optimizer"])
+
+        path = resume_state(self.checkpoints, self._state_name(), apply)
+        if path:
+            log.info("resumed from %s (updates %s)", path, self.updates)
+        return path
 
 
 def update_url(coordinator: LivePeer, fetched: BlockVersion) -> str:

@@ -2,7 +2,8 @@
 on its shard for H inner steps, mixes parameters with its peers in the background (W1) and
 pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
 private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
-``learner`` (the role), ``aggregate`` (the W1 and W2 mixes), ``ledger`` (a round's ledger).
+``learner`` (the role), ``aggregate`` (the W1 and W2 mixes), ``ledger`` (a round's ledger),
+``commands`` (``gossamer sample``) and ``sampling`` (running a learner's checkpoint locally).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.diloco import names
+from gossamer.peer.roles.diloco.commands import SAMPLE
 from gossamer.peer.run.manifest import RunConfig
 
 EVENTS = {
@@ -23,7 +25,7 @@ EVENTS = {
                            ("round", "donors", "why")),
     "round": EventSchema("one outer round done; its ledger in short",
                          ("round", "train_loss", "heldout_loss", "params_from", "pgrads_used", "timed_out",
-                          "rejected", "bytes_sent", "bytes_received", "note")),
+                          "rejected", "bytes_sent", "bytes_received", "note", "rounds")),
     "finished": EventSchema("the learner reached hyper.rounds and wrote its checkpoint",
                             ("round", "checkpoint", "sample", "heldout_loss")),
 }
@@ -37,7 +39,10 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
                 f"  params from {e['params_from']}  pseudo-gradients used {e['pgrads_used']}"
                 f"  sent {e['bytes_sent'] / 1e6:.1f} MB{timed_out}{note}")
     if event == "finished":
-        return f"finished at round {e['round']}, held-out loss {e['heldout_loss']:.3f}; checkpoint {e['checkpoint']}"
+        loss = f"{e['heldout_loss']:.3f}" if e.get("heldout_loss") is not None else "-"
+        return (f"finished at round {e['round']}, held-out loss {loss}; checkpoint {e['checkpoint']}\n"
+                f"  sample (prompt 'The '): {e['sample']!r}\n"
+                f"  run it again: gossamer sample --checkpoint {e['checkpoint']} \"The \"")
     if event == "waiting":
         return f"waiting for learners before round 0: {e['learners']} of {e['wanted']} live"
     if event == "ahead":
@@ -45,6 +50,12 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
                 f"waiting up to {e['wait_s']:.0f} s for them")
     if event == "adopted":
         return f"{e['why']}: now at round {e['round']} ({e['donors']} donor(s))"
+    return None
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "round" and e.get("rounds"):
+        return e["round"] + 1, e["rounds"]
     return None
 
 
@@ -63,6 +74,8 @@ PLUGIN = ProtocolPlugin(
     swarm_roles=(names.LEARNER,),
     events=EVENTS,
     finish=FinishRule("finished", by="peers"),
+    commands=(SAMPLE,),
     describe_event=describe,
+    progress=progress,
     swarm_check=swarm_check,
 )

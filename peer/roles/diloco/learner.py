@@ -9,6 +9,13 @@ the local, never-shared momentum. Every contribution is accounted for in the rou
 arrived and used, rejected with a reason, or timed out. Peers are the live, admitted learners of
 the run (sorted by peer id, so everyone indexes them alike).
 
+Checkpoints: the state at the end of each round (parameters, inner AdamW state, outer momentum,
+the sampler's generator, the loss series) is kept on the CPU and written to
+``<checkpoint_dir>/<run>-<peer id>-state.safetensors`` every ``checkpoint_every`` rounds and on a
+clean shutdown; a learner started again with the same identity and ``--checkpoint_dir`` resumes
+from it and continues the same trajectory. When ``rounds`` is reached it writes the parameters
+(with the model config, so ``gossamer sample`` can run them) and prints a sample.
+
 Staying in step: round 0 waits until ``min_learners`` learners are live; a learner that joins
 mid-run, or finds itself ``catch_up_rounds`` away from the median round of its peers, downloads
 their state (verified against the digest they sign into their records) and goes on from there.
@@ -17,6 +24,7 @@ their state (verified against the digest they sign into their records) and goes 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import statistics
 import time
@@ -31,8 +39,9 @@ from gossamer.peer.kit.inbox import Inbox
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.kit.statesync import StateSyncError
-from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
 from gossamer.peer.roles.diloco.ledger import RoundLedger
@@ -46,6 +55,7 @@ from gossamer.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
 KINDS = ("params", "pgrad")
+MAX_SERIES = 2000  # loss points kept for /status (the swarm page's curves)
 
 
 class LearnerRole(ProtocolRole[DilocoSettings]):
@@ -77,6 +87,9 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
         self.finished = False
         self.checkpoint_path = ""
+        self.series: dict[str, list[list[float]]] = {"train_loss": [], "heldout_loss": []}
+        self.resumed_from = self._resume()
+        self._boundary = self._round_state()
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -84,7 +97,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         return [web.put("/diloco/{kind}/{round}", self._receive)]
 
     async def start(self) -> None:
-        await self._join_mid_run()
+        if not self.resumed_from:
+            await self._join_mid_run()
         self.spawn(self._run(), name="rounds")
 
     @property
@@ -99,7 +113,14 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         return {"round": self.round, "shard": self.shard, "finished": self.finished,
                 "checkpoint": self.checkpoint_path, "aggregator": self.settings.aggregator,
                 "train_loss": last[0]["train_loss"] if last else None,
-                "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3)}
+                "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3),
+                "rounds": self.settings.rounds, "series": self.series, "resumed_from": self.resumed_from}
+
+    def health(self) -> RoleHealth:
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"{self.replica.round} rounds; checkpoint {self.checkpoint_path}")
+        return health
 
     def gauges(self) -> dict[str, float]:
         last = self.history.last(1)
@@ -219,7 +240,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                  heldout_loss=ledger.heldout_loss, params_from=len(ledger.params.arrived),
                  pgrads_used=len(ledger.pseudo_gradients.used), timed_out=ledger.pseudo_gradients.timed_out,
                  rejected=ledger.pseudo_gradients.rejected, bytes_sent=ledger.bytes_sent,
-                 bytes_received=ledger.bytes_received, note=ledger.note)
+                 bytes_received=ledger.bytes_received, note=ledger.note, rounds=self.settings.rounds)
+            await self._round_done(ledger)
         await self._finish()
 
     def _learners(self) -> list[str]:
@@ -313,7 +335,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         params = flat_parameters(self.replica.module)
         self._snapshot = (self.replica.round, params)
         name = f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-round{self.replica.round}"
-        path = await self.checkpoints.write_async(name, params, round=str(self.replica.round))
+        path = await self.checkpoints.write_async(name, params, round=str(self.replica.round),
+                                                  model=json.dumps(self.settings.model.to_dict()))
         self.checkpoint_path = str(path)
         sample = await asyncio.to_thread(self._sample)
         self.finished = True
@@ -326,6 +349,49 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         generator = torch.Generator().manual_seed(0)
         text = generate(self.replica.module, b"The ", max_new_bytes=160, temperature=0.7, generator=generator)
         return text.decode("utf-8", "replace")
+
+
+    # -- resuming --------------------------------------------------------------------------------
+
+    def _round_state(self) -> dict[str, Any]:
+        """Everything the next round starts from, copied to the CPU (taken between rounds)."""
+        replica = self.replica
+        return snapshot({"round": replica.round, "module": replica.module.state_dict(),
+                         "inner_optimizer": replica.inner_optimizer.state_dict(), "outer": replica.outer.state_dict(),
+                         "sampler": self.sampler.generator.get_state(), "series": self.series})
+
+    async def _round_done(self, ledger: RoundLedger) -> None:
+        """Keep the state this round ended with; write it every ``checkpoint_every`` rounds."""
+        self.series["train_loss"].append([ledger.round, ledger.train_loss])
+        self.series["heldout_loss"].append([ledger.round, ledger.heldout_loss])
+        for points in self.series.values():
+            del points[:-MAX_SERIES]
+        self._boundary = self._round_state()
+        every = self.ctx.config.checkpoint_every
+        if every and self.replica.round % every == 0:
+            await self.checkpoint()
+
+    def _state_name(self) -> str:
+        return f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-state"
+
+    async def checkpoint(self) -> str | None:
+        """Write the state of the last finished round (what a restart resumes from)."""
+        state = self._boundary
+        return await write_state(self.checkpoints, self._state_name(), state, round=str(state["round"]),
+                                 model=json.dumps(self.settings.model.to_dict()))
+
+    def _resume(self) -> str:
+        """Load the state an earlier life of this learner wrote; its path, or "" when there is none."""
+        def apply(state: dict[str, Any]) -> None:
+            self.replica.load_state_dict(state)
+            self.sampler.generator.set_state(state["sampler"])
+            self.series = {key: [list(point) for point in points] for key, points in state["series"].items()}
+
+        path = resume_state(self.checkpoints, self._state_name(), apply)
+        if path:
+            self._snapshot = (self.replica.round, flat_parameters(self.replica.module))
+            log.info("resumed from %s at round %d", path, self.replica.round)
+        return path
 
 
 def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:

@@ -26,7 +26,8 @@ EVENTS = {
                            ("nodes", "wanted", "helpers")),
     "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
                         STEP_FIELDS),
-    "eval": EventSchema("an evaluation on the orchestrator's held-out split", ("step", "loss", "accuracy", "samples")),
+    "eval": EventSchema("an evaluation on the orchestrator's held-out split",
+                        ("step", "steps", "loss", "accuracy", "samples")),
     "finished": EventSchema("training reached its steps; final evaluation and checkpoint",
                             ("step", "applied_steps", "test_loss", "test_accuracy", "checkpoint")),
     "error": EventSchema("training stopped with an error (e.g. the helper failed); a checkpoint of the model so far",
@@ -51,6 +52,12 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
     return None
 
 
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "eval" and e.get("steps"):
+        return e["step"], e["steps"]
+    return None
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="TL++ traversal learning: private data stays on its nodes; secure mode secret-shares the cut",
@@ -64,4 +71,5 @@ PLUGIN = ProtocolPlugin(
     events=EVENTS,
     finish=FinishRule("finished", by="owner"),
     describe_event=describe,
+    progress=progress,
 )

@@ -9,7 +9,7 @@ from gossamer.peer.roles.tlpp import names
 
 
 def _helper_arguments(parser: argparse.ArgumentParser, kit: CommandKit) -> None:
-    kit.add_peer_flags(parser)
+    kit.add_peer_flags(parser, skip=("roles", "attack", "data"))
 
 
 def _helper(args: argparse.Namespace, kit: CommandKit) -> int:

@@ -34,8 +34,9 @@ from torch import nn
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkServer
-from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, RoleHealth, TcpMethod
 from gossamer.peer.roles.tlpp import names
+from gossamer.peer.roles.tlpp.node import run_over
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
     PartyShare,
@@ -156,6 +157,9 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         return {"mode": self.settings.mode, "shares_received": self.shares_received,
                 "logits_served": self.logits_served, "sums_served": self.sums_served, "last_step": self.last_step,
                 "steps_held": self.store.steps_held}
+
+    def health(self) -> RoleHealth:
+        return run_over(self, super().health())
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from gossamer.peer.kit.secure_link import (
     SecureLinks,
     SecureLinkServer,
 )
-from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth, TcpMethod
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import default_node_source, load_data
 from gossamer.peer.roles.tlpp.secure import node_gradient_shares, node_share_activations
@@ -59,6 +59,14 @@ from gossamer.peer.roles.tlpp.wire import (
 from gossamer.protocols.tlpp import TraversalError, node_backward, node_forward
 
 log = logging.getLogger(__name__)
+
+
+def run_over(role: ProtocolRole, health: RoleHealth) -> RoleHealth:
+    """``health``, or finished once the run's tlpp-server says training is finished (its record's
+    ``assignment.tlpp_finished``): a node's or the helper's work ends with the run."""
+    if health.state != FAILED and any(p.record.assignment.get("tlpp_finished") for p in role.peers_with(names.SERVER)):
+        return RoleHealth(FINISHED, "the run's training is finished")
+    return health
 
 
 class TlppNodeRole(ProtocolRole[TlppSettings]):
@@ -103,6 +111,9 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
         return {"assignment": {"tlpp_samples": len(self.data)}, "data": self.data.source, "samples": len(self.data),
                 "mode": self.settings.mode, "weights_version": self.version, "steps_served": self.steps_served,
                 "pushes_failed": self.pushes_failed, "last_step": self.last_step}
+
+    def health(self) -> RoleHealth:
+        return run_over(self, super().health())
 
     # -- requests -------------------------------------------------------------------------------
 

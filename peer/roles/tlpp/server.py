@@ -22,7 +22,9 @@ waits.
 
 A helper failure (``HelperFailed``), or a setting the truncation guard refuses, stops training
 with one clear error: logged, in ``/status``, a ``tlpp.error`` event, and a checkpoint of the
-model so far. The daemon keeps running (its record and ``/status`` stay up).
+model so far; the role is failed (``/healthz`` answers 503) and ``gossamer orchestrator`` exits
+non-zero. When training is finished the record says so (``assignment.tlpp_finished``), so the
+nodes and the helper know the run is over.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.checkpoint import Checkpoints
 from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.secure_link import SecureLinks
-from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import load_data
 from gossamer.peer.roles.tlpp.settings import TlppSettings
@@ -75,11 +78,15 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         self.history: History[int, StepLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/tlpp")
         self.step = 0
+        self.total_steps = 0  # known once the first schedule is built
+        self.position = (0, 0)  # (epoch, index of the next virtual batch in it)
+        self.series: dict[str, list[list[float]]] = {"train_loss": [], "test_loss": []}  # for the swarm page
         self.last_eval: dict[str, float] | None = None
         self.finished = False
         self.error = ""
         self.checkpoint_path = ""
         self.done = asyncio.Event()  # set when training finished or stopped
+        self.resumed_from = self._resume()
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -94,10 +101,18 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     def round(self) -> int:
         return self.step
 
+    def health(self) -> RoleHealth:
+        if self.error:
+            return RoleHealth(FAILED, self.error)
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"{self.step} steps; checkpoint {self.checkpoint_path}")
+        return health
+
     def status(self) -> dict[str, Any]:
-        return {"mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
+        return {"assignment": {"tlpp_finished": True} if self.finished else {}, "mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
                 "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
-                "evaluation": self.last_eval, "ledgers": self.history.last(3)}
+                "evaluation": self.last_eval, "ledgers": self.history.last(3), "series": self.series}
 
     def gauges(self) -> dict[str, float]:
         gauges = {"tlpp_step": float(self.step)}
@@ -125,9 +140,10 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     async def _train(self) -> None:
         scheduler = await self._schedule(self.settings.min_nodes)
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
-        epoch = 0
+        self.total_steps = total
+        epoch, start = self.position  # (0, 0), or where an earlier life of this server stopped
         while self.step < total:
-            batches, index = scheduler.epoch(epoch), 0
+            batches, index, start = scheduler.epoch(epoch), start, 0
             while index < len(batches) and self.step < total:
                 helper = await self._helper() if self.settings.secure else None
                 ledger = await self._one_step(batches[index], helper)
@@ -208,7 +224,12 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         ledger.wall_s = round(time.monotonic() - started, 4)
         self.history.add(ledger.step, ledger)
         self.step += 1
+        self.position = (batch.epoch, batch.index + 1)
+        _add_point(self.series["train_loss"], self.step, ledger.loss)
         self.emit("step", **ledger.to_json())
+        every = self.ctx.config.checkpoint_every
+        if every and self.step % every == 0:
+            await self.checkpoint()
         if ledger.rejected:
             log.warning("step %d: dropped %s", ledger.step, {n[:12]: r for n, r in ledger.rejected.items()})
         if self.settings.eval_every and self.step % self.settings.eval_every == 0:
@@ -225,7 +246,8 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     async def _evaluate(self) -> dict[str, float]:
         self.last_eval = await asyncio.to_thread(self._test_metrics)
-        self.emit("eval", step=self.step, **self.last_eval)
+        _add_point(self.series["test_loss"], self.step, self.last_eval["loss"])
+        self.emit("eval", step=self.step, steps=self.total_steps, **self.last_eval)
         return self.last_eval
 
     def _test_metrics(self) -> dict[str, float]:
@@ -260,6 +282,37 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         path = await self.checkpoints.write_async(f"{self.ctx.manifest.config.name}-tlpp", params, step=str(self.step),
                                                   cut=str(self.settings.cut), mode=self.settings.mode)
         return str(path)
+
+
+    # -- resuming --------------------------------------------------------------------------------
+
+    def _state_name(self) -> str:
+        return f"{self.ctx.manifest.config.name}-tlpp-state"
+
+    async def checkpoint(self) -> str | None:
+        """The model, the optimizer, the step and the schedule position (consistent at every await:
+        a step's gradient is applied and counted without one in between)."""
+        state = snapshot({"step": self.step, "version": self.driver.version, "position": list(self.position),
+                          "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+        return await write_state(self.checkpoints, self._state_name(), state, step=str(self.step))
+
+    def _resume(self) -> str:
+        def apply(state: dict[str, Any]) -> None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step, self.driver.version = int(state["step"]), int(state["version"])
+            self.position = (int(state["position"][0]), int(state["position"][1]))
+
+        path = resume_state(self.checkpoints, self._state_name(), apply)
+        if path:
+            log.info("resumed from %s at step %d", path, self.step)
+        return path
+
+
+def _add_point(points: list[list[float]], x: int, y: float, *, keep: int = 2000) -> None:
+    if y == y:  # not NaN (a step whose loss was not computed)
+        points.append([x, y])
+        del points[:-keep]
 
 
 def _optimizer(model: torch.nn.Module, settings: TlppSettings) -> torch.optim.Optimizer:

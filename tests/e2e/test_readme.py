@@ -1,0 +1,257 @@
+"""Every ``gossamer`` command line README.md shows, run as written: the docs and the tests cannot
+drift apart. The commands are read from the README's code blocks (a trailing ``\\`` continues a
+line, ``# ...`` is a comment), each TOML block is written to the file its first-line comment
+names, and the placeholders are filled from the live run: ``RUN`` and ``MADDR`` from what the
+orchestrator prints, ``PUBLIC_IP`` with 127.0.0.1 and the fixed ports with free ones, ``K`` with
+each data owner's index, ``CHECKPOINT`` with the path a learner printed on Ctrl+C. Every process
+runs with its own home folder (a volunteer is another host), except the run owner's commands.
+
+Each README section with commands is walked by one test here; ``test_every_readme_command_is_walked``
+fails when a section or a command appears that no walk runs. ``swarm --preset demo`` is
+tests/e2e/test_swarm.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+README = Path(__file__).parents[2] / "README.md"
+BIN = Path(sys.executable).parent
+WALKED = {"Identity", "Host a run (orchestrator)", "Join a run (volunteer)", "Train a model together (gossip DiLoCo)",
+          "Split learning on private data (TL++)", "BlockTrain: train blocks apart, serve them across hosts",
+          "A local swarm"}
+ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py"}
+
+
+def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Per ``## `` section: its gossamer command lines, and its TOML files by name."""
+    out: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for part in README.read_text().split("\n## ")[1:]:
+        title, _, body = part.partition("\n")
+        commands, files = [], {}
+        for lang, block in re.findall(r"```(\w*)\n(.*?)```", body, flags=re.S):
+            if lang == "toml":
+                name = re.match(r"# (\S+\.toml)\n", block)
+                if name:
+                    files[name.group(1)] = block
+                continue
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s+#.*$", "", line).strip()
+                if line.startswith("gossamer "):
+                    commands.append(" ".join(line.split()))
+        if commands:
+            out[title.strip()] = (commands, files)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Walk:
+    """The processes of one README walk, in ``work``; ``owner`` is the run owner's home."""
+
+    def __init__(self, work: Path, files: dict[str, str]) -> None:
+        self.work = work
+        for name, text in files.items():
+            (work / name).write_text(text)
+        self.fill: dict[str, str] = {"PUBLIC_IP": "127.0.0.1"}
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+        self.homes = 0
+
+    def home(self, owner: bool) -> Path:
+        if owner:
+            path = self.work / "owner-home"
+        else:
+            self.homes += 1
+            path = self.work / f"home-{self.homes}"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def argv(self, line: str, **extra: str) -> list[str]:
+        values = {**self.fill, **extra}
+        words = []
+        for word in shlex.split(line):
+            if word in values:
+                words.extend(values[word].split())
+            else:
+                for key in ("K", "PUBLIC_IP"):
+                    if key in values:
+                        word = re.sub(rf"\b{key}\b", values[key], word)
+                words.append(word)
+        assert words[0] == "gossamer"
+        return [str(BIN / "gossamer"), *words[1:]]
+
+    def env(self, home: Path) -> dict[str, str]:
+        return {**os.environ, "HOME": str(home), "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+
+    def start(self, line: str, *, owner: bool = False, home: Path | None = None, **extra: str) -> tuple[subprocess.Popen, Path]:
+        home = home or self.home(owner)
+        log = self.work / f"proc-{len(self.procs)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(self.argv(line, **extra), cwd=self.work, env=self.env(home), stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append((proc, log))
+        return proc, log
+
+    def run(self, line: str, *, owner: bool = False, timeout_s: float = 120, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(line, **extra), cwd=self.work, env=self.env(self.home(owner)),
+                              capture_output=True, text=True, timeout=timeout_s)
+
+    def wait_for(self, log: Path, pattern: str, proc: subprocess.Popen, timeout_s: float = 240) -> re.Match:
+        """The first match of ``pattern`` in what the process printed (it prints as it goes)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = re.search(pattern, log.read_text(errors="replace"))
+            if found:
+                return found
+            if proc.poll() is not None:
+                found = re.search(pattern, log.read_text(errors="replace"))
+                assert found, f"exited ({proc.returncode}) before printing {pattern!r}:\n{log.read_text()[-3000:]}"
+                return found
+            time.sleep(0.2)  # polls the process's output for a line it prints; not a synchronisation guess
+        raise AssertionError(f"no {pattern!r} within {timeout_s}s:\n{log.read_text(errors='replace')[-3000:]}")
+
+    def owner_started(self, line: str) -> tuple[subprocess.Popen, Path]:
+        proc, log = self.start(line, owner=True)
+        up = self.wait_for(log, r"is up in run (\S+)\n  http (\S+) .*\n.*\n    --run \S+ --initial_peers (.+)\n", proc,
+                           timeout_s=120)
+        self.fill.update(RUN=up.group(1), MADDR=up.group(3).strip())
+        self.http = up.group(2)
+        return proc, log
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60) -> int:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
+
+    def close(self) -> None:
+        for proc, _log in reversed(self.procs):
+            self.stop(proc, signal.SIGTERM)
+
+
+@pytest.fixture
+def walk_of(tmp_path: Path):
+    walks = []
+
+    def make(section: str) -> tuple[Walk, list[str]]:
+        commands, files = sections()[section]
+        walks.append(Walk(tmp_path, files))
+        return walks[-1], commands
+
+    yield make
+    for walk in walks:
+        walk.close()
+
+
+def test_every_readme_command_is_walked() -> None:
+    found = sections()
+    assert set(found) == WALKED, f"README sections with commands that no walk runs: {set(found) ^ WALKED}"
+
+
+def test_identity(walk_of) -> None:
+    walk, commands = walk_of("Identity")
+    assert commands == ["gossamer identity new", "gossamer identity show"]
+    made = walk.run(commands[0], owner=True)
+    shown = walk.run(commands[1], owner=True)
+    assert made.returncode == 0 and shown.returncode == 0, made.stderr + shown.stderr
+    assert made.stdout == shown.stdout and "peer id:" in shown.stdout
+    assert (walk.home(True) / ".gossamer" / "identity.pem").stat().st_mode & 0o777 == 0o600
+
+
+def test_host_a_run_and_join_it(walk_of) -> None:
+    walk, host = walk_of("Host a run (orchestrator)")
+    join, _files = sections()["Join a run (volunteer)"]
+    orchestrator, token = host
+    for port in ("31337", "8080", "8081"):
+        walk.fill[port] = str(free_port())
+    orchestrator = " ".join(walk.fill.get(word, word) if word.isdigit() else
+                            re.sub(r"tcp/31337", f"tcp/{walk.fill['31337']}", word) for word in orchestrator.split())
+    owner, _ = walk.owner_started(orchestrator)
+    assert walk.http.endswith(f":{walk.fill['8080']}")
+    issued = walk.run(token, owner=True)
+    assert issued.returncode == 0 and len(issued.stdout.strip()) > 40, issued.stderr
+
+    volunteer, log = walk.start(join[0])
+    walk.wait_for(log, r"is up in run", volunteer, timeout_s=120)
+    status = walk.run(join[1])
+    assert status.returncode == 0, status.stderr
+    assert "my-gpu-box" in status.stdout and "owner" in status.stdout, status.stdout
+    assert walk.stop(volunteer) == 0 and owner.poll() is None
+
+
+def test_train_a_model_together_stop_sample_and_resume(walk_of) -> None:
+    walk, (orchestrator, learner, sample) = walk_of("Train a model together (gossip DiLoCo)")
+    walk.owner_started(orchestrator)
+    home = walk.home(False)
+    proc, log = walk.start(learner, home=home)
+    walk.wait_for(log, r"round 1: train loss", proc)
+    assert walk.stop(proc) == 0
+    checkpoint = walk.wait_for(log, r"learner: checkpoint written to (\S+)", proc).group(1)
+
+    sampled = walk.run(sample, CHECKPOINT=checkpoint)
+    assert sampled.returncode == 0 and sampled.stdout.startswith("The ") and len(sampled.stdout) > 100, sampled.stderr
+
+    again, log = walk.start(learner, home=home)
+    resumed = int(walk.wait_for(log, r"resumed from \S+ at round (\d+)", again).group(1))
+    assert resumed >= 2
+    walk.wait_for(log, rf"round {resumed}: train loss", again)
+    assert walk.stop(again) == 0
+
+
+def test_tlpp_split_learning(walk_of) -> None:
+    walk, (orchestrator, helper, node) = walk_of("Split learning on private data (TL++)")
+    owner, owner_log = walk.owner_started(orchestrator)
+    walk.start(helper)
+    for k in range(3):
+        walk.start(node, K=str(k))
+    walk.wait_for(owner_log, r"\] +25/500  held-out at step 25: loss [\d.]+, accuracy", owner, timeout_s=300)
+
+
+def test_blocktrain_train_serve_generate(walk_of) -> None:
+    walk, (orchestrator, worker, serve_low, serve_high, generate) = walk_of(
+        "BlockTrain: train blocks apart, serve them across hosts")
+    owner, owner_log = walk.owner_started(orchestrator)
+    proc, _log = walk.start(worker)
+    walk.wait_for(owner_log, r"the run is finished .*still serving as orchestrator", owner, timeout_s=300)
+    assert proc.wait(timeout=120) == 0, "a worker exits by itself once the run is finished"
+    for line in (serve_low, serve_high):
+        server, server_log = walk.start(line)
+        walk.wait_for(server_log, r"is up in run", server, timeout_s=120)
+    generated = walk.run(generate, timeout_s=180)
+    assert generated.returncode == 0 and generated.stdout.startswith("The "), generated.stderr[-2000:]
+    assert len(generated.stdout.encode()) >= len("The ") + 64
+
+
+def test_a_local_swarm(walk_of, tmp_path: Path) -> None:
+    walk, commands = walk_of("A local swarm")
+    walk.work.joinpath("run.toml").write_text(sections()["Host a run (orchestrator)"][1]["run.toml"])
+    for line in commands:
+        if line in ELSEWHERE:
+            continue
+        proc, log = walk.start(line)
+        if "--preset quick" in line:
+            assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+            assert "the run is finished (all 2 peers)" in log.read_text()
+        else:
+            walk.wait_for(log, r"all 5 peers see each other", proc)
+            assert walk.stop(proc) == 0 and "stopped 5 process(es) cleanly" in log.read_text()
+    assert {line for line in commands if line not in ELSEWHERE} == {"gossamer swarm --preset quick",
+                                                                     "gossamer swarm -c run.toml --peers 4"}

@@ -1,0 +1,76 @@
+"""The ``gossamer`` command before any daemon starts: ``--help`` answers without importing torch or
+hivemind; each command shows only the flags that apply to it; the swarm lists its presets, takes
+its peers' roles from the protocol when the config names none, and refuses a swarm that would do
+nothing, in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gossamer.peer.cli.main import build_parser
+from gossamer.peer.cli.swarm import Swarm, SwarmOptions
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.roles import PLUGINS
+
+HEAVY = ("torch", "hivemind", "aiohttp")
+
+
+@pytest.mark.parametrize("command", [[], ["peer"], ["orchestrator"], ["swarm"], ["generate"], ["serve"], ["helper"],
+                                     ["sample"], ["status"]])
+def test_help_imports_neither_torch_nor_hivemind(command: list[str]) -> None:
+    probe = ("import sys\nfrom gossamer.peer.cli.main import main\ntry:\n    main([*sys.argv[1:], '--help'])\n"
+             f"except SystemExit:\n    pass\nprint(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
+    result = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    assert "usage: gossamer" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "[]", "heavy modules imported by --help"
+
+
+def flags_of(command: str) -> set[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return {flag for action in sub.choices[command]._actions for flag in action.option_strings}  # type: ignore[union-attr]
+
+
+def test_each_command_shows_only_the_flags_that_apply() -> None:
+    assert {"--attack", "--data", "--share_log"} <= flags_of("peer")
+    assert "--attack" not in flags_of("orchestrator")
+    assert not {"--attack", "--data", "--share_log", "--roles"} & flags_of("serve")
+    assert not {"--attack", "--data"} & flags_of("helper") and "--share_log" in flags_of("helper")
+
+
+def test_swarm_help_lists_the_presets() -> None:
+    result = subprocess.run([sys.executable, "-m", "gossamer.peer.cli", "swarm", "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert "presets: demo, quick, tlpp" in result.stdout
+
+
+README_DILOCO = Path(__file__).parents[3] / "README.md"
+
+
+def readme_diloco_toml() -> str:
+    text = README_DILOCO.read_text()
+    block = next(part for part in text.split("```toml")[1:] if 'protocol = "diloco"' in part.split("```")[0])
+    return block.split("```")[0]
+
+
+def test_a_swarm_on_the_readmes_diloco_config_gives_its_peers_the_learner_role(tmp_path: Path) -> None:
+    (tmp_path / "tinylm.toml").write_text(readme_diloco_toml())
+
+    swarm = Swarm(SwarmOptions(config=tmp_path / "tinylm.toml", workdir=tmp_path / "w"), PLUGINS)
+
+    assert swarm.roles == ["learner"] and swarm.num_peers == 3
+
+
+def test_a_swarm_that_would_do_nothing_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "idle.toml").write_text(readme_diloco_toml() + "\n[swarm]\nroles = []\n")
+    with pytest.raises(ConfigError, match="none of learner, so nothing would train") as refused:
+        Swarm(SwarmOptions(config=tmp_path / "idle.toml", workdir=tmp_path / "w"), PLUGINS)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match="--peers 0: a diloco swarm needs peers with role learner"):
+        Swarm(SwarmOptions(config=tmp_path / "idle.toml", peers=0, workdir=tmp_path / "w"), PLUGINS)
+    assert not (tmp_path / "w").exists()
