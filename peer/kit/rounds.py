@@ -1,13 +1,12 @@
-"""What a role that trains in rounds does on the network, whatever its protocol: where the swarm
-is (``out_of_step``), sending one signed message to each of several peers with every failure in
-the round's ledger (``send_each``, ``finish_sends``), and waiting for the peers' messages no longer
-than they can still come (``collect_from_live``).
+"""What a role that trains in rounds does on the network, whatever its protocol: sending one
+signed message to each of several peers with every failure in the round's ledger (``send_each``,
+``finish_sends``), and waiting for the peers' messages no longer than they can still come
+(``collect_from_live``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -21,17 +20,6 @@ from gossamer.transport.errors import TransportError
 
 T = TypeVar("T")
 UntilView = Callable[..., Awaitable[bool]]  # RoleContext.until_view(predicate, *, timeout_s)
-
-
-def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
-    """The round to adopt when ``mine`` is ``threshold`` or more away from the median round of all
-    the peers (this one included; the upper median, so a tie goes to the further-on half);
-    None when in step or alone. One peer advertising a far-off round moves this median by at most
-    one position."""
-    if not others:
-        return None
-    median = statistics.median_high([mine, *others])
-    return median if abs(median - mine) >= threshold else None
 
 
 async def send_each(messenger: SignedMessenger, view: PeerView, payloads: Mapping[str, Mapping[str, torch.Tensor]],

@@ -37,7 +37,7 @@ from gossamer.peer.kit.inbox import Inbox
 from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.kit.rounds import collect_from_live, finish_sends, send_each
-from gossamer.peer.role import ProtocolRole, RoleContext
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.fomoe import names
 from gossamer.peer.roles.fomoe.boundary import Boundary, Commit, agree, plan_boundary
 from gossamer.peer.roles.fomoe.coverage import expert_coverage
@@ -156,6 +156,12 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
                 "coverage": expert_coverage(placement, self.tokens, self.lost) if placement else [],
                 "train_loss": last[0]["train_loss"] if last else None,
                 "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3)}
+
+    def health(self) -> RoleHealth:
+        health = super().health()
+        if health.state != FAILED and self.finished:
+            return RoleHealth(FINISHED, f"{self.replica.round} rounds; checkpoint {self.checkpoint_path}")
+        return health
 
     def gauges(self) -> dict[str, float]:
         last = self.history.last(1)
