@@ -8,7 +8,7 @@ runs with its own home folder (a volunteer is another host), except the run owne
 
 Each README section with commands is walked by one test here; ``test_every_readme_command_is_walked``
 fails when a section or a command appears that no walk runs. ``swarm --preset demo`` is
-tests/e2e/test_swarm.py's.
+tests/e2e/test_swarm.py's, ``swarm --preset fomoe`` tests/e2e/test_expert_hosts.py's.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ README = Path(__file__).parents[2] / "README.md"
 BIN = Path(sys.executable).parent
 WALKED = {"Identity", "Host a run (orchestrator)", "Join a run (volunteer)", "Train a model together (gossip DiLoCo)",
           "Split learning on private data (TL++)", "BlockTrain: train blocks apart, serve them across hosts",
-          "A local swarm"}
-ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py"}
+          "Partial-expert replicas of an MoE LM (FoMoE)", "A local swarm"}
+ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py",
+             "gossamer swarm --preset fomoe": "tests/e2e/test_expert_hosts.py"}
 
 
 def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -238,6 +239,22 @@ def test_blocktrain_train_serve_generate(walk_of) -> None:
     generated = walk.run(generate, timeout_s=180)
     assert generated.returncode == 0 and generated.stdout.startswith("The "), generated.stderr[-2000:]
     assert len(generated.stdout.encode()) >= len("The ") + 64
+
+
+def test_fomoe_expert_hosts_and_their_coverage(walk_of) -> None:
+    walk, commands = walk_of("Partial-expert replicas of an MoE LM (FoMoE)")
+    orchestrator, host, status = [line for line in commands if line not in ELSEWHERE]
+    walk.owner_started(orchestrator)
+    hosts = [walk.start(host) for _ in range(4)]  # min_hosts = 4
+    for proc, log in hosts:
+        walk.wait_for(log, r"round 1: train loss [\d.]+  held-out [\d.]+  experts \[\d+, \d+, \d+, \d+\]", proc,
+                      timeout_s=300)
+    shown = walk.run(status)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"experts: 8 expert\(s\), r = 2, 4 member\(s\)", shown.stdout), shown.stdout
+    rows = re.findall(r"^(\d)\s+([0-9a-f]{12}),([0-9a-f]{12})\s+(\d+)\s*$", shown.stdout, flags=re.M)
+    assert [int(row[0]) for row in rows] == list(range(8)) and all(int(row[3]) > 0 for row in rows), shown.stdout
+    assert [walk.stop(proc) for proc, _log in hosts] == [0, 0, 0, 0]
 
 
 def test_a_local_swarm(walk_of, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.peer.plugin import EventSchema, FinishRule, Panel, ProtocolPlugin
 from gossamer.peer.roles.fomoe import names
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.peer.run.records import PeerRecord
@@ -29,7 +29,7 @@ EVENTS = {
     "joined": EventSchema("a joiner was admitted: it downloaded the dense state and took its experts from "
                           "their holders", ("round", "donors", "experts", "why")),
     "round": EventSchema("one round done; its ledger in short",
-                         ("round", "train_loss", "heldout_loss", "skip_fraction", "experts", "members", "used",
+                         ("round", "rounds", "train_loss", "heldout_loss", "skip_fraction", "experts", "members", "used",
                           "timed_out", "rejected", "bytes_sent", "bytes_received", "note")),
     "finished": EventSchema("the host reached hyper.rounds and wrote its checkpoint (dense part and its experts)",
                             ("round", "checkpoint", "experts", "heldout_loss")),
@@ -71,6 +71,19 @@ def summarize(records: Sequence[PeerRecord]) -> list[str]:
     return coverage_lines(records)
 
 
+def panel(records: Sequence[PeerRecord]) -> Panel | None:
+    """The swarm page's expert coverage table (imported on use: it needs torch)."""
+    from gossamer.peer.roles.fomoe.coverage import panel as coverage_panel
+
+    return coverage_panel(records)
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "round" and e.get("rounds"):
+        return e["round"] + 1, e["rounds"]
+    return None
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="FoMoE: each host holds the dense layers and some experts of an MoE LM; experts sync among holders",
@@ -82,4 +95,6 @@ PLUGIN = ProtocolPlugin(
     describe_event=describe,
     swarm_check=swarm_check,
     summarize=summarize,
+    progress=progress,
+    panel=panel,
 )

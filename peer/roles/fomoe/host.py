@@ -211,8 +211,8 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
                 continue
             ledger = await self._one_round()
             self.history.add(ledger.round, ledger)
-            self.emit("round", round=ledger.round, train_loss=ledger.train_loss, heldout_loss=ledger.heldout_loss,
-                      skip_fraction=ledger.skip_fraction, experts=ledger.experts, members=len(ledger.members),
+            self.emit("round", round=ledger.round, rounds=self.settings.rounds, train_loss=ledger.train_loss,
+                      heldout_loss=ledger.heldout_loss, skip_fraction=ledger.skip_fraction, experts=ledger.experts, members=len(ledger.members),
                       used=len(ledger.updates.used), timed_out=ledger.updates.timed_out,
                       rejected=ledger.updates.rejected, bytes_sent=ledger.bytes_sent,
                       bytes_received=ledger.bytes_received, note=ledger.note)
