@@ -1,7 +1,7 @@
 """FoMoE expert hosts as real daemons through the CLI on 127.0.0.1: four hosts (four experts,
 r = 2) train with the held-out loss falling; one is SIGKILLed, and the other three re-place its
 experts among themselves with none lost and go on training; ``gossamer status`` shows every
-expert with two live holders; Ctrl+C stops each host cleanly. The run has no round limit
+expert with two live holders; Ctrl+C stops each host cleanly, writing its part. The run has no round limit
 (``rounds = 0``) so the hosts are still live when ``status`` reads their records; finishing a
 run by itself is ``gossamer swarm --preset fomoe`` (the README's command) below: four hosts train
 8 rounds with the loss falling and about half the pairs skipped, each writes a checkpoint of its
@@ -102,6 +102,10 @@ def test_four_hosts_train_and_a_killed_one_is_re_placed_with_no_expert_lost(tmp_
             assert later["members"] == 3 and later["used"] == 2 and not later["timed_out"], later
             assert later["heldout_loss"] < min(e["heldout_loss"] for e in first) - 0.1, (first, later)
         assert [proc.stop(signal.SIGINT, timeout_s=60) for proc in procs[:3]] == [0, 0, 0]
+        for peer_id in ids[:3]:  # Ctrl+C wrote each survivor's part: dense layers and its experts
+            (path,) = (tmp_path / "ckpt").glob(f"experts-{peer_id[:12]}-round*.safetensors")
+            tensors, metadata = load_file(path)
+            assert len(metadata["experts"].split(",")) in (2, 3) and "embed.weight" in tensors
     finally:
         for proc in [*procs, orch]:
             proc.stop()

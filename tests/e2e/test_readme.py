@@ -246,12 +246,12 @@ def test_fomoe_expert_hosts_and_their_coverage(walk_of) -> None:
     orchestrator, host, status = [line for line in commands if line not in ELSEWHERE]
     walk.owner_started(orchestrator)
     hosts = [walk.start(host) for _ in range(4)]  # min_hosts = 4
-    for proc, log in hosts:
-        walk.wait_for(log, r"round 1: train loss [\d.]+  held-out [\d.]+  experts \[\d+, \d+, \d+, \d+\]", proc,
-                      timeout_s=300)
+    for proc, log in hosts:  # a round of all four (a host cut off by a fault rejoins within a few rounds)
+        walk.wait_for(log, r"round \d+: train loss [\d.]+  held-out [\d.]+  experts \[\d+, \d+, \d+, \d+\]  "
+                      r"skipped [\d.]+  updates used 3 of 3", proc, timeout_s=300)
     shown = walk.run(status)
     assert shown.returncode == 0, shown.stderr
-    assert re.search(r"experts: 8 expert\(s\), r = 2, 4 member\(s\)", shown.stdout), shown.stdout
+    assert re.search(r"experts: 8 expert\(s\), r = 2, [34] member\(s\)", shown.stdout), shown.stdout
     rows = re.findall(r"^(\d)\s+([0-9a-f]{12}),([0-9a-f]{12})\s+(\d+)\s*$", shown.stdout, flags=re.M)
     assert [int(row[0]) for row in rows] == list(range(8)) and all(int(row[3]) > 0 for row in rows), shown.stdout
     assert [walk.stop(proc) for proc, _log in hosts] == [0, 0, 0, 0]

@@ -6,7 +6,8 @@ hold, and every H steps sends its dense pseudo-gradient to every member and each
 that expert's other holders; the members agree on which updates count (a commit exchange), mix,
 take the outer step, and re-place the experts when members leave or join (``protocols.fomoe``).
 Modules: ``names`` (the role name), ``settings`` (the manifest), ``host`` (the role and its
-rounds), ``joining`` (round 0 and joining mid-run), ``boundary`` (the commits, the agreement and
+rounds), ``joining`` (round 0 and joining mid-run), ``holding`` (taking and handing over experts,
+the donated dense state, the checkpoint of a host's part), ``boundary`` (the commits, the agreement and
 the next placement: pure), ``wire`` (the messages), ``ledger`` (a round's ledger), ``coverage``
 (expert coverage for ``/status`` and ``gossamer status``).
 """

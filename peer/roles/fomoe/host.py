@@ -17,7 +17,8 @@ One round t, for a member of the round's placement (``protocols.fomoe``, ``bound
 Its record carries its resident experts, the placement's round and size, and the pairs every
 expert ran in the last round (``gossamer status`` shows the coverage from them); its donated
 state (``/state/...``, for joiners) is the dense part and its outer momentum at the round's
-start. Joining (a new peer, or one that was cut off) is ``joining``; messages are ``wire``.
+start. Joining (a new peer, or one that was cut off) is ``joining``; taking and handing over
+experts and writing its part, ``holding``; messages are ``wire``.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.kit.rounds import collect_from_live, finish_sends, send_each
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.fomoe import names
-from gossamer.peer.roles.fomoe.boundary import Boundary, Commit, agree, plan_boundary
+from gossamer.peer.roles.fomoe.boundary import Commit, agree, plan_boundary
 from gossamer.peer.roles.fomoe.coverage import expert_coverage
+from gossamer.peer.roles.fomoe.holding import Holding, Part
 from gossamer.peer.roles.fomoe.joining import Joining
 from gossamer.peer.roles.fomoe.ledger import RoundLedger
 from gossamer.peer.roles.fomoe.settings import FomoeSettings
@@ -49,12 +51,9 @@ from gossamer.peer.roles.fomoe.wire import (
     EXPERT,
     JOIN,
     KINDS,
-    MOMENTUM,
-    PARAM,
     UPDATE,
     ExpertMessageRefused,
     ModelShape,
-    experts_payload,
     params_digest,
     read_experts,
     read_update,
@@ -62,7 +61,6 @@ from gossamer.peer.roles.fomoe.wire import (
 )
 from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.fomoe import (
-    ExpertState,
     FomoeReplica,
     FomoeUpdate,
     MixedRound,
@@ -79,6 +77,7 @@ from gossamer.protocols.robust import Failure
 from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, shard, split_text
 
 log = logging.getLogger(__name__)
+MAX_SERIES = 2000  # points per loss curve kept for the swarm page
 
 
 class _Resident(nn.Module):
@@ -93,7 +92,7 @@ class _Resident(nn.Module):
         return self.model(tokens, resident=self.resident)
 
 
-class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
+class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
     """A FoMoE expert host (see the module docstring)."""
 
     name = names.EXPERT_HOST
@@ -126,6 +125,8 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
         self._received_bytes: dict[int, int] = {}
         self.finished = False
         self.checkpoint_path = ""
+        self.series: dict[str, list[list[float]]] = {"train_loss": [], "heldout_loss": []}  # the swarm page's curves
+        self._boundary: Part | None = None  # at the round's start
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -155,7 +156,8 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
                 "assignment": assignment, "finished": self.finished, "checkpoint": self.checkpoint_path,
                 "coverage": expert_coverage(placement, self.tokens, self.lost) if placement else [],
                 "train_loss": last[0]["train_loss"] if last else None,
-                "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3)}
+                "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3),
+                "rounds": self.settings.rounds, "series": self.series}
 
     def health(self) -> RoleHealth:
         health = super().health()
@@ -211,6 +213,9 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
                 continue
             ledger = await self._one_round()
             self.history.add(ledger.round, ledger)
+            for key, points in self.series.items():
+                points.append([ledger.round, getattr(ledger, key)])
+                del points[:-MAX_SERIES]
             self.emit("round", round=ledger.round, rounds=self.settings.rounds, train_loss=ledger.train_loss,
                       heldout_loss=ledger.heldout_loss, skip_fraction=ledger.skip_fraction, experts=ledger.experts, members=len(ledger.members),
                       used=len(ledger.updates.used), timed_out=ledger.updates.timed_out,
@@ -229,37 +234,6 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
                                   round=self.replica.round, seed=s.seed)
         self._hold(placement, {}, lost=())
 
-    def _hold(self, placement: Placement, states: Mapping[int, ExpertState], *, lost: tuple[int, ...]) -> None:
-        """Hold what ``placement`` gives this peer: ``states`` for the experts that came from others,
-        this peer's own copy for the rest of its new experts."""
-        mine = placement.resident(self.peer_id)
-        new = set(mine) - self.replica.resident
-        self.replica.set_resident(mine, {e: states[e] if e in states else self._own_copy(e) for e in new})
-        for expert in states:
-            self.synced[expert] = self.replica.round
-        self.placement = placement
-        self.lost = lost
-        self.emit("placement", round=self.replica.round, members=len(placement.peers), experts=list(mine),
-                  holders=[len(h) for h in placement.holders], lost=list(lost))
-        self.ctx.announce()
-
-    def _own_copy(self, expert: int) -> ExpertState:
-        """This peer's copy of ``expert`` as it is (the weights it last synced, or the initial ones)."""
-        if expert in self.replica.resident:
-            return self.replica.expert_state(expert)
-        layout = self.replica.layout
-        names_ = {n for key in layout.units_of((expert,)) for n in layout.units[key]}
-        params = {n: p.detach().clone() for n, p in self.replica.module.named_parameters() if n in names_}
-        momentum = {n: u for n, u in self.replica.diloco.outer.state_dict().items() if n in names_}
-        return ExpertState(expert, params, momentum)
-
-    def _dense_state(self) -> dict[str, torch.Tensor]:
-        """What this peer donates to joiners at a round's start: the dense part and its momentum."""
-        dense = set(self.replica.layout.dense)
-        params = {PARAM + n: p.detach().clone() for n, p in self.replica.module.named_parameters() if n in dense}
-        momentum = {MOMENTUM + n: u for n, u in self.replica.diloco.outer.state_dict().items() if n in dense}
-        return {**params, **momentum}
-
     async def _one_round(self) -> RoundLedger:
         started, t, me = time.monotonic(), self.replica.round, self.peer_id
         placement = self.placement
@@ -271,6 +245,7 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
         ledger = RoundLedger(round=t, members=list(placement.peers), experts=sorted(self.replica.resident))
         self.replica.begin_round()
         self._donated = (t, self._dense_state())
+        self._boundary = self._part()
         self.ctx.announce()  # the record's round and state version are t from now on
         digests, reports = await asyncio.to_thread(self._inner_phase)
         ledger.compute_s = time.monotonic() - started
@@ -310,6 +285,10 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
                 await self._move_experts(boundary, ledger, sending)
         ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
         await finish_sends(sending, timeout_s=self.settings.update_deadline_s)
+        if ledger.updates.send_failures:
+            failed = ledger.updates.send_failures
+            peer, reason = next(iter(failed.items()))
+            ledger.note += f" update not delivered to {len(failed)} member(s) ({peer[:12]}: {reason[:120]})"
         ledger.bytes_received = self._received_bytes.get(t, 0)
         ledger.wall_s = time.monotonic() - started
         return ledger
@@ -371,38 +350,6 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
         """Close the round without an outer step: every parameter goes back to the round's start."""
         self.replica.diloco.finish_round({}, {}, frozen=set(self.replica.layout.size_bytes))
 
-    async def _move_experts(self, boundary: Boundary, ledger: RoundLedger, sending: list[asyncio.Task[None]]) -> None:
-        """Hand the experts this peer is a source of to their new holders; take its own new ones."""
-        me, round = self.peer_id, self.replica.round
-        outgoing: dict[str, list[ExpertState]] = {}
-        for move in boundary.outgoing(me):
-            outgoing.setdefault(move.peer, []).append(self._own_copy(move.expert))
-        if outgoing:
-            payloads = {peer: experts_payload(states) for peer, states in outgoing.items()}
-            sending.append(self._post(EXPERT, round, payloads, ledger, ledger.transfers))
-        states = await self._receive_experts(boundary, round, ledger)
-        ledger.next_experts = list(boundary.placement.resident(me))
-        ledger.lost = list(boundary.lost)
-        self._hold(boundary.placement, states, lost=boundary.lost)
-
-    async def _receive_experts(self, boundary: Boundary, round: int, ledger: RoundLedger) -> dict[int, ExpertState]:
-        """The states of this peer's new experts, each from the first of its sources that sent it."""
-        incoming = boundary.incoming(self.peer_id)
-        sources = sorted({s for move in incoming for s in move.sources})
-        ledger.transfers.expect(sources)
-        got = await self._collect(EXPERT, round, sources, self.settings.commit_deadline_s) if sources else {}
-        ledger.transfers.settle(got, refused=self.inbox.refused(EXPERT, round))
-        states, used = {}, set()
-        for move in incoming:
-            source = next((s for s in move.sources if move.expert in got.get(s, {})), None)
-            if source is None:
-                ledger.note += f" expert {move.expert}: no source sent it, kept this peer's copy;"
-                continue
-            states[move.expert] = got[source][move.expert]
-            used.add(source)
-        ledger.transfers.use(used)
-        return states
-
     def _evaluate(self) -> float:
         model = _Resident(self.replica.module, sorted(self.replica.resident))
         return evaluate(model, self.heldout, context=self.settings.model.context,
@@ -411,12 +358,8 @@ class ExpertHostRole(Joining, ProtocolRole[FomoeSettings]):
     # -- the end --------------------------------------------------------------------------------
 
     async def _finish(self) -> None:
-        held = self.replica.layout.names_held(self.replica.resident)
-        params = {n: p.detach().cpu().clone() for n, p in self.replica.module.named_parameters() if n in held}
-        name = f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-round{self.replica.round}"
-        path = await self.checkpoints.write_async(name, params, round=str(self.replica.round),
-                                                  experts=",".join(map(str, sorted(self.replica.resident))))
-        self.checkpoint_path = str(path)
+        path = await self._write_part(self._part())
+        self.checkpoint_path = path
         self.finished = True
         last = self.history.last(1)
         self.emit("finished", round=self.replica.round, checkpoint=str(path), experts=sorted(self.replica.resident),

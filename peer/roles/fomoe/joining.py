@@ -32,7 +32,7 @@ from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.roles.fomoe import names
 from gossamer.peer.roles.fomoe.boundary import Boundary, admit
-from gossamer.peer.roles.fomoe.wire import COMMIT, EXPERT, MOMENTUM, PARAM, ExpertMessageRefused
+from gossamer.peer.roles.fomoe.wire import COMMIT, MOMENTUM, PARAM, ExpertMessageRefused
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.fomoe import ExpertState
 
@@ -92,6 +92,18 @@ class Joining:
                 return False
             if await self._try_join(t, [p.record.peer_id for p in members if p.record.round == t], why=why):
                 return True
+            await self._until_past(t)
+
+    async def _until_past(self: ExpertHostRole, t: int) -> None:
+        """After a try at round ``t`` failed: wait until the members' median round is past ``t``
+        (or none is left), so the next try is at the next round and not at ``t`` again."""
+        s = self.settings
+
+        def moved_on() -> bool:
+            rounds = [p.record.round for p in self._members_seen()]
+            return not rounds or statistics.median_high(rounds) > t
+
+        await self.ctx.until_view(moved_on, timeout_s=JOIN_WAIT_ROUNDS * (s.update_deadline_s + s.commit_deadline_s))
 
     async def _try_join(self: ExpertHostRole, t: int, ids: Sequence[str], *, why: str) -> bool:
         s = self.settings
@@ -112,7 +124,7 @@ class Joining:
             log.info("not admitted at round %d (%s); trying the next round", t, admitted)
             return False
         outcome, boundary = admitted
-        states = await self._joiner_experts(boundary, t + 1)
+        states = await self._take_experts(boundary, t + 1, None)
         downloaded = await self._download_dense(t + 1, outcome.agreed)
         if downloaded is None:
             return False
@@ -126,19 +138,6 @@ class Joining:
         log.info("%s at round %d with the dense state from %d donor(s), experts %s", why, t + 1, donors,
                  sorted(self.replica.resident))
         return True
-
-    async def _joiner_experts(self: ExpertHostRole, boundary: Boundary, round: int) -> dict[int, ExpertState]:
-        incoming = boundary.incoming(self.peer_id)
-        sources = sorted({s for move in incoming for s in move.sources})
-        got = await self._collect(EXPERT, round, sources, self.settings.commit_deadline_s) if sources else {}
-        states = {}
-        for move in incoming:
-            source = next((s for s in move.sources if move.expert in got.get(s, {})), None)
-            if source is not None:
-                states[move.expert] = got[source][move.expert]
-            else:
-                log.warning("expert %d: none of its sources sent it; starting from this peer's copy", move.expert)
-        return states
 
     async def _download_dense(self: ExpertHostRole, version: int,
                               agreed: Sequence[str]) -> tuple[dict[str, torch.Tensor], int] | None:
