@@ -148,8 +148,10 @@ def agree(me: str, placement: Placement, commits: Mapping[str, Commit]) -> Outco
     the largest set this greedy rule finds in which every member holds every other's update: start
     from the members left (one whose commit is missing is taken to hold everything: if it is
     alive it decides for itself, if it is dead it no longer matters), and while some member lacks
-    another's update, drop the member involved in most such gaps (ties: the higher peer id). A
-    member whose inbox failed is dropped alone; so is one whose update reached nobody."""
+    another's update, drop one of the members involved in such gaps: first one whose commit is
+    missing (it most likely died: two of four hosts dying at once must not cut off the two that
+    are left), else the one in most gaps, ties: the higher peer id. A member whose inbox failed is
+    dropped alone; so is one whose update reached nobody."""
     counted = tuple(sorted(sender for sender, commit in commits.items()
                            if sender in placement.peers and commit.members == placement.peers
                            and commit.resident == placement.resident(sender)))
@@ -157,7 +159,7 @@ def agree(me: str, placement: Placement, commits: Mapping[str, Commit]) -> Outco
     agreed = set(placement.peers) - _drifted(placement, {p: commits[p] for p in counted})
     while gaps := [(i, k) for i in agreed for k in agreed if k not in holds[i]]:
         blame = Counter(p for gap in gaps for p in gap)
-        agreed.discard(max(agreed, key=lambda p: (blame[p], p)))
+        agreed.discard(max(blame, key=lambda p: (p not in counted, blame[p], p)))
     voters = [p for p in counted if p in agreed]
     joiners = set.intersection(*(set(commits[p].joiners) for p in voters)) if voters else set()
     joining = joiners - agreed
