@@ -3,8 +3,9 @@ one view of signed records. Four hosts, four experts, r = 2: every round every u
 the dense part stays identical on every host and each expert identical on its holders, and the
 update bytes are exactly the all-to-all formula. A host whose update inbox fails for a round is
 left out of that round by everyone (and joins again); a host that dies is re-placed with no expert
-lost; a host that starts late joins with the dense state from several donors and its experts from
-their holders."""
+lost; when both holders of an expert die at once the two hosts left agree, restart it from the
+freshest copy and flag it; a host that starts late joins with the dense state from several donors
+and its experts from their holders."""
 
 from __future__ import annotations
 
@@ -166,5 +167,36 @@ async def test_a_late_host_joins_with_the_dense_state_and_its_experts_from_their
         assert_in_sync([*roles, joiner])
         for role in [*roles, joiner]:
             assert_balanced(role)
+    finally:
+        await net.aclose()
+
+
+async def test_both_holders_of_an_expert_dying_at_once_lose_it_and_the_two_left_go_on_in_sync(tmp_path: Path) -> None:
+    net, roles = await hosts(tmp_path, run_with(rounds=4))
+    try:
+        await net.start()
+        assert await net.peers["h0"].ctx.until_view(lambda: all(role.round >= 1 for role in roles), timeout_s=120)
+        placement = roles[0].placement
+        assert placement is not None
+        doomed = set(placement.holders[0])
+        dead = [(name, role) for name, role in zip(("h0", "h1", "h2", "h3"), roles, strict=True)
+                if role.peer_id in doomed]
+        survivors = [role for role in roles if role.peer_id not in doomed]
+        for name, _role in dead:
+            await net.kill(name)
+            net.forget(name)
+        await net.publish()
+        await drain(survivors)
+
+        for role in survivors:
+            assert role.finished and role.round == 4
+            left = [ledger for ledger in role.history if ledger.left]
+            assert [sorted(ledger.left) for ledger in left] == [sorted(doomed)]
+            assert 0 in left[0].lost, "expert 0 had no holder among the members left"
+            row = role.status()["coverage"][0]
+            assert row["holders"] and row["lost"], "it has holders again, flagged as restarted"
+            assert_balanced(role)
+        assert all(len(holders) == 2 for holders in survivors[0].placement.holders)
+        assert_in_sync(survivors)
     finally:
         await net.aclose()
