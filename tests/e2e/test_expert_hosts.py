@@ -26,7 +26,7 @@ RUN = """
 [run]
 name = "experts"
 protocol = "fomoe"
-heartbeat_s = 2.0
+heartbeat_s = 5.0
 [model]
 d_model = 32
 n_layers = 1

@@ -5,9 +5,10 @@ Round 0 waits until ``min_hosts`` expert hosts are live; each places the experts
 hosts it sees, from the run's seed (hosts that saw different sets find out at the first commit:
 the odd ones out are cut off and join).
 
-A joiner, once some host's record shows a finished round: takes the members' median round t from
-their records and sends ``PUT /fomoe/join/t`` to each member at t. The members list it in their
-round-t commits and send them to it too; it is admitted when every member of round t sent it a
+A joiner, once some host's record shows a finished round: takes the members' median round from
+their records, t = that + 1 (records lag behind the rounds, and a member lists only the joiners
+that asked before it committed), and sends ``PUT /fomoe/join/t`` to each member not yet past t.
+The members list it in their round-t commits and send them to it too; it is admitted when every member of round t sent it a
 commit listing it (``boundary.admit``), and from the commits it computes exactly what the members
 compute: round t's placement (from the resident sets in the commits), the agreed members, the
 placement of round t + 1 and its transfers. Its new experts arrive as ``expert`` messages from
@@ -86,11 +87,12 @@ class Joining:
                     self._genesis()
                     return True
                 continue
-            t = statistics.median_high([p.record.round for p in members])
+            median = statistics.median_high([p.record.round for p in members])
+            t = median + 1  # records lag behind the rounds: ask for the next one, which is not committed yet
             if self.settings.rounds and t >= self.settings.rounds:
-                log.info("the swarm has finished its %d rounds; not joining", self.settings.rounds)
+                log.info("the swarm is finishing its %d rounds; not joining", self.settings.rounds)
                 return False
-            if await self._try_join(t, [p.record.peer_id for p in members if p.record.round == t], why=why):
+            if await self._try_join(t, [p.record.peer_id for p in members if p.record.round <= t], why=why):
                 return True
             await self._until_past(t)
 
@@ -117,7 +119,7 @@ class Joining:
                        for m in ids)
 
         await self.ctx.until_view(heard, timeout_s=JOIN_WAIT_ROUNDS * (s.update_deadline_s + s.commit_deadline_s))
-        commits = await self.inbox.collect(COMMIT, t, ids, timeout_s=s.commit_deadline_s)
+        commits = await self.inbox.collect(COMMIT, t, ids, timeout_s=0.0)  # heard(): all came, or never will
         admitted = admit(self.peer_id, commits, n_experts=s.model.n_experts, replication=s.fomoe.replication,
                          round=t, seed=s.seed)
         if isinstance(admitted, str):
