@@ -3,7 +3,8 @@ joiner (a new peer, or one that was cut off and starts over).
 
 Round 0 waits until ``min_hosts`` expert hosts are live; each places the experts on the live
 hosts it sees, from the run's seed (hosts that saw different sets find out at the first commit:
-the odd ones out are cut off and join).
+the odd ones out are cut off and join), and starts once the others' records say they have placed
+too (so none refuses its first update as coming from a peer it has not seen yet).
 
 A joiner, once some host's record shows a finished round: takes the members' median round from
 their records, t = that + 1 (records lag behind the rounds, and a member lists only the joiners
@@ -57,7 +58,23 @@ class Joining:
         if self._swarm_started():
             return await self._join(why="joined")
         self._genesis()
+        await self._until_placed()
         return True
+
+    async def _until_placed(self: ExpertHostRole) -> None:
+        """Before round 0's first message: wait until every other member's record says it has
+        placed the experts too. It placed only once it saw this host in its view, so it will not
+        refuse this host's update as coming from an unknown peer (the last host to start sees the
+        others at once and would otherwise send before they have seen it). Bounded by the update
+        deadline; a member that never shows up is dealt with by the round's commits."""
+        assert self.placement is not None
+        others = [p for p in self.placement.peers if p != self.peer_id]
+
+        def placed() -> bool:
+            return all((live := self.live_with(p, names.EXPERT_HOST)) is None
+                       or _count(live.record.assignment.get("members")) > 0 for p in others)
+
+        await self.ctx.until_view(placed, timeout_s=self.settings.update_deadline_s)
 
     def _members_seen(self: ExpertHostRole) -> list[LivePeer]:
         """The other live expert hosts that say they are members of a placement."""
