@@ -112,13 +112,14 @@ class Holding:
         return str(path)
 
     async def checkpoint(self: ExpertHostRole) -> str | None:
-        """On a clean shutdown: this host's part as it was at the start of the round under way, a
-        state every holder of those experts had too. A host that starts again joins the swarm
-        afresh (its part comes from the members); the file keeps the weights, e.g. when the whole
-        swarm stops. A finished host already wrote its part."""
-        if self.finished:
-            return self.checkpoint_path
-        if self._boundary is None:
+        """On a clean shutdown: write this host's part as it was at the start of the round under
+        way, a state every holder of those experts had too. Returns None: nothing resumes from
+        it (a host that starts again joins the swarm afresh and takes its part from the members);
+        the file keeps the weights, e.g. when the whole swarm stops. A finished host already
+        wrote its part."""
+        if self.finished or self._boundary is None:
             return None
         self.checkpoint_path = await self._write_part(self._boundary)
-        return self.checkpoint_path
+        log.info("this host's part (dense layers, routers, experts %s) written to %s; started again, the host "
+                 "joins afresh and takes its part from the members", list(self._boundary[2]), self.checkpoint_path)
+        return None
