@@ -30,7 +30,7 @@ from gossamer.peer.errors import ConfigError, StartupError
 from gossamer.peer.events import EventSink
 from gossamer.peer.http_api import daemon_routes
 from gossamer.peer.kit.statesync import StateDonor
-from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts
+from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts, process_usage
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
 from gossamer.peer.progress import ProgressPrinter
 from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
@@ -278,6 +278,7 @@ class Daemon:
             "role_status": {role.name: role.status() for role in self.roles},
             "health": self.state(), "join": self.join_command(), "summary": self.plugin.summary,
             "panels": [panel.to_json()] if panel is not None else [], "checkpoints": dict(self.checkpoints),
+            "process": process_usage(),
         }
 
     def _bytes(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -290,7 +291,8 @@ class Daemon:
         return Snapshot(uptime_s=time.monotonic() - self._started, live_peers=len(self.view.live(now=self.membership.now())),
                         round=self.round, bytes_sent=sent, bytes_received=received,
                         records_rejected=dict(self.view.rejected),
-                        extra_gauges={k: v for role in self.roles for k, v in role.gauges().items()})
+                        extra_gauges={**{f"process_{k}": float(v) for k, v in process_usage().items()},
+                                      **{k: v for role in self.roles for k, v in role.gauges().items()}})
 
     # -- shutdown -----------------------------------------------------------------------------
 

@@ -7,6 +7,9 @@ peer view, progress from the roles.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,3 +89,22 @@ def merge_counts(*parts: dict[str, Any]) -> dict[str, int]:
         for kind, value in part.items():
             total[kind] = total.get(kind, 0) + int(value)
     return total
+
+
+def process_usage() -> dict[str, int]:
+    """What a long run must keep flat: asyncio tasks, open file descriptors, resident memory and
+    threads of this process (Linux's /proc; -1 where it cannot be read)."""
+    usage = {"asyncio_tasks": len(asyncio.all_tasks()), "threads": threading.active_count()}
+    try:
+        usage["open_fds"] = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        usage["open_fds"] = -1
+    usage["rss_bytes"] = -1
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    usage["rss_bytes"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return usage

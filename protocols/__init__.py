@@ -8,9 +8,12 @@ Map of the package:
 - ``models``     the byte-level causal transformer LM every text protocol reuses;
 - ``text_data``  built-in text (``builtin:pydoc``) and local files, fixed held-out split, per-peer
                  shards, batch sampling and held-out evaluation.
-- ``diloco``     inner AdamW phase, pseudo-gradients, outer Nesterov step with a local momentum.
+- ``diloco``     inner AdamW phase, pseudo-gradients, outer Nesterov step (momentum per replica).
 - ``mixing``     gossip topologies and the factored update (non-blocking parameter mix W1, blocking
-                 pseudo-gradient mix W2 on a parameter subset), renormalised over what arrived.
+                 pseudo-gradient mix W2 on a parameter subset), renormalised over what arrived;
+                 a periodic exact average.
+- ``consensus``  how far replicas disagree: consensus distance per parameter group, norms, the
+                 contraction factor of a mixing matrix.
 - ``robust``     Byzantine-robust aggregators over (arrived, failures), the registry and
                  ``build_aggregator``; ``robust_base`` (contributions, sanitize, flatten),
                  ``robust_kernels`` (vectorised order statistics and distances),
@@ -25,6 +28,8 @@ Map of the package:
                  generation), ``assignment`` (which worker trains which block).
 - ``fomoe``      FoMoE: an MoE LM whose peers hold a subset of its experts, skip the tokens routed
                  elsewhere, and average each expert only among its holders.
+- ``pacing``     deadlines that follow the measured times of the live peers (a quantile times a
+                 margin, the configured deadline as ceiling) and fail-slow detection.
 - ``tlpp``       TL++ traversal learning (a subpackage): ``schedule`` (virtual batches grouped by
                  node), ``model`` (the model split at the cut), ``step`` (the exact, summed
                  gradient path), ``traffic`` (the byte formulas).

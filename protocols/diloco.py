@@ -5,11 +5,13 @@ A learner's **replica** goes through one outer round as a small state machine::
     idle --begin_round()--> inner --inner_step() x H--> inner --end_inner()--> outer
          <--------------------------- finish_round(m, d_mixed) ----------------/
 
-``begin_round`` snapshots the parameters x (what the non-blocking parameter mix sends),
-``end_inner`` returns the pseudo-gradient d = x - y after the H inner steps, and ``finish_round``
-applies the outer step from the mixed parameters m with the mixed pseudo-gradient d~:
-u = mu u + d~, x = m - eta (d~ + mu u) (Nesterov) or x = m - eta u (plain momentum). The outer
-momentum u is local to the replica and never mixed. The inner AdamW state is kept across rounds.
+``begin_round`` snapshots the parameters x (what the non-blocking parameter mix sends, with the
+outer momentum u from ``momentum_snapshot`` when the plan mixes it), ``end_inner`` returns the
+pseudo-gradient d = x - y after the H inner steps, and ``finish_round`` applies the outer step from
+the mixed parameters m with the mixed pseudo-gradient d~ and, if given, the mixed momentum u~:
+u = mu u~ + d~, x = m - eta (d~ + mu u) (Nesterov) or x = m - eta u (plain momentum); without u~
+the replica's own u is used. The outer optimizer runs on each replica (nothing but m, d~ and u~
+comes from the others). The inner AdamW state is kept across rounds.
 
 Everything works on ``Params`` (a dict of named tensors), so nothing here depends on a model class
 or a device: tensors stay where the module keeps them.
@@ -101,9 +103,10 @@ def pseudo_gradient(x: Params, y: Params) -> Params:
 
 
 class OuterNesterov:
-    """The outer optimizer with a local momentum buffer u (zero before the first step, never shared).
+    """The outer optimizer with a momentum buffer u per replica (zero before the first step).
 
     ``step(m, d)`` computes u = mu u + d and returns m - eta (d + mu u) (Nesterov) or m - eta u.
+    ``step(m, d, u_mixed)`` starts from the mixed momentum u~ instead of its own: u = mu u~ + d.
     """
 
     def __init__(self, *, lr: float, momentum: float, nesterov: bool = True) -> None:
@@ -117,18 +120,25 @@ class OuterNesterov:
         return cls(lr=config.outer_lr, momentum=config.outer_momentum, nesterov=config.nesterov)
 
     @torch.no_grad()
-    def step(self, m: Params, d_mixed: Params) -> Params:
-        """One outer step from the mixed parameters ``m`` with the mixed pseudo-gradient ``d_mixed``."""
-        if m.keys() != d_mixed.keys():
-            raise ProtocolError(f"outer step: m and d_mixed cover different names: {sorted(set(m) ^ set(d_mixed))}")
+    def step(self, m: Params, d_mixed: Params, u_mixed: Params | None = None) -> Params:
+        """One outer step from the mixed parameters ``m`` with the mixed pseudo-gradient ``d_mixed``,
+        from the mixed momentum ``u_mixed`` when given (it replaces this replica's own buffer)."""
+        for label, given in (("d_mixed", d_mixed), ("u_mixed", u_mixed)):
+            if given is not None and m.keys() != given.keys():
+                raise ProtocolError(f"outer step: m and {label} cover different names: {sorted(set(m) ^ set(given))}")
         mu, lr = self.momentum, self.lr
+        previous = self._u if u_mixed is None else u_mixed
         out: Params = {}
         for name, d in d_mixed.items():
-            u = self._u.get(name)
+            u = previous.get(name)
             u = mu * (torch.zeros_like(d) if u is None else u) + d
             self._u[name] = u
             out[name] = m[name] - lr * (d + mu * u) if self.nesterov else m[name] - lr * u
         return out
+
+    def buffers(self, like: Params) -> Params:
+        """Copies of the momentum buffers for every name in ``like`` (zeros where none exists yet)."""
+        return {name: self._u[name].clone() if name in self._u else torch.zeros_like(t) for name, t in like.items()}
 
     def state_dict(self) -> Params:
         """The momentum buffers by parameter name (empty before the first step)."""
@@ -184,6 +194,11 @@ class DilocoReplica:
         self._phase = "inner"
         return self._x
 
+    def momentum_snapshot(self) -> Params:
+        """The outer momentum u this round's step starts from, on the module's device (zeros before
+        the first step): what the parameter mix sends beside x when the plan mixes momentum."""
+        return self.outer.buffers(self._x if self._x is not None else self.parameters_snapshot())
+
     def inner_step(self, x_batch: Any, y_batch: Any = None, loss_fn: LossFn | None = None) -> float:
         """One AdamW step with gradient clipping; returns the loss before the step.
 
@@ -226,22 +241,25 @@ class DilocoReplica:
         return self._x
 
     @torch.no_grad()
-    def finish_round(self, m: Params, d_mixed: Params, *, frozen: Collection[str] = ()) -> None:
-        """Outer step from the mixed parameters ``m`` with ``d_mixed``; both cover every parameter
-        (pass x itself in m, and the own d in d_mixed, for parameters that were not mixed) except
-        the ``frozen`` ones, which skip the outer step: they return to x and their momentum stays
-        as it was (FoMoE: experts this peer does not hold, and experts that saw no tokens)."""
+    def finish_round(self, m: Params, d_mixed: Params, u_mixed: Params | None = None, *,
+                     frozen: Collection[str] = ()) -> None:
+        """Outer step from the mixed parameters ``m`` with ``d_mixed`` (and the mixed momentum
+        ``u_mixed``, if the plan mixes it); each covers every parameter (pass x itself in m, and
+        the own d in d_mixed, for parameters that were not mixed) except the ``frozen`` ones, which
+        skip the outer step: they return to x and their momentum stays as it was (FoMoE: experts
+        this peer does not hold, and experts that saw no tokens)."""
         self._expect("outer", "finish_round")
         frozen = frozenset(frozen)
         unknown = sorted(frozen - self._params.keys())
         if unknown:
             raise ProtocolError(f"finish_round: frozen names are not parameters: {unknown}")
         stepped = self._params.keys() - frozen
-        for label, given in (("m", m), ("d_mixed", d_mixed)):
-            if given.keys() != stepped:
+        for label, given in (("m", m), ("d_mixed", d_mixed), ("u_mixed", u_mixed)):
+            if given is not None and given.keys() != stepped:
                 raise ProtocolError(f"finish_round: {label} must cover every parameter that is not frozen; "
                                     f"differs in {sorted(set(given) ^ stepped)}")
-        x_new = self.outer.step(self._on_device(m, stepped), self._on_device(d_mixed, stepped))
+        u_on_device = None if u_mixed is None else self._on_device(u_mixed, stepped)
+        x_new = self.outer.step(self._on_device(m, stepped), self._on_device(d_mixed, stepped), u_on_device)
         assert self._x is not None
         for name, p in self._params.items():
             p.copy_(self._x[name] if name in frozen else x_new[name])

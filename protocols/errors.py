@@ -6,6 +6,7 @@
      ├── InvalidSetting     a configuration that cannot work (e.g. 2f >= n for an aggregator,
      │                      an unknown topology); the message names the setting
      ├── NotEnoughUpdates   too few usable contributions arrived for a round or an aggregator
+ ├── PacingError        (pacing) a pacing parameter or a measured duration that makes no sense
      ├── BlockTrainError    (blocktrain) a bad BlockTrain setting, tensor or state
      ├── TraversalError     (tlpp) a TL++ model, cut or batch that cannot work
      └── ContextError       (context) compressed context parallelism:

@@ -10,9 +10,31 @@ row-stochastic n x n float64 matrix W; peer i's mix is sum_j W_ij v_j over what 
 - ``none``      the identity (no mixing).
 
 A ``MixingPlan`` names the topology of the non-blocking parameter mix (W1) and of the blocking
-pseudo-gradient mix (W2), and which parameters W2 covers. ``mix`` never waits: contributions that
-did not arrive are dropped and the row renormalised. ``simulate_round`` runs one outer round of
-several replicas in one process exactly as the network does.
+pseudo-gradient mix (W2), which parameters W2 covers, whether W1 also mixes the outer momentum, and
+how often a round is an exact average. ``mix`` never waits: contributions that did not arrive are
+dropped and the row renormalised. ``simulate_round`` runs one outer round of several replicas in
+one process exactly as the network does.
+
+The update of replica i in round t (the factored formulation, arXiv 2606.22768), and why:
+
+- Mix1, non-blocking: m_i = sum_j W1_ij x_j of the round's START parameters x_t (with
+  ``mix_momentum``, also u~_i = sum_j W1_ij u_j of the momentum the step will start from). Both
+  are known before the inner phase, so they travel while it runs, and the outer step at the end of
+  round t uses exactly the x_t it mixed: no staleness. Mixing the parameters AFTER the outer step
+  instead would put every replica back on DiLoCo's trajectory (with W1 global it is DiLoCo), but
+  it blocks: the next inner phase could not start before it arrived.
+- Mix2, blocking: d~_i = sum_j W2_ij d_j on the W2 subset (own d elsewhere).
+- Outer step: u_i = mu u_i + d~_i (u~_i in place of u_i when mixed), x_i = m_i - eta (d~_i + mu u_i).
+
+Why gossip replicas drift apart when their shards differ (measured in EXPERIMENTS.md, section 1):
+each replica starts its next inner phase from m_i minus its OWN step, and the part of that step W2
+does not average (the parameters outside the subset, and what a ring leaves) points at the
+replica's own shard. A private outer momentum sums that part over ~1/(1 - mu) rounds, so the step
+that Mix1 has to pull back grows as training goes on and the shards' differences dominate the
+pseudo-gradients. Mixing the momentum bounds the momentum's disagreement but not the step's.
+What bounds the drift is ``average_every = k``: every k-th round (t = k-1, 2k-1, ...) is an exact
+average, W1 and W2 global over every parameter and the momentum averaged too, so every replica
+leaves that round identical (a DiLoCo round, with a DiLoCo round's blocking cost every k rounds).
 """
 
 from __future__ import annotations
@@ -100,13 +122,23 @@ class MixingPlan:
     not "blocks.01.w"), or a predicate on the name. The rest use the peer's own pseudo-gradient."""
     k: int = 2
     """Degree of the ``random_k`` topology."""
+    mix_momentum: bool = False
+    """W1 mixes the outer momentum of the round's start with the parameters (sent beside x, same
+    neighbours, same weights); False keeps each replica's momentum private."""
+    average_every: int = 0
+    """> 0: every ``average_every``-th round is an exact average (global W1 and W2 over every
+    parameter, momentum included); 0: never."""
 
     def __post_init__(self) -> None:
         for name in ("w1", "w2"):
             if getattr(self, name) not in KINDS:
                 raise InvalidSetting(f"{name} must be one of {KINDS}, got {getattr(self, name)!r}")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise InvalidSetting(f"k must be an int >= 1, got {self.k!r}")
+        for name, low in (("k", 1), ("average_every", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidSetting(f"{name} must be an int >= {low}, got {value!r}")
+        if not isinstance(self.mix_momentum, bool):
+            raise InvalidSetting(f"mix_momentum must be a bool, got {self.mix_momentum!r}")
         subset = self.w2_subset
         if isinstance(subset, list | tuple):
             if not all(isinstance(p, str) and p for p in subset):
@@ -127,24 +159,34 @@ class MixingPlan:
             raise InvalidSetting(f"unknown mixing settings: {unknown}")
         return cls(**dict(d))
 
-    def covers(self, name: str) -> bool:
-        """Whether W2 mixes the parameter ``name``."""
+    def exact_round(self, round: int) -> bool:
+        """Whether ``round`` is one of the periodic exact averages."""
+        return self.average_every > 0 and (round + 1) % self.average_every == 0
+
+    def mixes_momentum(self, round: int) -> bool:
+        """Whether Mix1 of ``round`` carries the outer momentum."""
+        return self.mix_momentum or self.exact_round(round)
+
+    def covers(self, name: str, *, round: int | None = None) -> bool:
+        """Whether W2 mixes the parameter ``name`` (in ``round``: an exact round mixes all)."""
         subset = self.w2_subset
-        if isinstance(subset, str):
+        if isinstance(subset, str) or (round is not None and self.exact_round(round)):
             return True
         if callable(subset):
             return bool(subset(name))
         return any(name == p or name.startswith(p + ".") for p in subset)
 
-    def w2_names(self, names: Iterable[str]) -> list[str]:
-        return [name for name in names if self.covers(name)]
+    def w2_names(self, names: Iterable[str], *, round: int | None = None) -> list[str]:
+        return [name for name in names if self.covers(name, round=round)]
 
     def w1_weights(self, n: int, *, round: int, seed: int) -> torch.Tensor:
-        return mixing_weights(self.w1, n, round=round, seed=2 * seed, k=self.k)
+        kind = "global" if self.exact_round(round) else self.w1
+        return mixing_weights(kind, n, round=round, seed=2 * seed, k=self.k)
 
     def w2_weights(self, n: int, *, round: int, seed: int) -> torch.Tensor:
         """Drawn from a different seed than W1, so random graphs of W1 and W2 are independent."""
-        return mixing_weights(self.w2, n, round=round, seed=2 * seed + 1, k=self.k)
+        kind = "global" if self.exact_round(round) else self.w2
+        return mixing_weights(kind, n, round=round, seed=2 * seed + 1, k=self.k)
 
 
 @dataclass(frozen=True)
@@ -233,6 +275,10 @@ def _combine(tensors: list[torch.Tensor], weights: tuple[float, ...], equal: boo
 
 
 BatchesFn = Callable[[int, int, int], Any]
+Trace = Callable[[str, Sequence[Params]], None]
+"""Called by ``simulate_round`` with each stage's values of every replica, in order: ``x`` (the
+round's start), ``u`` (the momentum the step starts from, before Mix1), ``m`` (after W1), ``u_mixed``
+(after W1; own u when not mixed), ``d``, ``d_mixed`` (after W2), ``x_next``, ``u_next``."""
 
 
 def simulate_round(
@@ -246,29 +292,37 @@ def simulate_round(
     arrived_w2: set[int] | None = None,
     shared_momentum: bool = False,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    trace: Trace | None = None,
 ) -> list[float]:
     """One outer round of every replica, in one process, as the network runs it; returns each
     replica's mean inner loss.
 
     ``batches_fn(replica_index, round, step)`` gives one inner step's batch: ``(x, y)`` when
     ``loss_fn`` is given, else a callable ``compute_loss(module)``. ``arrived_w1`` / ``arrived_w2``
-    are the indices whose snapshot / pseudo-gradient reach the others in time (None: all; a peer
-    always has its own). ``shared_momentum`` is the ablation that also averages the outer momentum
-    buffers globally after the outer step, so every replica starts the next round with the same u
-    (the design says: loss spikes).
+    are the indices whose snapshot (and momentum) / pseudo-gradient reach the others in time (None:
+    all; a peer always has its own). ``shared_momentum`` is the ablation that also averages the
+    outer momentum buffers globally after the outer step, so every replica starts the next round
+    with the same u. ``trace`` sees every stage (see ``Trace``).
     """
-    n = len(replicas)
+    n, see = len(replicas), trace or (lambda _stage, _values: None)
     xs = [r.begin_round() for r in replicas]
+    us = [r.momentum_snapshot() for r in replicas]
     w1 = plan.w1_weights(n, round=round, seed=seed)
     ms = [mix(i, _arrived(xs, arrived_w1, i), w1)[0] for i in range(n)]
+    mixed_us = [mix(i, _arrived(us, arrived_w1, i), w1)[0] for i in range(n)] if plan.mixes_momentum(round) else None
+    see("x", xs), see("u", us), see("m", ms), see("u_mixed", mixed_us or us)
     losses = [_inner_phase(r, i, round, batches_fn, loss_fn) for i, r in enumerate(replicas)]
     ds = [r.end_inner() for r in replicas]
     w2 = plan.w2_weights(n, round=round, seed=seed)
-    mixed = [mix(i, _arrived(ds, arrived_w2, i), w2, names=plan.w2_names(ds[i]))[0] for i in range(n)]
-    for replica, m, d in zip(replicas, ms, mixed, strict=True):
-        replica.finish_round(m, d)
+    names = plan.w2_names(ds[0], round=round)
+    mixed = [mix(i, _arrived(ds, arrived_w2, i), w2, names=names)[0] for i in range(n)]
+    see("d", ds), see("d_mixed", mixed)
+    for i, replica in enumerate(replicas):
+        replica.finish_round(ms[i], mixed[i], None if mixed_us is None else mixed_us[i])
     if shared_momentum:
         _average_momentum(replicas)
+    see("x_next", [r.parameters_snapshot() for r in replicas])
+    see("u_next", [r.outer.buffers(xs[i]) for i, r in enumerate(replicas)])
     return losses
 
 

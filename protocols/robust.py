@@ -21,14 +21,17 @@ Aggregators (registered in ``AGGREGATORS``; ``build_aggregator`` binds parameter
 ``trimmed_mean``                coordinate-wise mean without the f smallest and f largest
 ``geometric_median``            smoothed Weiszfeld (Pillutla et al., RFA)
 ``krum`` / ``multi_krum``       Blanchard et al. 2017: the input(s) with the lowest scores
-``centered_clipping``           iterative, from the median (see ``robust_clipping``)
-``centered_clipping_momentum``  one step around the previous aggregate, with worker momentum
+``centered_clipping``           iterative, from the coordinate-wise median (see ``robust_clipping``)
 ==============================  ===========================================================
 
-``DEFAULT`` is centered clipping with worker momentum. Either keep ``WorkerMomentum`` and the
-previous aggregate yourself and call ``centered_clipping_momentum(momenta, failures,
-center=previous)``, or let ``build_aggregator(DEFAULT, beta=0.9, ...)`` return a stateful
-``MomentumCenteredClipping`` that does both (keep one per aggregation point across rounds).
+``DEFAULT`` is iterative centered clipping: it held against every attack of
+``scripts/experiments/byzantine.py`` (EXPERIMENTS.md). The one-step form with worker momentum
+(``centered_clipping_momentum``) was retired; ``robust_clipping`` says why.
+``aggregate_or_degrade`` runs an aggregator and, when peers withheld so many contributions that
+its rule cannot run (Krum's 2f + 3), falls back to the coordinate-wise median with the same f, or
+with fewer once the silent peers must count as faulty: silence never switches the defence off,
+nor stalls the round. Every aggregator reads each input
+once: the value checks of ``sanitize`` ride on the kernel's own pass (``robust_base.checked``).
 Kernels (column blocks, comparator networks, coefficient space) live in ``robust_kernels``.
 """
 
@@ -48,22 +51,16 @@ from gossamer.protocols.robust_base import (
     Contribution,
     Failure,
     check_params,
+    checked,
     flatten,
-    prepare,
     sanitize,
     unflatten,
 )
-from gossamer.protocols.robust_clipping import (
-    MomentumCenteredClipping,
-    WorkerMomentum,
-    centered_clipping,
-    centered_clipping_momentum,
-    clipped_gossip,
-)
+from gossamer.protocols.robust_clipping import centered_clipping, clipped_gossip
 
 __all__ = [
-    "AGGREGATORS", "DEFAULT", "AggregateResult", "Contribution", "Failure", "MomentumCenteredClipping",
-    "WorkerMomentum", "build_aggregator", "centered_clipping", "centered_clipping_momentum", "clipped_gossip",
+    "AGGREGATORS", "DEFAULT", "AggregateResult", "Contribution", "Failure", "aggregate_or_degrade",
+    "build_aggregator", "centered_clipping", "clipped_gossip",
     "coordinate_median", "flatten", "geometric_median", "krum", "mean", "multi_krum", "sanitize",
     "trimmed_mean", "unflatten",
 ]
@@ -81,28 +78,43 @@ def mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f
     if f != 0:
         raise InvalidSetting(f"mean is not Byzantine-robust: it needs f=0, got f={f}, "
                              f"n={len(arrived) + len(failures)}")
-    usable, rejected, _ = prepare("mean", arrived, failures, f=0, min_n=1, rule="n >= 1", max_norm=max_norm,
-                               expected_numel=expected_numel)
-    weights = [float(c.weight) if trust_weights else 1.0 for c in usable]
-    total = sum(weights)
-    value = kernels.combine([c.vector for c in usable], [w / total for w in weights])
+
+    def kernel(usable: list[Contribution], _f: int) -> tuple[torch.Tensor, list[float]]:
+        vectors = [c.vector for c in usable]
+        if not trust_weights:
+            return kernels.mean(vectors)
+        weights = [float(c.weight) for c in usable]
+        total = sum(weights)
+        return kernels.combine(vectors, [w / total for w in weights]), kernels.distances_to(vectors, vectors[0])[1]
+
+    value, usable, rejected = checked("mean", arrived, failures, f=0, min_n=1, rule="n >= 1", max_norm=max_norm,
+                                      expected_numel=expected_numel, kernel=kernel)
     return AggregateResult(value, _senders(usable), rejected)
 
 
 def coordinate_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
                       max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
     """Coordinate-wise median (mean of the two middle values for even n). Needs n > 2f."""
-    usable, rejected, _f_left = prepare("median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    return AggregateResult(kernels.median([c.vector for c in usable]), _senders(usable), rejected)
+    value, usable, rejected = checked("median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+                                      max_norm=max_norm, expected_numel=expected_numel,
+                                      kernel=lambda usable, _f: kernels.median([c.vector for c in usable]))
+    return AggregateResult(value, _senders(usable), rejected)
 
 
 def trimmed_mean(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
                  max_norm: float | None = None, expected_numel: int | None = None) -> AggregateResult:
     """Coordinate-wise mean after dropping the f largest and f smallest values. Needs 2f < n."""
-    usable, rejected, f_left = prepare("trimmed_mean", arrived, failures, f=f, min_n=2 * f + 1, rule="2f < n",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    return AggregateResult(kernels.trimmed_mean([c.vector for c in usable], f_left), _senders(usable), rejected)
+    value, usable, rejected = checked("trimmed_mean", arrived, failures, f=f, min_n=2 * f + 1, rule="2f < n",
+                                      max_norm=max_norm, expected_numel=expected_numel,
+                                      kernel=lambda usable, f_left: kernels.trimmed_mean([c.vector for c in usable],
+                                                                                         f_left))
+    return AggregateResult(value, _senders(usable), rejected)
+
+
+def _gram(usable: list[Contribution], _f: int) -> tuple[tuple[torch.Tensor, torch.Tensor], list[float]]:
+    """The mean-centred Gram matrix (rules that never use the center itself)."""
+    center, gram, squares = kernels.centred_gram([c.vector for c in usable], center="mean")
+    return (center, gram), squares
 
 
 def geometric_median(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
@@ -110,12 +122,10 @@ def geometric_median(arrived: Sequence[Contribution], failures: Sequence[Failure
                      expected_numel: int | None = None) -> AggregateResult:
     """Smoothed Weiszfeld: argmin_z sum_i max(nu, ||z - x_i||), from the mean. Needs n > 2f."""
     check_params(nu=nu, max_iters=max_iters, tol=tol)
-    usable, rejected, _f_left = prepare("geometric_median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    vectors = [c.vector for c in usable]
-    _, gram = kernels.median_and_gram(vectors)
+    (_, gram), usable, rejected = checked("geometric_median", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
+                                          max_norm=max_norm, expected_numel=expected_numel, kernel=_gram)
     coeffs = kernels.weiszfeld(gram, nu=nu, max_iters=max_iters, tol=tol)
-    return AggregateResult(kernels.combine(vectors, coeffs.tolist()), _senders(usable), rejected)
+    return AggregateResult(kernels.combine([c.vector for c in usable], coeffs.tolist()), _senders(usable), rejected)
 
 
 def krum(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
@@ -134,15 +144,19 @@ def multi_krum(arrived: Sequence[Contribution], failures: Sequence[Failure] = ()
 def _select(name: str, arrived: Sequence[Contribution], failures: Sequence[Failure], *, f: int, m: int | None,
             max_norm: float | None, expected_numel: int | None) -> AggregateResult:
     check_params(m=m)
-    usable, rejected, f_left = prepare(name, arrived, failures, f=f, min_n=2 * f + 3, rule="n > 2f + 2",
-                               max_norm=max_norm, expected_numel=expected_numel)
     size = len(arrived) + len(failures)
-    if m is not None and m > size - f:
-        raise InvalidSetting(f"{name} needs m <= n - f, got m={m}, f={f}, n={size}")
+
+    def kernel(usable: list[Contribution], f_left: int) -> tuple[tuple[torch.Tensor, int], list[float]]:
+        if m is not None and m > size - f:
+            raise InvalidSetting(f"{name} needs m <= n - f, got m={m}, f={f}, n={size}")
+        if m is not None and m > len(usable) - f_left:
+            raise NotEnoughUpdates(f"{name} needs m <= usable - f, got m={m}, f={f_left}, {len(usable)} usable")
+        (_, gram), squares = _gram(usable, f_left)
+        return (kernels.krum_scores(gram, f_left), f_left), squares
+
+    (scores, f_left), usable, rejected = checked(name, arrived, failures, f=f, min_n=2 * f + 3, rule="n > 2f + 2",
+                                                 max_norm=max_norm, expected_numel=expected_numel, kernel=kernel)
     count = len(usable) - f_left if m is None else m
-    if count > len(usable) - f_left:
-        raise NotEnoughUpdates(f"{name} needs m <= usable - f, got m={m}, f={f_left}, {len(usable)} usable")
-    scores = kernels.krum_scores(kernels.median_and_gram([c.vector for c in usable])[1], f_left)
     order = torch.sort(scores, stable=True).indices.tolist()
     chosen = sorted(order[:count])
     unused = tuple(Failure(usable[i].sender, f"not selected by {name} (score {float(scores[i]):.4g})")
@@ -160,31 +174,57 @@ AGGREGATORS: Mapping[str, Callable[..., AggregateResult]] = MappingProxyType({
     "krum": krum,
     "multi_krum": multi_krum,
     "centered_clipping": centered_clipping,
-    "centered_clipping_momentum": centered_clipping_momentum,
 })
 """Aggregators by name; each is ``fn(arrived, failures, *, f=0, ...) -> AggregateResult``."""
 
-DEFAULT = "centered_clipping_momentum"
+DEFAULT = "centered_clipping"
+"""The aggregator a run gets when its manifest names none."""
 
 
 def build_aggregator(name: str, **params: object) -> Callable[..., AggregateResult]:
     """The aggregator ``name`` with ``params`` bound (checked now, not at the first round).
 
-    Unbound keyword parameters (e.g. ``f``, ``max_norm``, and ``center`` for the one-step form)
-    can still be passed on each call. ``centered_clipping_momentum`` given ``beta`` comes back as a
-    stateful ``MomentumCenteredClipping`` that keeps the worker momenta and the previous aggregate
-    itself (call it with (arrived, failures) only); without ``beta`` it is the stateless one-step
-    function, and the caller keeps the momenta and passes ``center``.
+    Unbound keyword parameters (e.g. ``f``, ``max_norm``) can still be passed on each call.
     """
     if name not in AGGREGATORS:
         raise InvalidSetting(f"unknown aggregator {name!r}; known: {sorted(AGGREGATORS)}")
-    stateful = name == "centered_clipping_momentum" and "beta" in params
-    target = MomentumCenteredClipping if stateful else AGGREGATORS[name]
+    target = AGGREGATORS[name]
     allowed = {p.name for p in inspect.signature(target).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise InvalidSetting(f"aggregator {name!r} has no parameter(s) {unknown}; it takes {sorted(allowed)}")
     check_params(**params)
-    if stateful:
-        return MomentumCenteredClipping(**params)  # type: ignore[arg-type]
-    return functools.partial(AGGREGATORS[name], **params)
+    return functools.partial(target, **params)
+
+
+def aggregate_or_degrade(aggregate: Callable[..., AggregateResult], arrived: Sequence[Contribution],
+                         failures: Sequence[Failure], *, f: int, max_norm: float | None = None,
+                         expected_numel: int | None = None) -> tuple[AggregateResult, str]:
+    """``aggregate(arrived, failures)``, or, when fewer usable contributions are left than its rule
+    needs (``NotEnoughUpdates``: peers withheld theirs), the most robust rule the arrivals support:
+
+    1. the coordinate-wise median with the same f: it needs only 2f + 1 usable, the least any
+       robust rule needs, and assumes nothing about the silent peers;
+    2. when fewer than 2f + 1 arrived, the median with the largest f' the arrivals support, but
+       never below f - k for k ``failures``: a peer that sent nothing is one of the faulty ones f
+       counts (silence is a fault), so at most f - k faulty peers can be among the arrivals.
+       Withholding therefore never stalls a round either.
+
+    Returns the result and a note that says why and how far it degraded ('' when it did not);
+    raises ``NotEnoughUpdates`` only when not even f - k can be tolerated (contributions that
+    arrived but were rejected as well)."""
+    try:
+        return aggregate(arrived, failures), ""
+    except NotEnoughUpdates as exc:
+        reason = str(exc)
+    for tolerated in range(f, max(0, f - len(failures)) - 1, -1):
+        try:
+            result = coordinate_median(arrived, failures, f=tolerated, max_norm=max_norm,
+                                       expected_numel=expected_numel)
+        except NotEnoughUpdates:
+            continue
+        if tolerated == f:
+            return result, f"degraded to the coordinate-wise median ({reason})"
+        return result, (f"degraded to the coordinate-wise median with f={tolerated}: {len(failures)} peer(s) sent "
+                        f"nothing and count as faulty ({reason})")
+    raise NotEnoughUpdates(f"not even f={max(0, f - len(failures))} can be tolerated among what arrived: {reason}")

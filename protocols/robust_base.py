@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeVar
 
 import torch
 
@@ -87,8 +88,23 @@ def sanitize(contributions: Sequence[Contribution], *, expected_numel: int,
     overflows float32 or exceeds ``max_norm``, a claimed weight that is not finite and positive,
     and every contribution of a sender that sent more than one (none of them is kept).
     """
-    check_positive_int("expected_numel", expected_numel)
     check_optional_positive("max_norm", max_norm)
+    kept, rejected = screen(contributions, expected_numel=expected_numel)
+    usable: list[Contribution] = []
+    for contribution in kept:
+        problem = _value_problem(contribution.vector, max_norm)
+        if problem is None:
+            usable.append(contribution)
+        else:
+            rejected.append(Failure(contribution.sender, problem))
+    return usable, sorted(rejected, key=lambda x: x.sender)
+
+
+def screen(contributions: Sequence[Contribution], *, expected_numel: int) -> tuple[list[Contribution], list[Failure]]:
+    """``sanitize`` without reading the values: type, dtype, shape, claimed weight and duplicate
+    senders only. The kernels compute every input's squared norm in their first pass, and
+    ``checked`` runs the full ``sanitize`` only when one of them is not finite or too large."""
+    check_positive_int("expected_numel", expected_numel)
     counts = Counter(c.sender for c in contributions)
     kept: list[Contribution] = []
     rejected: list[Failure] = []
@@ -98,16 +114,16 @@ def sanitize(contributions: Sequence[Contribution], *, expected_numel: int,
             if not rejected or rejected[-1].sender != sender:
                 rejected.append(Failure(sender, f"duplicate sender: {counts[sender]} contributions, none kept"))
             continue
-        problem = _problem(contribution, expected_numel, max_norm)
+        problem = _form_problem(contribution, expected_numel)
         if problem is None:
             kept.append(contribution)
         else:
-            rejected.append(Failure(contribution.sender, problem))
+            rejected.append(Failure(sender, problem))
     return kept, rejected
 
 
-def _problem(contribution: Contribution, expected_numel: int, max_norm: float | None) -> str | None:
-    """Why a (non-duplicate) contribution cannot be used, or None."""
+def _form_problem(contribution: Contribution, expected_numel: int) -> str | None:
+    """Why a contribution's form (not its values) makes it unusable, or None."""
     vector, weight = contribution.vector, contribution.weight
     if not isinstance(vector, torch.Tensor):
         return f"vector is a {type(vector).__name__}, not a tensor"
@@ -117,6 +133,11 @@ def _problem(contribution: Contribution, expected_numel: int, max_norm: float | 
         return f"shape {tuple(vector.shape)}, expected ({expected_numel},)"
     if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:
         return f"claimed weight {weight!r} is not a finite positive number"
+    return None
+
+
+def _value_problem(vector: torch.Tensor, max_norm: float | None) -> str | None:
+    """Why a well-formed vector's values make it unusable, or None."""
     norm = float(torch.linalg.vector_norm(vector))
     if not math.isfinite(norm):
         return "contains NaN or Inf" if not bool(torch.isfinite(vector).all()) else "norm overflows float32"
@@ -125,9 +146,44 @@ def _problem(contribution: Contribution, expected_numel: int, max_norm: float | 
     return None
 
 
+def norms_pass(squares: Sequence[float], max_norm: float | None) -> bool:
+    """Whether every squared norm a kernel saw is finite and within ``max_norm``."""
+    limit = math.inf if max_norm is None else max_norm * max_norm
+    return all(math.isfinite(square) and square <= limit for square in squares)
+
+
+Result = TypeVar("Result")
+
+
+def checked(name: str, arrived: Sequence[Contribution], failures: Sequence[Failure], *, f: int, min_n: int,
+            rule: str, max_norm: float | None, expected_numel: int | None,
+            kernel: Callable[[list[Contribution], int], tuple[Result, Sequence[float]]],
+            ) -> tuple[Result, list[Contribution], tuple[Failure, ...]]:
+    """``prepare`` with the value checks folded into the kernel's own pass.
+
+    ``kernel(usable, f_left)`` returns its result and the usable inputs' squared norms. When all
+    are finite and within ``max_norm`` (every honest round) that is the answer: one read of the
+    inputs. Otherwise (or when the screened round is already short) the full ``prepare``
+    (``sanitize``) says exactly who is rejected and why, and the kernel runs again on the rest.
+    Returns (result, usable, rejected).
+    """
+    try:
+        usable, rejected, f_left = prepare(name, arrived, failures, f=f, min_n=min_n, rule=rule, max_norm=max_norm,
+                                           expected_numel=expected_numel, read_values=False)
+    except NotEnoughUpdates:  # perhaps only short of what senders that sanitize catches would free up
+        usable = []
+    if usable:
+        result, squares = kernel(usable, f_left)
+        if norms_pass(squares, max_norm):
+            return result, usable, rejected
+    usable, rejected, f_left = prepare(name, arrived, failures, f=f, min_n=min_n, rule=rule, max_norm=max_norm,
+                                       expected_numel=expected_numel)
+    return kernel(usable, f_left)[0], usable, rejected
+
+
 def prepare(name: str, arrived: Sequence[Contribution], failures: Sequence[Failure], *, f: int,
-            min_n: int, rule: str, max_norm: float | None,
-            expected_numel: int | None) -> tuple[list[Contribution], tuple[Failure, ...], int]:
+            min_n: int, rule: str, max_norm: float | None, expected_numel: int | None,
+            read_values: bool = True) -> tuple[list[Contribution], tuple[Failure, ...], int]:
     """Check ``f``, sanitize, and return the usable contributions sorted by sender, all failures,
     and the f that still applies to the usable ones.
 
@@ -138,7 +194,8 @@ def prepare(name: str, arrived: Sequence[Contribution], failures: Sequence[Failu
     the aggregator runs with the largest f' <= f the usable count supports (2f' + c <= usable),
     and never needs f' below f - k for k caught. (Without this, f NaN senders would stall every
     round: the usable honest n - f never reach 2f + c.)
-    Fewer usable than that is ``NotEnoughUpdates``.
+    Fewer usable than that is ``NotEnoughUpdates``. ``read_values=False`` only screens the form
+    (``screen``): the caller then checks the norms itself (``checked``).
     """
     check_count("f", f)
     size = len(arrived) + len(failures)
@@ -147,7 +204,11 @@ def prepare(name: str, arrived: Sequence[Contribution], failures: Sequence[Failu
     if size < min_n:
         raise InvalidSetting(f"{name} needs {rule}, got f={f}, n={size}")
     numel = expected_numel if expected_numel is not None else majority_numel(arrived)
-    usable, bad = sanitize(arrived, expected_numel=numel, max_norm=max_norm)
+    if read_values:
+        usable, bad = sanitize(arrived, expected_numel=numel, max_norm=max_norm)
+    else:
+        check_optional_positive("max_norm", max_norm)
+        usable, bad = screen(arrived, expected_numel=numel)
     rejected = (*failures, *bad)
     caught, extra = min(len(bad), f), min_n - 2 * f
     f_left = max(f - caught, min(f, (len(usable) - extra) // 2))  # as robust as the usable count allows
@@ -200,12 +261,6 @@ def check_optional_positive(name: str, value: object) -> None:
         check_positive(name, value)
 
 
-def check_fraction(name: str, value: object) -> None:
-    """``value`` must be a number in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
-        raise InvalidSetting(f"{name} must be a number in [0, 1), got {value!r}")
-
-
 def check_optional_positive_int(name: str, value: object) -> None:
     """``value`` must be None or an int >= 1."""
     if value is not None:
@@ -222,7 +277,7 @@ PARAMETER_CHECKS: Mapping[str, Callable[[str, object], None]] = MappingProxyType
     "f": check_count, "max_norm": check_optional_positive, "expected_numel": check_optional_positive_int,
     "trust_weights": check_bool, "nu": check_positive, "max_iters": check_positive_int,
     "tol": check_nonnegative, "m": check_optional_positive_int, "tau": check_positive,
-    "iters": check_positive_int, "beta": check_fraction,
+    "iters": check_positive_int,
 })
 """How each aggregator parameter is validated (by name), at call time and in ``build_aggregator``."""
 

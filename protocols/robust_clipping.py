@@ -1,20 +1,26 @@
-"""Centered clipping (Karimireddy, He & Jaggi, ICML 2021), worker momentum, and clipped gossip.
+"""Centered clipping (Karimireddy, He & Jaggi, ICML 2021) and clipped gossip.
 
 - ``centered_clipping``: stateless and iterative: start from the coordinate-wise median m and
   repeat ``iters`` times c <- c + (1/n) sum_i min(1, tau / ||x_i - c||) (x_i - c). A Byzantine
-  input moves c by at most tau / n per iteration, however far away it is.
-- ``centered_clipping_momentum``: the paper's one-step form. The center is the previous round's
-  aggregate (``center``); one clipping step. Robust over time only when the inputs are *worker
-  momenta* (``WorkerMomentum``): momentum averages out the honest noise, so honest inputs sit
-  within tau of the previous aggregate and a Byzantine peer cannot hide in the noise.
-- ``MomentumCenteredClipping``: the two together, holding the state across rounds; this is what
-  ``build_aggregator(DEFAULT, beta=...)`` returns.
+  input moves c by at most tau / n per iteration, however far away it is, and the result is
+  within iters * tau of m, which lies inside the honest inputs' range in every coordinate (n > 2f).
 - ``clipped_gossip``: decentralised form (He, Karimireddy & Jaggi 2022): peer i moves to
   x_i + sum_j w_ij clip(x_j - x_i, tau), so a Byzantine neighbour moves it by at most w_ij tau.
 
-Where the momentum lives: at the peer that aggregates, one buffer per sender, fed with what that
-sender delivered. A Byzantine sender cannot be trusted to apply momentum to its own updates, and
-the aggregating peer needs no cooperation from anyone to keep the buffers.
+Retired: ``centered_clipping_momentum``, the paper's one-step form (one clipping step around the
+previous aggregate, fed with worker momenta the aggregating peer keeps, one buffer per sender). Measured to fail
+(EXPERIMENTS.md, "Byzantine robustness"), for this reason: around the previous aggregate c,
+f attackers who sit at c - 0.99 tau u (u the honest direction) are never clipped and pull the
+aggregate by f/n * 0.99 tau against u; the aggregate is the next round's center, so the pull is
+carried over and adds up, while each honest input pulls back by at most tau / n however far away
+it is. The aggregate settles about f / (n - f) * (honest spread) away against the honest
+direction, which is uphill once the honest updates disagree more than they agree (late in
+training, non-IID shards), and DiLoCo's outer Nesterov momentum sums that bias over ~1 / (1 - mu)
+rounds. Worker momentum does not stop it: an attacker who knows beta inverts it and places its
+momentum exactly (``attacks.invert_momentum``). Recentring at the median every round removes the
+memory, but the worker momentum that is left, averaging pseudo-gradients taken at different
+parameters, cost as much as training itself in the same measurement, so the form was removed
+rather than kept.
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from gossamer.protocols.robust_base import (
     Contribution,
     Failure,
     check_params,
-    majority_numel,
-    prepare,
+    checked,
+    norms_pass,
     sanitize,
+    screen,
 )
-from gossamer.protocols.robust_kernels import clipping_coefficients, combine, distances_to, median_and_gram
+from gossamer.protocols.robust_kernels import centred_gram, clipping_coefficients, combine, distances_to
 
 
 def centered_clipping(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *, f: int = 0,
@@ -44,39 +51,17 @@ def centered_clipping(arrived: Sequence[Contribution], failures: Sequence[Failur
     Needs n > 2f. ``tau`` is in the units of the updates: pick it near the spread of honest ones.
     """
     check_params(tau=tau, iters=iters)
-    usable, rejected, _f_left = prepare("centered_clipping", arrived, failures, f=f, min_n=2 * f + 1, rule="n > 2f",
-                               max_norm=max_norm, expected_numel=expected_numel)
-    vectors = [c.vector for c in usable]
-    center, gram = median_and_gram(vectors)
+
+    def kernel(usable: list[Contribution], _f: int) -> tuple[tuple[torch.Tensor, torch.Tensor], list[float]]:
+        center, gram, squares = centred_gram([c.vector for c in usable], center="median")
+        return (center, gram), squares
+
+    (center, gram), usable, rejected = checked("centered_clipping", arrived, failures, f=f, min_n=2 * f + 1,
+                                               rule="n > 2f", max_norm=max_norm, expected_numel=expected_numel,
+                                               kernel=kernel)
     coeffs = clipping_coefficients(gram, tau=tau, iters=iters)
-    value = combine(vectors, coeffs.tolist(), center=center, center_coeff=1.0 - float(coeffs.sum()))
+    value = combine([c.vector for c in usable], coeffs.tolist(), center=center, center_coeff=1.0 - float(coeffs.sum()))
     return AggregateResult(value, tuple(c.sender for c in usable), rejected)
-
-
-def centered_clipping_momentum(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), *,
-                               f: int = 0, center: torch.Tensor | None = None, tau: float = 1.0,
-                               max_norm: float | None = None,
-                               expected_numel: int | None = None) -> AggregateResult:
-    """One clipping step around ``center`` (the previous aggregate); feed it worker momenta.
-
-    Without a center (the first round) it is ``centered_clipping`` with one step from the median.
-    Needs n > 2f.
-    """
-    if center is None:
-        return centered_clipping(arrived, failures, f=f, tau=tau, iters=1, max_norm=max_norm,
-                                 expected_numel=expected_numel)
-    check_params(tau=tau)
-    _check_vector("center", center, expected_numel)
-    usable, rejected, _f_left = prepare("centered_clipping_momentum", arrived, failures, f=f, min_n=2 * f + 1,
-                               rule="n > 2f", max_norm=max_norm, expected_numel=center.numel())
-    return AggregateResult(_clip_step(usable, center, tau), tuple(c.sender for c in usable), rejected)
-
-
-def _clip_step(usable: Sequence[Contribution], center: torch.Tensor, tau: float) -> torch.Tensor:
-    """center + (1/n) sum_i min(1, tau / ||x_i - center||) (x_i - center)."""
-    vectors, n = [c.vector for c in usable], len(usable)
-    scale = (tau / distances_to(vectors, center)).clamp(max=1.0)
-    return combine(vectors, (scale / n).tolist(), center=center, center_coeff=1.0 - float(scale.sum()) / n)
 
 
 def _check_vector(name: str, vector: object, numel: int | None) -> None:
@@ -84,74 +69,6 @@ def _check_vector(name: str, vector: object, numel: int | None) -> None:
         raise InvalidSetting(f"{name} must be a 1-D float32 tensor")
     if numel is not None and vector.numel() != numel:
         raise InvalidSetting(f"{name} has {vector.numel()} values, expected {numel}")
-
-
-class WorkerMomentum:
-    """Momentum buffers of the senders, kept by the peer that aggregates (see the module docstring).
-
-    ``update`` sets m = g for a sender's first vector (as ``torch.optim.SGD`` does) and then
-    m = beta m + (1 - beta) g. Feed it only sanitized vectors: one NaN would stay forever.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def update(self, sender: str, vector: torch.Tensor, *, beta: float) -> torch.Tensor:
-        """Fold ``vector`` into ``sender``'s momentum and return (a copy of) the new momentum."""
-        check_params(beta=beta)
-        buffer = self._buffers.get(sender)
-        if buffer is None:
-            self._buffers[sender] = buffer = vector.detach().clone()
-        elif buffer.shape != vector.shape or buffer.dtype != vector.dtype or buffer.device != vector.device:
-            raise InvalidSetting(f"momentum of sender {sender!r} is {tuple(buffer.shape)} {buffer.dtype} on "
-                                 f"{buffer.device}; got {tuple(vector.shape)} {vector.dtype} on {vector.device}")
-        else:
-            buffer.mul_(beta).add_(vector, alpha=1.0 - beta)
-        return buffer.clone()
-
-    def apply(self, contributions: Sequence[Contribution], *, beta: float) -> list[Contribution]:
-        """``update`` every contribution; return contributions carrying the momenta instead."""
-        return [Contribution(c.sender, self.update(c.sender, c.vector, beta=beta), c.weight) for c in contributions]
-
-    def forget(self, sender: str) -> None:
-        """Drop a sender's buffer (e.g. once it left the run)."""
-        self._buffers.pop(sender, None)
-
-    @property
-    def senders(self) -> tuple[str, ...]:
-        """Senders that have a buffer, sorted."""
-        return tuple(sorted(self._buffers))
-
-
-class MomentumCenteredClipping:
-    """Centered clipping with worker momentum, with its state: one instance per aggregation point.
-
-    Each call sanitizes what arrived, folds it into the per-sender momenta, takes one clipping
-    step around the previous aggregate (the median on the first round) and remembers the result.
-    """
-
-    def __init__(self, *, f: int = 0, tau: float = 1.0, beta: float = 0.9, max_norm: float | None = None,
-                 expected_numel: int | None = None) -> None:
-        check_params(f=f, tau=tau, beta=beta, max_norm=max_norm, expected_numel=expected_numel)
-        self.f, self.tau, self.beta, self.max_norm = f, tau, beta, max_norm
-        self.expected_numel = expected_numel
-        self.momentum = WorkerMomentum()
-        self.center: torch.Tensor | None = None
-
-    def __call__(self, arrived: Sequence[Contribution], failures: Sequence[Failure] = ()) -> AggregateResult:
-        numel = self.expected_numel or (self.center.numel() if self.center is not None else majority_numel(arrived))
-        usable, rejected, f_left = prepare("centered_clipping_momentum", arrived, failures, f=self.f,
-                                           min_n=2 * self.f + 1, rule="n > 2f", max_norm=self.max_norm,
-                                           expected_numel=numel)
-        momenta = self.momentum.apply(usable, beta=self.beta)
-        if self.center is None:  # the first round: one step from the median of the usable momenta
-            result = centered_clipping(momenta, (), f=f_left, tau=self.tau, iters=1, expected_numel=numel)
-            result = AggregateResult(result.value, result.used, (*rejected, *result.rejected))
-        else:
-            result = AggregateResult(_clip_step(momenta, self.center, self.tau), tuple(c.sender for c in momenta),
-                                     rejected)
-        self.center = result.value
-        return result
 
 
 def clipped_gossip(own: torch.Tensor, neighbours: Sequence[Contribution], weights: Mapping[str, float], *,
@@ -162,17 +79,23 @@ def clipped_gossip(own: torch.Tensor, neighbours: Sequence[Contribution], weight
     ``sanitize`` first to learn why). Every neighbour needs a weight; weights are >= 0 and sum
     to at most 1.
     """
-    check_params(tau=tau)
+    check_params(tau=tau, max_norm=max_norm)
     _check_vector("own", own, None)
     _check_gossip_weights(weights)
-    usable, _ = sanitize(neighbours, expected_numel=own.numel(), max_norm=max_norm)
+    usable, _ = screen(neighbours, expected_numel=own.numel())
     missing = sorted(c.sender for c in usable if c.sender not in weights)
     if missing:
         raise InvalidSetting(f"weights has no entry for neighbours {missing}")
-    vectors = [c.vector for c in usable]
-    if not vectors:
+    if not usable:
         return own.clone()
-    scale = (tau / distances_to(vectors, own)).clamp(max=1.0)
+    distances, squares = distances_to([c.vector for c in usable], own)
+    if not norms_pass(squares, max_norm):  # someone sent NaN, Inf or an absurd norm: drop exactly them
+        usable, _ = sanitize(usable, expected_numel=own.numel(), max_norm=max_norm)
+        if not usable:
+            return own.clone()
+        distances, _ = distances_to([c.vector for c in usable], own)
+    vectors = [c.vector for c in usable]
+    scale = (tau / distances).clamp(max=1.0)
     coeffs = [weights[c.sender] * float(s) for c, s in zip(usable, scale, strict=True)]
     return combine(vectors, coeffs, center=own, center_coeff=1.0 - sum(coeffs))
 

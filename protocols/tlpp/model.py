@@ -10,52 +10,33 @@ model sees every update; a data node works on its own copy, loaded from the node
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from gossamer.protocols.tlpp.builtins import digits_cnn_stages
 from gossamer.protocols.tlpp.errors import TraversalError, check_count
+from gossamer.protocols.tlpp.stages import Shape, build_stages
 
 
 def digits_cnn(*, channels: tuple[int, int, int] = (16, 32, 32), hidden: int = 64, num_classes: int = 10,
                seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               ) -> nn.Sequential:
-    """A 4-stage CNN for 8x8 single-channel images (sklearn digits), input [N, 1, 8, 8].
+               input_shape: Shape = (1, 8, 8)) -> nn.Sequential:
+    """The built-in ``digits_cnn`` (``builtins``), by default for 8x8 single-channel images (sklearn
+    digits), input [N, 1, 8, 8].
 
     Stages 1-3: conv 3x3 (padding 1) + ReLU + 2x2 max-pool (8 -> 4 -> 2 -> 1); stage 3 then flattens
     and adds Linear(hidden) + ReLU; stage 4 is Linear(num_classes), the affine server side of cut 3.
     No BatchNorm, so every cut is exact. Weights are drawn from a generator seeded with ``seed``
-    (uniform +-1/sqrt(fan_in), PyTorch's default bound), never from the global RNG.
+    (``stages.init_weights``), never from the global RNG.
     """
     if len(channels) != 3:
         raise TraversalError(f"channels: need 3 conv widths, got {channels!r}")
     for i, width in enumerate(channels):
         check_count(f"channels[{i}]", width, low=1)
     check_count("hidden", hidden, low=1)
-    check_count("num_classes", num_classes, low=2)
-    c1, c2, c3 = channels
-
-    def conv(cin: int, cout: int) -> list[nn.Module]:
-        return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-
-    with torch.device("meta"):
-        model = nn.Sequential(
-            nn.Sequential(*conv(1, c1)),
-            nn.Sequential(*conv(c1, c2)),
-            nn.Sequential(*conv(c2, c3), nn.Flatten(), nn.Linear(c3, hidden), nn.ReLU()),
-            nn.Sequential(nn.Linear(hidden, num_classes)),
-        )
-    model = model.to_empty(device=device).to(dtype)
-    generator = torch.Generator().manual_seed(check_count("seed", seed, low=0))
-    with torch.no_grad():
-        for layer in model.modules():
-            if isinstance(layer, nn.Conv2d | nn.Linear):
-                bound = 1.0 / math.sqrt(layer.weight[0].numel())
-                for tensor in (layer.weight, layer.bias):
-                    draw = torch.rand(tensor.shape, generator=generator, dtype=torch.float64)
-                    tensor.copy_((2 * draw - 1) * bound)
-    return model
+    stages = digits_cnn_stages(check_count("num_classes", num_classes, low=2), tuple(channels), hidden)
+    return build_stages(stages, input_shape=input_shape, num_classes=num_classes, seed=seed, device=device,
+                        dtype=dtype)
 
 
 _STOCHASTIC = (nn.modules.dropout._DropoutNd,)

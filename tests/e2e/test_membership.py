@@ -22,9 +22,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    """An allowlist run: the orchestrator plus two admitted peers, all started through the CLI."""
+    """An allowlist run: the orchestrator plus two admitted peers, all started through the CLI, and two
+    spare admitted identities for the test that stops peers (so the others see three in any order)."""
     work = tmp_path_factory.mktemp("swarm")
-    admitted = [Identity.create(work / f"peer-{i}.pem") for i in range(3)]
+    admitted = [Identity.create(work / f"peer-{i}.pem") for i in range(4)]
     allow = ", ".join(f'"{p.public_key.hex()}"' for p in admitted)
     (work / "run.toml").write_text(f'[run]\nname = "e2e"\nheartbeat_s = 1.0\n[admission]\npolicy = "allowlist"\nallow = [{allow}]\n')
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
@@ -38,7 +39,7 @@ def swarm(tmp_path_factory):
                 ["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--events", *LOOPBACK,
                  "--identity_path", str(work / f"peer-{i}.pem"), "--public_name", f"peer-{i}"],
                 log_path=work / f"peer-{i}.log"))
-        yield {"work": work, "ready": ready, "procs": procs, "spare": work / "peer-2.pem"}
+        yield {"work": work, "ready": ready, "procs": procs, "spares": (work / "peer-2.pem", work / "peer-3.pem")}
     finally:
         for proc in procs:
             proc.stop()
@@ -101,21 +102,23 @@ async def _status_after_refresh(http_addr: str) -> dict:
 
 def test_sigkilled_peer_disappears_within_ttl_and_sigterm_leaves_no_p2pd(swarm) -> None:
     ready, orch = swarm["ready"], swarm["procs"][0]
-    extra = GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--events",
-                             *LOOPBACK, "--identity_path", str(swarm["spare"]), "--public_name", "extra"],
-                            log_path=swarm["work"] / "extra.log")
-    swarm["procs"].append(extra)
-    extra.wait_ready()
-    orch.wait_peer_count(4, timeout_s=30)
-    extra.stop(signal.SIGKILL)
-    orch.wait_peer_count(3, timeout_s=3 * 1.0 + 10)  # TTL = 3 heartbeats, plus a refresh and DHT slack
+    orch.wait_peer_count(3, timeout_s=30)
+    killed, leaver = (GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"],
+                                       "--events", *LOOPBACK, "--identity_path", str(spare), "--public_name", name],
+                                      log_path=swarm["work"] / f"{name}.log")
+                      for name, spare in zip(("killed", "leaver"), swarm["spares"], strict=True))
+    swarm["procs"].extend((killed, leaver))
+    killed.wait_ready()
+    leaver.wait_ready()
+    orch.wait_peer_count(5, timeout_s=30)
+    killed.stop(signal.SIGKILL)
+    orch.wait_peer_count(4, timeout_s=3 * 1.0 + 20)  # TTL = 3 heartbeats, plus refreshes and DHT slack
 
-    victim = swarm["procs"][2]
-    p2pd = victim.children()
+    p2pd = leaver.children()
     assert p2pd, "a running daemon has its p2pd child"
-    assert victim.stop(signal.SIGTERM) == 0
+    assert leaver.stop(signal.SIGTERM) == 0
     assert not [pid for pid in p2pd if alive(pid)], "p2pd outlived its daemon"
-    orch.wait_peer_count(2, timeout_s=10)  # a clean exit withdraws the record at once
+    orch.wait_peer_count(3, timeout_s=30)  # a clean exit withdraws the record at once
 
 
 def test_wrong_manifest_signature_refuses_to_join(swarm, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""protocols.attacks: each attack produces what it should, purely, and the aggregators see it."""
+"""protocols.attacks: each attack produces what it should, purely, and the aggregators see it (the
+adaptive ones in tests/protocols/test_attacks_adaptive.py)."""
 
 from __future__ import annotations
 
@@ -116,5 +117,6 @@ def test_median_under_alie_stays_in_the_honest_range() -> None:
 
 def test_registry_names_every_attack() -> None:
     assert set(attacks.ATTACKS) == {"sign_flip", "alie", "ipm", "gaussian", "random_direction", "stale",
-                                    "nan_update", "inf_update", "huge_weight", "label_flip"}
+                                    "nan_update", "inf_update", "huge_weight", "label_flip", "radius_sign_flip",
+                                    "alie_strongest", "ipm_strongest", "krum_capture", "mimic", "withhold", "sleeper"}
     assert all(callable(fn) for fn in attacks.ATTACKS.values())

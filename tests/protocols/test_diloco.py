@@ -105,6 +105,38 @@ def test_outer_step_matches_hand_computation_for_two_steps(nesterov: bool) -> No
     torch.testing.assert_close(opt.state_dict()["w"], torch.tensor([0.08, 0.66]))
 
 
+def test_outer_step_from_a_mixed_momentum_replaces_the_own_buffer() -> None:
+    opt = OuterNesterov(lr=0.5, momentum=0.9)
+    opt.step({"w": torch.zeros(2)}, {"w": torch.tensor([1.0, 1.0])})  # own u = [1, 1]
+    u_mixed = {"w": torch.tensor([0.2, -0.4])}
+
+    x = opt.step({"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([0.1, 0.3])}, u_mixed)
+
+    # u = 0.9 u~ + d = [0.28, -0.06]; x = m - 0.5 (d + 0.9 u)
+    torch.testing.assert_close(opt.state_dict()["w"], torch.tensor([0.28, -0.06]))
+    torch.testing.assert_close(x["w"], torch.tensor([1.0 - 0.5 * (0.1 + 0.252), 2.0 - 0.5 * (0.3 - 0.054)]))
+    with pytest.raises(ProtocolError, match="u_mixed"):
+        opt.step({"w": torch.zeros(2)}, {"w": torch.zeros(2)}, {"v": torch.zeros(2)})
+
+
+def test_momentum_snapshot_is_zero_before_the_first_step_then_the_buffer() -> None:
+    replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=2, inner_lr=1e-2))
+    replica.begin_round()
+    before = replica.momentum_snapshot()
+    assert before.keys() == replica.snapshot.keys() and all(not t.any() for t in before.values())
+    for step in range(2):
+        replica.inner_step(*regression_batch(0, 0, step), mse)
+    d = replica.end_inner()
+    replica.finish_round(replica.snapshot, d)
+
+    replica.begin_round()
+    after = replica.momentum_snapshot()
+
+    assert all(torch.equal(after[name], d[name]) for name in d)  # u = mu * 0 + d
+    after["0.weight"].add_(1.0)
+    assert torch.equal(replica.momentum_snapshot()["0.weight"], d["0.weight"])  # a copy
+
+
 def test_outer_momentum_is_local_to_each_optimizer() -> None:
     a, b = OuterNesterov(lr=0.7, momentum=0.9), OuterNesterov(lr=0.7, momentum=0.9)
     m = {"w": torch.zeros(3)}
@@ -175,6 +207,18 @@ def test_replica_refuses_out_of_order_calls() -> None:
         replica.begin_round()
     with pytest.raises(ProtocolError, match="finish_round"):
         replica.finish_round({}, {})
+
+
+def test_finish_round_needs_a_mixed_momentum_for_every_parameter() -> None:
+    replica = DilocoReplica(make_mlp(), DilocoConfig(inner_steps=1))
+    replica.begin_round()
+    replica.inner_step(*regression_batch(0, 0, 0), mse)
+    d = replica.end_inner()
+    partial = {"0.weight": torch.zeros_like(d["0.weight"])}
+
+    with pytest.raises(ProtocolError, match="u_mixed must cover every parameter"):
+        replica.finish_round(replica.snapshot, d, partial)
+    assert replica.phase == "outer"
 
 
 def test_finish_round_needs_every_parameter() -> None:

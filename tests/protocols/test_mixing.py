@@ -193,11 +193,29 @@ def test_plan_from_dict_and_dotted_prefix_subset() -> None:
 
 @pytest.mark.parametrize(
     ("d", "field"),
-    [({"w3": "ring"}, "w3"), ({"w1": "star"}, "w1"), ({"w2_subset": [""]}, "w2_subset"), ({"k": 0}, "k")],
+    [({"w3": "ring"}, "w3"), ({"w1": "star"}, "w1"), ({"w2_subset": [""]}, "w2_subset"), ({"k": 0}, "k"),
+     ({"mix_momentum": 1}, "mix_momentum"), ({"average_every": -1}, "average_every"),
+     ({"average_every": True}, "average_every"), ({"average_every": 2.0}, "average_every")],
 )
 def test_plan_rejects_bad_settings(d: dict, field: str) -> None:
     with pytest.raises(InvalidSetting, match=field):
         MixingPlan.from_dict(d)
+
+
+def test_every_kth_round_is_an_exact_average_over_every_parameter() -> None:
+    plan = MixingPlan(w1="ring", w2="ring", w2_subset=("0",), mix_momentum=False, average_every=3)
+    glob = mixing_weights("global", 5, round=0, seed=0)
+
+    exact = [t for t in range(9) if plan.exact_round(t)]
+
+    assert exact == [2, 5, 8]
+    for t in range(9):
+        is_exact = t in exact
+        assert torch.equal(plan.w1_weights(5, round=t, seed=1), glob) is is_exact
+        assert torch.equal(plan.w2_weights(5, round=t, seed=1), glob) is is_exact
+        assert plan.w2_names(["0.weight", "2.weight"], round=t) == (["0.weight", "2.weight"] if is_exact else ["0.weight"])
+        assert plan.mixes_momentum(t) is is_exact
+    assert not any(MixingPlan().exact_round(t) for t in range(9))
 
 
 def test_plan_draws_w1_and_w2_independently() -> None:
@@ -244,6 +262,43 @@ def test_outer_momentum_stays_local_unless_shared_ablation() -> None:
     u_shared = [r.outer.state_dict()["0.weight"] for r in shared]
     assert not torch.equal(u_local[0], u_local[1]) and not torch.equal(u_local[1], u_local[2])
     assert torch.equal(u_shared[0], u_shared[1]) and torch.equal(u_shared[1], u_shared[2])
+
+
+def test_an_exact_round_leaves_every_replica_identical_momentum_included() -> None:
+    cfg = DilocoConfig(inner_steps=3, inner_lr=1e-2)
+    plan = MixingPlan(w1="ring", w2="ring", w2_subset=("0",), mix_momentum=False, average_every=2)
+    replicas = [DilocoReplica(make_mlp(), cfg) for _ in range(5)]
+
+    simulate_round(replicas, regression_batch, plan, round=0, seed=0, loss_fn=mse)
+    apart = [r.parameters_snapshot()["2.weight"] for r in replicas]
+    simulate_round(replicas, regression_batch, plan, round=1, seed=0, loss_fn=mse)
+
+    assert not torch.equal(apart[0], apart[1])
+    params = [r.parameters_snapshot() for r in replicas]
+    momenta = [r.outer.state_dict() for r in replicas]
+    for name in params[0]:
+        assert all(torch.equal(p[name], params[0][name]) for p in params)
+        assert all(torch.equal(u[name], momenta[0][name]) for u in momenta)
+
+
+def test_mixed_momentum_is_the_w1_mix_of_the_round_start_momentum() -> None:
+    cfg = DilocoConfig(inner_steps=2, inner_lr=1e-2)
+    plan = MixingPlan(w1="ring", w2="none", mix_momentum=True)
+    replicas = [DilocoReplica(make_mlp(), cfg) for _ in range(4)]
+    simulate_round(replicas, regression_batch, plan, round=0, seed=0, loss_fn=mse)
+    seen: dict[str, list] = {}
+
+    simulate_round(replicas, regression_batch, plan, round=1, seed=0, loss_fn=mse,
+                   trace=lambda stage, values: seen.setdefault(stage, list(values)))
+
+    assert list(seen) == ["x", "u", "m", "u_mixed", "d", "d_mixed", "x_next", "u_next"]
+    w1 = plan.w1_weights(4, round=1, seed=0)
+    for i, replica in enumerate(replicas):
+        want_u = mix(i, dict(enumerate(seen["u"])), w1)[0]
+        # u_next = mu u~ + d (W2 = none: d~ = d)
+        for name, u in replica.outer.state_dict().items():
+            torch.testing.assert_close(seen["u_mixed"][i][name], want_u[name])
+            torch.testing.assert_close(u, cfg.outer_momentum * want_u[name] + seen["d"][i][name])
 
 
 def test_dropped_pseudo_gradients_do_not_reach_the_others() -> None:

@@ -1,5 +1,5 @@
-"""protocols.robust_clipping and the registry: one-step clipping, worker momentum, clipped gossip,
-build_aggregator, flatten / unflatten."""
+"""protocols.robust_clipping and the registry: centered clipping's bound, clipped gossip,
+build_aggregator, aggregate_or_degrade, flatten / unflatten."""
 
 from __future__ import annotations
 
@@ -9,85 +9,39 @@ import math
 import pytest
 import torch
 
-from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.robust import (
     AGGREGATORS,
     DEFAULT,
     Contribution,
     Failure,
-    MomentumCenteredClipping,
-    WorkerMomentum,
+    aggregate_or_degrade,
     build_aggregator,
     centered_clipping,
-    centered_clipping_momentum,
     clipped_gossip,
+    coordinate_median,
     flatten,
+    krum,
     unflatten,
 )
-from tests.protocols.test_robust import contributions, randoms, ref_clip_step
+from tests.protocols.test_robust import contributions, randoms
 
 
-@pytest.mark.parametrize(("n", "tau"), [(1, 0.5), (3, 0.1), (5, 1.0), (8, 100.0)])
-def test_one_step_clipping_matches_reference(n: int, tau: float) -> None:
-    xs, center = randoms(n, 9, seed=n), torch.randn(9, generator=torch.Generator().manual_seed(99))
+@pytest.mark.parametrize(("iters", "tau"), [(1, 0.5), (3, 0.2), (5, 1.0)])
+def test_centered_clipping_stays_within_iters_tau_of_the_median_whatever_the_attackers_send(iters: int,
+                                                                                           tau: float) -> None:
+    """The bound that makes it safe across rounds: no state, and the result is within iters * tau
+    of the coordinate-wise median, which the honest majority pins inside its own range."""
+    honest = randoms(6, 9, seed=iters)
+    attackers = [torch.full((9,), 1e6), torch.full((9,), -1e6)]
+    cs = contributions(honest, "h") + contributions(attackers, "b")
 
-    result = centered_clipping_momentum(contributions(xs), f=(n - 1) // 2, center=center, tau=tau)
+    value = centered_clipping(cs, f=2, tau=tau, iters=iters).value
 
-    torch.testing.assert_close(result.value.double(), ref_clip_step(xs, center.double(), tau), atol=1e-5, rtol=1e-5)
-
-
-def test_one_step_without_center_is_one_step_from_the_median() -> None:
-    cs = contributions(randoms(5, 7, seed=1))
-    assert torch.equal(centered_clipping_momentum(cs, f=2, tau=0.3).value,
-                       centered_clipping(cs, f=2, tau=0.3, iters=1).value)
-
-
-def test_center_of_wrong_size_refused() -> None:
-    with pytest.raises(InvalidSetting, match="center has 4 values, expected 7"):
-        centered_clipping_momentum(contributions(randoms(3, 7, seed=0)), center=torch.zeros(4), expected_numel=7)
-
-
-def test_byzantine_moves_one_clipping_step_by_at_most_tau_f_over_n() -> None:
-    honest, center = randoms(6, 5, seed=3, scale=0.001), torch.zeros(5)
-    cs = contributions(honest) + contributions([torch.full((5,), 1e6)] * 2, "b")
-    value = centered_clipping_momentum(cs, f=2, center=center, tau=0.5).value
-    assert float(value.norm()) <= 0.5 * 2 / 8 + 0.001 * 6
-
-
-def test_worker_momentum_follows_the_recursion_and_keeps_buffers_private() -> None:
-    g1, g2, g3 = randoms(3, 4, seed=2)
-    momentum = WorkerMomentum()
-
-    first = momentum.update("a", g1, beta=0.9)
-    first.add_(100.0)  # a returned copy: the buffer must not change
-    second = momentum.update("a", g2, beta=0.9)
-    other = momentum.update("b", g3, beta=0.5)
-
-    torch.testing.assert_close(second, 0.9 * g1 + 0.1 * g2)
-    assert torch.equal(other, g3) and momentum.senders == ("a", "b")
-    with pytest.raises(InvalidSetting, match="sender 'a'"):
-        momentum.update("a", torch.zeros(3), beta=0.9)
-    with pytest.raises(InvalidSetting, match="beta"):
-        momentum.update("a", g1, beta=1.0)
-    momentum.forget("a")
-    assert momentum.senders == ("b",)
-
-
-def test_momentum_centered_clipping_keeps_state_across_rounds() -> None:
-    rounds = [randoms(5, 6, seed=seed) for seed in range(3)]
-    aggregator = MomentumCenteredClipping(f=1, tau=0.4, beta=0.8)
-    momentum, center = WorkerMomentum(), None
-
-    for xs in rounds:
-        got = aggregator([*contributions(xs), Contribution("nan", torch.full((6,), math.nan))],
-                         [Failure("late", "timed out")])
-        momenta = momentum.apply(contributions(xs), beta=0.8)
-        expected = centered_clipping_momentum(momenta, [Failure("late", "timed out")], f=1, center=center, tau=0.4)
-        center = expected.value
-
-        torch.testing.assert_close(got.value, expected.value)
-        assert {x.sender for x in got.rejected} == {"late", "nan"}
-    assert aggregator.momentum.senders == tuple(f"p{i:02d}" for i in range(5))
+    median = coordinate_median(cs, f=2).value
+    stacked = torch.stack(honest)
+    assert float((value - median).norm()) <= iters * tau + 1e-5
+    assert bool((median >= stacked.min(0).values).all()) and bool((median <= stacked.max(0).values).all())
 
 
 def ref_gossip(own: torch.Tensor, xs: list[torch.Tensor], weights: list[float], tau: float) -> torch.Tensor:
@@ -124,13 +78,12 @@ def test_clipped_gossip_bounds_byzantine_and_ignores_rejected_neighbours() -> No
 
 @pytest.mark.parametrize(("name", "params", "match"), [
     ("nope", {}, "unknown aggregator 'nope'"),
+    ("centered_clipping_momentum", {}, "unknown aggregator 'centered_clipping_momentum'"),  # retired
     ("median", {"tau": 1.0}, r"no parameter\(s\) \['tau'\]"),
     ("krum", {"f": -1}, "f must be"),
     ("centered_clipping", {"iters": 0}, "iters must be"),
     ("geometric_median", {"nu": float("nan")}, "nu must be"),
     ("mean", {"trust_weights": 1}, "trust_weights"),
-    (DEFAULT, {"beta": 1.5}, "beta must be"),
-    (DEFAULT, {"beta": 0.9, "center": None}, r"no parameter\(s\) \['center'\]"),
     ("centered_clipping", {"beta": 0.9}, r"no parameter\(s\) \['beta'\]"),
 ])
 def test_build_aggregator_refuses_bad_names_and_params(name: str, params: dict, match: str) -> None:
@@ -146,20 +99,38 @@ def test_build_aggregator_binds_parameters_and_leaves_the_rest_per_call() -> Non
         assert built(cs, (), f=0 if name == "mean" else 1).value.shape == (5,)
     trimmed = build_aggregator("trimmed_mean", f=2)
     assert torch.equal(trimmed(cs, ()).value, AGGREGATORS["trimmed_mean"](cs, (), f=2).value)
-    one_step = build_aggregator(DEFAULT, tau=0.5)
-    center = torch.ones(5)
-    assert torch.equal(one_step(cs, (), f=2, center=center).value,
-                       centered_clipping_momentum(cs, f=2, tau=0.5, center=center).value)
+    assert DEFAULT == "centered_clipping" and DEFAULT in AGGREGATORS
 
 
-def test_build_default_with_beta_is_stateful() -> None:
-    rounds = [contributions(randoms(5, 4, seed=seed)) for seed in range(2)]
-    built = build_aggregator(DEFAULT, f=1, tau=0.5, beta=0.9)
-    reference = MomentumCenteredClipping(f=1, tau=0.5, beta=0.9)
-    assert DEFAULT == "centered_clipping_momentum" and isinstance(built, MomentumCenteredClipping)
-    for cs in rounds:
-        assert torch.equal(built(cs, ()).value, reference(cs, ()).value)
-    assert built.center is not None and built.momentum.senders == tuple(c.sender for c in rounds[0])
+def test_degrades_to_the_median_when_withheld_updates_leave_too_few_for_krum() -> None:
+    """f = 2 of 8, two peers silent: Krum needs 2f + 3 = 7 usable and has 6, so the round goes
+    to the coordinate-wise median with the same f (needs 5), the silent ones still failures."""
+    honest = contributions(randoms(5, 6, seed=5))
+    attacker = Contribution("bad", torch.full((6,), 1e4))
+    silent = [Failure("s1", "timed out"), Failure("s2", "timed out")]
+    arrived = [*honest, attacker]
+
+    result, note = aggregate_or_degrade(functools.partial(krum, f=2), arrived, silent, f=2)
+
+    assert torch.equal(result.value, coordinate_median(arrived, silent, f=2).value)
+    assert note.startswith("degraded to the coordinate-wise median") and "needs 7 usable" in note
+    assert {x.sender for x in result.rejected} == {"s1", "s2"}
+    same, no_note = aggregate_or_degrade(functools.partial(krum, f=1), arrived, silent, f=1)
+    assert no_note == "" and torch.equal(same.value, krum(arrived, silent, f=1).value)
+
+
+def test_degrading_counts_only_the_silent_against_f() -> None:
+    """Four arrivals and one silent peer, f = 2: the median with f = 2 needs five, so the silent
+    peer counts as one of the faulty and the median tolerates f - 1 = 1 among the four. With
+    nothing usable at all the round fails."""
+    honest = contributions(randoms(4, 6, seed=6))
+    median = functools.partial(coordinate_median, f=2)
+    result, note = aggregate_or_degrade(median, honest, [Failure("s", "timed out")], f=2)
+    assert "with f=1: 1 peer(s) sent nothing" in note
+    torch.testing.assert_close(result.value, coordinate_median(honest, [Failure("s", "timed out")], f=1).value)
+    nan = [Contribution("nan", torch.full((6,), math.nan))]
+    with pytest.raises(NotEnoughUpdates, match="not even f=0"):
+        aggregate_or_degrade(median, nan, [Failure(f"s{i}", "timed out") for i in range(4)], f=2)
 
 
 def test_flatten_unflatten_round_trip_in_sorted_name_order() -> None:
@@ -176,3 +147,17 @@ def test_flatten_unflatten_round_trip_in_sorted_name_order() -> None:
         unflatten(vec[:10], params)
     with pytest.raises(InvalidSetting, match="steps"):
         flatten({"steps": torch.tensor([3])})
+
+
+def test_silent_peers_count_as_faulty_once_the_arrivals_cannot_tolerate_f() -> None:
+    """f = 3 of 8 and three peers silent: five arrivals cannot hold 3 Byzantine (the median needs
+    7), so the silent ones count against f; the median then tolerates 2 among the five (the most
+    the arrivals support, at least f - 3 = 0) instead of stalling the round."""
+    arrived = [*contributions(randoms(4, 6, seed=7)), Contribution("bad", torch.full((6,), 1e4))]
+    silent = [Failure(f"s{i}", "timed out") for i in range(3)]
+
+    result, note = aggregate_or_degrade(functools.partial(coordinate_median, f=3), arrived, silent, f=3)
+
+    assert torch.equal(result.value, coordinate_median(arrived, silent, f=2).value)
+    assert "with f=2: 3 peer(s) sent nothing and count as faulty" in note
+    assert float(result.value.abs().max()) < 10  # the one attacker among the arrivals is still outvoted

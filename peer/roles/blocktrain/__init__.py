@@ -23,7 +23,7 @@ EVENTS = {
                               ("assignment", "coverage", "versions")),
     "version": EventSchema("the coordinator closed a block version; its ledger in short",
                            ("block", "version", "used", "rejected", "timed_out", "train_loss", "update_norm",
-                            "heldout_ce", "versions", "target")),
+                            "heldout_ce", "versions", "target", "deadline_s", "slow")),
     "finished": EventSchema("every block reached hyper.versions; the coordinator's checkpoints are final",
                             ("versions", "heldout_ce", "initial_heldout_ce", "checkpoints")),
     "assigned": EventSchema("a worker took (or switched to) a block", ("block",)),

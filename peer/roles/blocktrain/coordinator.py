@@ -64,7 +64,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         blocks = [_cpu(self.stack.block_state(k)) for k in range(config.num_blocks)]
         self.board = BlockVersions(blocks, _cpu(self.stack.embedding_state()),
                                    deadline_s=self.settings.deadline_s, max_norm=self.settings.max_norm,
-                                   now=time.monotonic(),
+                                   now=time.monotonic(), adaptive=self.settings.pacing == "adaptive",
                                    embedding_averaged=config.embedding == "averaged")
         self.resumed = self._resume()
         # what GET serves: versions that are on disk
@@ -121,7 +121,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
     def status(self) -> dict[str, Any]:
         return {"versions": list(self.board.versions), "assignment_by_worker": dict(self.assignment),
                 "finished": self.finished, "heldout_ce": self.heldout_ce, "checkpoints": str(self.directory),
-                "ledgers": self.board.ledgers.last(6), "series": self.series}
+                "ledgers": self.board.ledgers.last(6), "series": self.series, "pacing": self.board.pacing_status()}
 
     def health(self) -> RoleHealth:
         health = super().health()
@@ -185,7 +185,8 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         if target and self.board.versions[k] >= target:
             reason = f"block {k} is finished (version {self.board.versions[k]} of {target})"
         else:
-            reason = self.board.offer(k, base, sender, {"block": block, "embedding": embedding}, loss=loss)
+            reason = self.board.offer(k, base, sender, {"block": block, "embedding": embedding}, loss=loss,
+                                      now=time.monotonic())
         self._changed.set()
         if reason is not None:
             log.info("update from %s for block %d version %d refused: %s", sender[:12], k, base, reason)
@@ -263,7 +264,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         self.emit("version", block=k, version=self.board.versions[k], used=ledger.used,
              rejected=ledger.rejected, timed_out=ledger.timed_out, train_loss=ledger.train_loss,
              update_norm=ledger.update_norm, heldout_ce=self.heldout_ce, versions=list(self.board.versions),
-             target=self.settings.versions)
+             target=self.settings.versions, deadline_s=ledger.deadline_s, slow=ledger.slow)
         log.info("block %d: version %d from %d update(s) (timed out %d, rejected %d); held-out CE %s", k,
                  self.board.versions[k], len(ledger.used), len(ledger.timed_out), len(ledger.rejected),
                  f"{self.heldout_ce:.3f}" if self.heldout_ce is not None else "-")
@@ -297,6 +298,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
                                    board.embedding if embedding is None else embedding.tensors,
                                    deadline_s=board.deadline_s, max_norm=board.max_norm,
                                    embedding_averaged=board.embedding_averaged, now=time.monotonic(),
+                                   adaptive=board.adaptive,
                                    versions=[b.version for b in blocks],
                                    embedding_version=0 if embedding is None else embedding.version)
         log.info("resumed from %s at versions %s", self.directory, self.board.versions)

@@ -7,7 +7,7 @@ the version it was trained from, so nothing is silently dropped. The ledger is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gossamer.peer.kit.ledger import Exchange, History
 
@@ -30,6 +30,8 @@ class VersionLedger(Exchange):
     deadline_extensions: int = 0
     train_loss: float | None = None
     update_norm: float | None = None
+    deadline_s: float | None = None  # how long the version was allowed to wait for its updates
+    slow: list[str] = field(default_factory=list)  # workers flagged fail-slow when it closed (not waited for)
 
     def close(self, *, used: list[str], now: float) -> None:
         """Seal the version: ``used`` updates went into the next one; expected silent workers timed out."""

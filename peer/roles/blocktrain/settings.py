@@ -14,7 +14,10 @@ Manifest layout (run config TOML)::
               evaluates after each version; 0: none), route_timeout_s (a client's deadline
               for one whole route through the block servers; each host forwards within what is
               left of it),
-              max_batch (most sequences one route frame may carry)
+              max_batch (most sequences one route frame may carry),
+              pacing ("adaptive": a version's deadline follows the workers' measured update
+              times, ``deadline_s`` its ceiling, and a persistently slow worker is flagged and no
+              longer waited for; "fixed": every version waits up to ``deadline_s``)
 """
 
 from __future__ import annotations
@@ -43,3 +46,4 @@ class BlockTrainSettings:
     eval_batches: int = setting(2, table="hyper", low=0)
     route_timeout_s: float = setting(30.0, table="hyper", above=0.0)
     max_batch: int = setting(64, table="hyper", low=1)
+    pacing: str = setting("adaptive", table="hyper", choices=("adaptive", "fixed"))

@@ -8,7 +8,11 @@ an L2 norm within ``max_norm``; anything else is refused with a reason, and the 
 in the ledger of the version it was trained from (a stale update in the ledger of its old version).
 
 ``due`` says when to close: at the deadline, or earlier once every worker assigned to the block
-has been heard from. ``close`` averages the accepted updates into version v + 1:
+has been heard from. With adaptive pacing (the default) the deadline a version gets is a high
+quantile of the measured update times (its open to each update's arrival) times a margin,
+``deadline_s`` its ceiling, and a worker flagged fail-slow (``protocols.pacing.SlowPeers``, over
+the same times, stale updates included) is no longer waited for: what it sends in time is used,
+and it is unflagged once its times are back with the others'. ``close`` averages the accepted updates into version v + 1:
 block_{v+1} = block_v + mean(updates). With ``embedding = "averaged"`` updates also carry a
 difference for the shared E, and each close moves E by mean(E differences) / num_blocks, so over
 one sweep in which every block closes a version E moves by the average over blocks of their
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from gossamer.peer.roles.blocktrain.ledger import VersionLedger, version_history
+from gossamer.protocols.pacing import AdaptiveDeadline, Pacing, SlowPeers
 
 Tensors = dict[str, torch.Tensor]
 
@@ -43,7 +48,7 @@ class BlockVersions:
 
     def __init__(self, blocks: list[Tensors], embedding: Tensors, *, deadline_s: float, max_norm: float,
                  embedding_averaged: bool, now: float, versions: list[int] | None = None,
-                 embedding_version: int = 0) -> None:
+                 embedding_version: int = 0, adaptive: bool = True) -> None:
         self.blocks = [dict(state) for state in blocks]
         self.embedding = dict(embedding)
         self.versions = list(versions) if versions is not None else [0] * len(blocks)
@@ -52,6 +57,9 @@ class BlockVersions:
         self.embedding_averaged = embedding_averaged
         self.embedding_version = embedding_version
         self.ledgers = version_history()
+        self.adaptive = adaptive
+        self.pace = AdaptiveDeadline(deadline_s, Pacing())
+        self.slow = SlowPeers()
         self.deadlines = [now + deadline_s] * len(blocks)
         self._pending: list[dict[str, Update]] = [{} for _ in blocks]
         for k, version in enumerate(self.versions):
@@ -73,12 +81,14 @@ class BlockVersions:
     # -- receiving ----------------------------------------------------------------------------
 
     def offer(self, k: int, base_version: int, sender: str, tensors: Mapping[str, Tensors], *,
-              loss: float) -> str | None:
+              loss: float, now: float) -> str | None:
         """Accept an update (``{"block": ..., "embedding": ...}`` differences) or return why not."""
         if not 0 <= k < self.num_blocks:
             return f"no block {k} (the run has {self.num_blocks})"
         reason = self._refusal(k, base_version, sender, tensors)
         ledger = self.ledgers.get((k, base_version)) if base_version <= self.versions[k] else self.current(k)
+        if ledger is not None and (reason is None or base_version < self.versions[k]):
+            self._time(sender, now - ledger.opened_at, accepted=reason is None)
         if reason is not None:
             if ledger is not None:
                 ledger.reject(sender, reason)
@@ -87,6 +97,13 @@ class BlockVersions:
                                           embedding=dict(tensors.get("embedding", {})), loss=loss)
         self.current(k).arrived = sorted(self._pending[k])
         return None
+
+    def _time(self, sender: str, took_s: float, *, accepted: bool) -> None:
+        """How long ``sender`` took from a version's opening to its update: for fail-slow detection
+        always (a slow worker's updates arrive stale), for the deadline when it counts."""
+        self.slow.observe(sender, took_s)
+        if accepted and sender not in self.slow.flagged():
+            self.pace.observe(took_s)
 
     def _refusal(self, k: int, base_version: int, sender: str, tensors: Mapping[str, Tensors]) -> str | None:
         current = self.versions[k]
@@ -118,7 +135,8 @@ class BlockVersions:
             return False
         ledger = self.current(k)
         heard = set(pending) | set(ledger.rejected)
-        return now >= self.deadlines[k] or set(assigned) <= heard
+        waited_for = set(assigned) - self.slow.flagged() if self.adaptive else set(assigned)
+        return now >= self.deadlines[k] or waited_for <= heard
 
     def overdue_and_empty(self, k: int, *, now: float) -> bool:
         return not self._pending[k] and now >= self.deadlines[k]
@@ -142,12 +160,24 @@ class BlockVersions:
             self.embedding_version += 1
         ledger.train_loss = sum(u.loss for u in updates) / len(updates)
         ledger.update_norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in mean_block.values())))
+        ledger.deadline_s = self.deadlines[k] - ledger.opened_at
+        ledger.slow = sorted(self.slow.check())
         ledger.close(used=[u.sender for u in updates], now=now)
         self._pending[k] = {}
         self.versions[k] += 1
-        self.deadlines[k] = now + self.deadline_s
+        self.deadlines[k] = now + self.next_wait_s()
         self.ledgers.add((k, self.versions[k]), VersionLedger(block=k, version=self.versions[k], opened_at=now))
         return ledger
+
+    def next_wait_s(self) -> float:
+        """How long the next version waits for its updates at most."""
+        return self.pace.deadline_s() if self.adaptive else self.deadline_s
+
+    def pacing_status(self) -> dict[str, object]:
+        """For ``/status``: the wait a new version gets, and each worker's time over the others'."""
+        return {"next_wait_s": round(self.next_wait_s(), 3), "adaptive": self.adaptive,
+                "slow_workers": sorted(self.slow.flagged()),
+                "worker_time_ratio": {peer: round(r, 3) for peer, r in sorted(self.slow.ratios().items())}}
 
     def next_deadline(self) -> float:
         return min(self.deadlines)

@@ -1,13 +1,15 @@
 """Role ``learner``: a gossip-DiLoCo replica trained on this peer's shard, mixed with its peers.
 
-One outer round t (DESIGN.md, "Gossip DiLoCo"): snapshot x; send x to the W1 neighbours in the
-background while the H inner AdamW steps run (in a worker thread, so the daemon keeps serving);
-mix the parameters that arrived by the end of the inner phase (plus ``w1_grace_s``) into m;
-pseudo-gradient d = x - y; send d (on the W2 subset) to the W2 neighbours and wait for theirs up to
-``w2_deadline_s``; aggregate them through the run's robust aggregator; outer Nesterov step with
-the local, never-shared momentum. Every contribution is accounted for in the round's ledger:
-arrived and used, rejected with a reason, or timed out. Peers are the live, admitted learners of
-the run (sorted by peer id, so everyone indexes them alike).
+One outer round t (DESIGN.md, "Gossip DiLoCo"): snapshot x (and, when the plan mixes it, the
+outer momentum u); send them to the W1 neighbours in the background while the H inner AdamW steps
+run (in a worker thread, so the daemon keeps serving); mix what arrived by the end of the inner
+phase (plus ``w1_grace_s``) into m (and u~); pseudo-gradient d = x - y; send d (on the W2 subset)
+to the W2 neighbours and wait for theirs up to ``w2_deadline_s``; aggregate them through the run's
+robust aggregator; outer Nesterov step from m (and u~). Every ``average_every``-th round the plan's
+weights are global over every parameter, momentum included (an exact average). Every contribution
+is accounted for in the round's ledger: arrived and used, rejected with a reason, or timed out.
+Peers are the live, admitted learners of the run (sorted by peer id, so everyone indexes them
+alike).
 
 Checkpoints: the state at the end of each round (parameters, inner AdamW state, outer momentum,
 the sampler's generator, the loss series) is kept on the CPU and written to
@@ -28,7 +30,7 @@ import json
 import logging
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -47,7 +49,7 @@ from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_p
 from gossamer.peer.roles.diloco.ledger import RoundLedger
 from gossamer.peer.roles.diloco.settings import DilocoSettings
 from gossamer.peer.run.view import LivePeer
-from gossamer.protocols.diloco import DilocoReplica
+from gossamer.protocols.diloco import DilocoReplica, Params
 from gossamer.protocols.mixing import neighbours
 from gossamer.protocols.models import build_model, flat_parameters, generate
 from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
@@ -55,6 +57,8 @@ from gossamer.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
 KINDS = ("params", "pgrad")
+MOMENTUM = "outer_momentum/"
+"""Prefix of the momentum tensors in a ``params`` message (no parameter name contains a slash)."""
 MAX_SERIES = 2000  # loss points kept for /status (the swarm page's curves)
 
 
@@ -79,7 +83,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                                          view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
                                          max_body_bytes=ctx.http_config.max_body_bytes)
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
-        self.attack = parse_attack(ctx.config.attack) if ctx.config.attack else None
+        self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
         self.inbox = Inbox()
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
@@ -206,16 +210,21 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         sender, round = received.envelope.sender, int(round_text)
         if received.envelope.round != round or self.live_with(sender, names.LEARNER) is None:
             raise web.HTTPForbidden(text="envelope refused")
-        reason = self._shape_problem(kind, received.tensors) or await self.inbox.put(kind, round, sender,
-                                                                                       received.tensors)
+        reason = self._shape_problem(kind, round, received.tensors) or await self.inbox.put(kind, round, sender,
+                                                                                              received.tensors)
         self.ctx.traffic.add_received(kind, received.size_bytes)
         if reason is not None:
             self._late_rejections.setdefault((kind, round), {})[sender] = reason
             return web.json_response({"accepted": False, "reason": reason}, status=409)
         return web.json_response({"accepted": True})
 
-    def _shape_problem(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> str | None:
-        expected = self._snapshot[1] if kind == "params" else self.aggregator.subset_of(self._snapshot[1])
+    def _shape_problem(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor]) -> str | None:
+        params = self._snapshot[1]
+        if kind == "params":
+            momentum = self.settings.mixing.mixes_momentum(round)
+            expected = {**params, **({MOMENTUM + name: t for name, t in params.items()} if momentum else {})}
+        else:
+            expected = self.aggregator.subset_of(params, round=round)
         if tensors.keys() != expected.keys():
             return f"{kind} names do not match the model"
         for name, tensor in tensors.items():
@@ -259,9 +268,11 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         n1 = [learners[j] for j in neighbours(w1[me]) if j != me]
         n2 = [learners[j] for j in neighbours(w2[me]) if j != me]
         x = self.replica.begin_round()
+        u = self.replica.momentum_snapshot() if plan.mixes_momentum(t) else {}
         self._snapshot = (t, x)
         self.ctx.announce()  # the record's round and state version are t from now on
-        sending = [asyncio.create_task(self._send_all("params", t, x, n1, ledger.params, ledger))]
+        outgoing = {**x, **{MOMENTUM + name: tensor for name, tensor in u.items()}}
+        sending = [asyncio.create_task(self._send_all("params", t, outgoing, n1, ledger.params, ledger))]
         compute_started = time.monotonic()
         ledger.train_loss = await asyncio.to_thread(self._inner_phase)
         ledger.compute_s = time.monotonic() - compute_started
@@ -269,21 +280,33 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
         self._settle(ledger.params, "params", t, arrived)
         ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
-        m = mix_parameters(x, arrived, weights=w1, me=me, index_of=learners.index,
-                           clip_tau=self.settings.w1_clip_tau, max_norm=self.settings.max_norm)
+        m, u_mixed = self._mix1(x, u, arrived, weights=w1, me=me, learners=learners)
         sent_d = self.attack(d) if self.attack else d
-        sending.append(asyncio.create_task(
-            self._send_all("pgrad", t, self.aggregator.subset_of(sent_d), n2, ledger.pseudo_gradients, ledger)))
+        if sent_d is not None:  # None: a Byzantine learner (--attack withhold) that never sends
+            sending.append(asyncio.create_task(self._send_all(
+                "pgrad", t, self.aggregator.subset_of(sent_d, round=t), n2, ledger.pseudo_gradients, ledger)))
         arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
-                                            ledger=ledger.pseudo_gradients)
+                                            ledger=ledger.pseudo_gradients, round=t)
         ledger.note = self.aggregator.note
-        self.replica.finish_round(m, d_mixed)
+        self.replica.finish_round(m, d_mixed, u_mixed)
         await self._drain(sending)
         ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
         ledger.wall_s = time.monotonic() - started
         return ledger
+
+    def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
+              learners: list[str]) -> tuple[Params, Params | None]:
+        """Mix1: the parameters m and, when this round mixes it (``u`` not empty), the outer
+        momentum u~, over the same neighbours with the same weights (and the same clipping)."""
+        def mixed(own: Params, part: Callable[[Params], Params]) -> Params:
+            return mix_parameters(own, {s: part(v) for s, v in arrived.items()}, weights=weights, me=me,
+                                  index_of=learners.index, clip_tau=self.settings.w1_clip_tau,
+                                  max_norm=self.settings.max_norm)
+
+        m = mixed(x, lambda v: {name: v[name] for name in x})
+        return m, (mixed(u, lambda v: {name: v[MOMENTUM + name] for name in u}) if u else None)
 
     def _inner_phase(self) -> float:
         losses = [self.replica.inner_step(*self.sampler.sample(self.ctx.device), next_byte_loss)

@@ -26,4 +26,4 @@ class RoundLedger:
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "params": self.params.to_json(), "pseudo_gradients": self.pseudo_gradients.to_json()}

@@ -13,15 +13,15 @@ Manifest layout (run config TOML)::
                         catch_up_rounds (a learner this many rounds behind the median of its peers
                         downloads their state and jumps to their round)
     [hyper.diloco]      DilocoConfig keys (inner_steps, inner_lr, outer_lr, outer_momentum, ...)
-    [hyper.mixing]      MixingPlan keys (w1, w2, w2_subset, k)
+    [hyper.mixing]      MixingPlan keys (w1, w2, w2_subset, k, mix_momentum, average_every:
+                        every average_every-th round is an exact average, W1 and W2 global over
+                        every parameter with the outer momentum averaged too, so the learners
+                        leave it identical; 0 never; mix_momentum: W1 also mixes the momentum)
     [hyper.aggregator]  name = "centered_clipping" (default) | "mean" | ..., and its parameters
 
-The default aggregator is centered clipping iterated from the coordinate-wise median. Its
-one-step form with worker momentum (``centered_clipping_momentum``, the robust default for
-per-step aggregation) is available too, but across DiLoCo's outer rounds the worker momentum is
-an average of pseudo-gradients taken at earlier, different parameters: measured on the demo run
-it made the held-out loss climb (3.2 -> 4.4 nats in 8 rounds, and -> 34 with the outer Nesterov
-momentum on top), where plain centered clipping fell (3.0 -> 2.4) like the mean (3.3 -> 2.3).
+The default aggregator is centered clipping iterated from the coordinate-wise median
+(``robust.DEFAULT``): it held against every adaptive attack of ``scripts/experiments/byzantine.py``
+(EXPERIMENTS.md). Its one-step form with worker momentum was retired (``robust_clipping``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_fai
 EVENTS = {
     "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper)",
                            ("nodes", "wanted", "helpers")),
+    "normalized": EventSchema("the input normalisation pooled from the nodes' per-channel counts and sums",
+                              ("nodes", "samples", "mean", "std")),
     "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
                         STEP_FIELDS),
     "eval": EventSchema("an evaluation on the orchestrator's held-out split",
@@ -47,6 +49,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
                 f"{e['test_accuracy']:.3f}; checkpoint {e['checkpoint']}")
     if event == "waiting":
         return f"waiting for nodes: {e['nodes']} of {e['wanted']} live, {e['helpers']} helper(s)"
+    if event == "normalized":
+        return f"input normalisation from {len(e['nodes'])} node(s), {e['samples']} samples"
     if event == "error":
         return f"training stopped: {e['message']} (checkpoint {e['checkpoint']})"
     return None

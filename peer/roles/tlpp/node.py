@@ -1,7 +1,10 @@
 """Role ``node``: a TL++ data node. Its samples never leave it; it runs the layers below the cut.
 
-The node publishes how many samples it holds (``assignment.tlpp_samples`` in its signed record)
-and answers only the run's orchestrator (the manifest owner's key), over ``peer.kit.secure_link``:
+The node checks its samples against the run's model input shape and classes when it starts (a
+node whose data does not fit refuses to start, naming the shape the run expects), publishes how
+many samples it holds (``assignment.tlpp_samples`` in its signed record; with ``data.normalize =
+"nodes"`` also ``tlpp_stats``, its per-channel count, sums and sums of squares,
+``protocols.tlpp.normalize``: never a sample) and answers only the run's orchestrator (the manifest owner's key), over ``peer.kit.secure_link``:
 
 - ``forward`` {step, indices, version, mode, helper}: load the weights sent with it (the
   orchestrator sends them when the node's cached version is stale; a node asked to run a version
@@ -42,7 +45,7 @@ from gossamer.peer.kit.secure_link import (
 )
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth, TcpMethod
 from gossamer.peer.roles.tlpp import names
-from gossamer.peer.roles.tlpp.data import default_node_source, load_data
+from gossamer.peer.roles.tlpp.data import default_node_source, load_run_data
 from gossamer.peer.roles.tlpp.secure import node_gradient_shares, node_share_activations
 from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.roles.tlpp.wire import (
@@ -56,7 +59,7 @@ from gossamer.peer.roles.tlpp.wire import (
     check_indices,
     check_tensors,
 )
-from gossamer.protocols.tlpp import TraversalError, node_backward, node_forward
+from gossamer.protocols.tlpp import TraversalError, channel_stats, node_backward, node_forward
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,10 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         source = ctx.config.data or default_node_source(ctx.identity.peer_id, self.settings.num_shards)
-        self.data = load_data(source, test_fraction=self.settings.test_fraction, split_seed=self.settings.split_seed)
+        self.data = load_run_data(source, self.settings)
+        self._assignment: dict[str, Any] = {"tlpp_samples": len(self.data)}
+        if self.settings.normalize == "nodes":
+            self._assignment["tlpp_stats"] = channel_stats(self.data.x).to_json()
         self.model = self.settings.build_model(ctx.device)
         self.node_side, self.server_side = self.settings.split(self.model)
         self._weights = {**self.node_side.state_dict(), **(self.server_side.state_dict() if self.settings.secure else {})}
@@ -108,7 +114,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
         return max(0, self.last_step + 1)
 
     def status(self) -> dict[str, Any]:
-        return {"assignment": {"tlpp_samples": len(self.data)}, "data": self.data.source, "samples": len(self.data),
+        return {"assignment": self._assignment, "data": self.data.source, "samples": len(self.data),
                 "mode": self.settings.mode, "weights_version": self.version, "steps_served": self.steps_served,
                 "pushes_failed": self.pushes_failed, "last_step": self.last_step}
 

@@ -3,7 +3,10 @@
 It holds the master model and its optimizer and drives the virtual batches
 (``peer.roles.tlpp.steps``): it waits until ``min_nodes`` data nodes (and, in secure mode, a
 helper) are live, builds the schedule from the sample counts the nodes publish in their signed
-records (``VirtualBatchScheduler``, shuffled per epoch with the run seed), and runs one virtual
+records (``VirtualBatchScheduler``, shuffled per epoch with the run seed), with ``data.normalize =
+"nodes"`` pools the per-channel counts and sums those nodes publish into the model's input
+normalisation (once, before the first step; a ``tlpp.normalized`` event; a node whose record
+holds no valid statistics is not scheduled; a resumed server keeps its saved model's), and runs one virtual
 batch after another until ``steps`` (or ``epochs`` passes) are done. ``min_nodes`` gates the
 start only: a run whose nodes leave goes on with those that are left. After each step it applies
 the summed gradients with its optimizer, writes the step's ledger, emits a ``tlpp.step`` event
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -44,11 +48,19 @@ from gossamer.peer.kit.secure_link import SecureLinks
 from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.tlpp import names
-from gossamer.peer.roles.tlpp.data import load_data
+from gossamer.peer.roles.tlpp.data import DataSourceError, load_run_data
 from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.roles.tlpp.steps import StepDriver, StepLedger, TrainingStopped, grads_finite
 from gossamer.peer.roles.tlpp.wire import ShareLog
-from gossamer.protocols.tlpp import TraversalError, VirtualBatch, VirtualBatchScheduler, affine_server
+from gossamer.protocols.tlpp import (
+    ChannelStats,
+    TraversalError,
+    VirtualBatch,
+    VirtualBatchScheduler,
+    affine_server,
+    pool_stats,
+    read_stats,
+)
 
 log = logging.getLogger(__name__)
 WAIT_POLL_S = 10.0
@@ -70,7 +82,10 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
                 affine_server(server_side)
             except TraversalError as exc:
                 raise ConfigError(f"secure mode: {exc}") from exc
-        self.test = load_data(settings.test, test_fraction=settings.test_fraction, split_seed=settings.split_seed)
+        try:
+            self.test = load_run_data(settings.test, settings)
+        except DataSourceError as exc:
+            raise DataSourceError(f"data.test: {exc}") from exc
         self.optimizer = _optimizer(self.model, settings)
         self.links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
         self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side, server_side=server_side,
@@ -86,6 +101,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         self.error = ""
         self.checkpoint_path = ""
         self.done = asyncio.Event()  # set when training finished or stopped
+        self._scheduled: dict[str, tuple[int, ChannelStats | None]] = {}  # the nodes of the latest schedule
         self.resumed_from = self._resume()
 
     # -- role interface -------------------------------------------------------------------------
@@ -139,6 +155,8 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     async def _train(self) -> None:
         scheduler = await self._schedule(self.settings.min_nodes)
+        if self.settings.normalize == "nodes" and not self.resumed_from:  # a resumed model keeps its own
+            self._normalize()
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
         self.total_steps = total
         epoch, start = self.position  # (0, 0), or where an earlier life of this server stopped
@@ -161,13 +179,40 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         return [p.record.peer_id for p in self.peers_with(role)]
 
     def _node_counts(self) -> dict[str, int]:
-        counts = {}
+        return {peer: samples for peer, (samples, _) in self._nodes().items()}
+
+    def _nodes(self) -> dict[str, tuple[int, ChannelStats | None]]:
+        """The live data nodes with a valid sample count in their records, and their per-channel
+        statistics (with ``data.normalize = "nodes"``; a node without valid ones is left out)."""
+        nodes = {}
         for peer in self.ctx.view.live(now=self.ctx.now()):
-            samples = peer.record.assignment.get("tlpp_samples")
-            if names.NODE in peer.record.roles and isinstance(samples, int) and not isinstance(samples, bool) \
-                    and samples > 0:
-                counts[peer.record.peer_id] = samples
-        return counts
+            assignment = peer.record.assignment
+            samples = assignment.get("tlpp_samples")
+            if names.NODE not in peer.record.roles or isinstance(samples, bool) or not isinstance(samples, int) \
+                    or samples < 1:
+                continue
+            stats = None
+            if self.settings.normalize == "nodes":
+                try:
+                    stats = read_stats(assignment.get("tlpp_stats"), channels=self.settings.input_shape[0],
+                                       count=samples)
+                except TraversalError:
+                    continue
+            nodes[peer.record.peer_id] = (samples, stats)
+        return nodes
+
+    def _normalize(self) -> None:
+        """Pool the per-channel statistics of the nodes training starts with into the model's input
+        normalisation (its buffers go to the nodes with the node-side weights)."""
+        used = sorted(self._scheduled)
+        stats = [s for _, s in (self._scheduled[n] for n in used) if s is not None]
+        mean, std = pool_stats(stats, positions=math.prod(self.settings.input_shape[1:]))
+        layer = self.settings.normalization(self.model)
+        assert layer is not None  # data.normalize = "nodes" builds it
+        layer.set(mean, std)
+        self.emit("normalized", nodes=used, samples=sum(s.count for s in stats), mean=list(mean), std=list(std))
+        log.info("input normalisation pooled from %d node(s): mean %s, std %s", len(used),
+                 [round(m, 4) for m in mean[:8]], [round(v, 4) for v in std[:8]])
 
     async def _schedule(self, wanted: int) -> VirtualBatchScheduler:
         """A schedule over the live nodes, once ``wanted`` of them (and a helper, in secure mode) are
@@ -183,7 +228,9 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
                      f", {helpers} helper(s)" if self.settings.secure else "")
             self.emit("waiting", nodes=nodes, wanted=wanted, helpers=helpers)
             await self.ctx.until_view(ready, timeout_s=WAIT_POLL_S)
-        return VirtualBatchScheduler(self._node_counts(), batch_size=self.settings.batch_size, seed=self.settings.seed,
+        self._scheduled = self._nodes()
+        return VirtualBatchScheduler({n: samples for n, (samples, _) in self._scheduled.items()},
+                                     batch_size=self.settings.batch_size, seed=self.settings.seed,
                                      drop_last=self.settings.drop_last)
 
     async def _until_nodes_change(self, failed: set[str]) -> None:
@@ -278,7 +325,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
              checkpoint=self.checkpoint_path)
 
     async def _checkpoint(self) -> str:
-        params = {name: p.detach().cpu().clone() for name, p in self.model.named_parameters()}
+        params = {name: t.detach().cpu().clone() for name, t in self.model.state_dict().items()}
         path = await self.checkpoints.write_async(f"{self.ctx.manifest.config.name}-tlpp", params, step=str(self.step),
                                                   cut=str(self.settings.cut), mode=self.settings.mode)
         return str(path)

@@ -2,15 +2,24 @@
 
 Manifest layout (run config TOML)::
 
-    [model]   name = "digits_cnn" (the only model so far: 4 stages, ``protocols.tlpp``),
-              cut (stages [0, cut) run on the data nodes, [cut, 4) on the servers; 1..3),
-              channels = [c1, c2, c3], hidden
+    [model]   name (a built-in: "digits_cnn", "rgb_cnn", "tabular_mlp", "resnet_small";
+              ``protocols.tlpp.builtins``; the default is digits_cnn) OR stages (a declared stack:
+              a list of stages, each a list of layer specs such as "conv 16", "relu",
+              "maxpool 2", "flatten", "linear 64"; ``protocols.tlpp.stages``), input_shape (one
+              sample: [C, H, W] for images, [F] for tabular data; default [1, 8, 8]),
+              num_classes (default 10), cut (stages [0, cut) run on the data nodes, the rest on
+              the servers; 0, the default: below the last stage), channels and hidden (a
+              built-in's conv widths and hidden width; empty / 0: its defaults)
     [data]    test (the held-out split the orchestrator evaluates on; default
               "builtin:digits:test"), test_fraction and split_seed (the stratified train/test
               split of the built-in digits, the same on every host), num_shards (a node started
-              without ``--data`` takes shard ``peer id mod num_shards`` of the training split)
+              without ``--data`` takes shard ``peer id mod num_shards`` of the training split),
+              normalize = "none" | "nodes" | "fixed" (per-channel input normalisation: "nodes"
+              pools the counts and sums each node publishes in its signed record, at the start
+              of training; "fixed" takes mean and std, one value per channel, from this table)
     [hyper]   mode = "base" | "secure" (secure: cut activations and gradients travel as additive
-              shares to the orchestrator and the helper; needs cut = 3, an affine server side),
+              shares to the orchestrator and the helper; everything above the cut must be one
+              linear layer, an affine map on shares),
               batch_size (virtual batch), optimizer = "adam" | "sgd", lr, momentum (sgd),
               weight_decay, steps (optimizer steps; 0: ``epochs`` passes over the nodes' data),
               epochs, seed (model initialisation and the epochs' shuffles), drop_last,
@@ -27,33 +36,52 @@ Manifest layout (run config TOML)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import nn
 
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.settings import setting
-from gossamer.protocols.tlpp import TraversalError, digits_cnn, split_model
+from gossamer.protocols.tlpp import (
+    BUILTINS,
+    Declaration,
+    Normalize,
+    TraversalError,
+    build_stages,
+    builtin_stages,
+    check_cut,
+    check_secure,
+    infer_shapes,
+    split_model,
+)
 
-MODELS = ("digits_cnn",)
+MODELS = tuple(BUILTINS)  # the built-in model names (model.name)
 MODES = ("base", "secure")
 OPTIMIZERS = ("adam", "sgd")
-NUM_STAGES = 4
-NUM_CLASSES = 10
+NORMALIZE = ("none", "nodes", "fixed")
+DEFAULT_MODEL = "digits_cnn"
+MAX_STATS_CHANNELS = 256  # normalize = "nodes": per-channel sums must fit in a node's signed record
 
 
 @dataclass(frozen=True, kw_only=True)
 class TlppSettings:
     """Everything the TL++ roles need from the manifest (see the module docstring for each field)."""
 
-    model: str = setting("digits_cnn", table="model", key="name", choices=MODELS)
-    cut: int = setting(3, table="model", low=1, high=NUM_STAGES - 1)
-    channels: tuple[int, int, int] = setting((16, 32, 32), table="model")
-    hidden: int = setting(64, table="model", low=1)
+    model: str = setting("", table="model", key="name")
+    stages: tuple[tuple[str, ...], ...] = setting((), table="model")
+    input_shape: tuple[int, ...] = setting((1, 8, 8), table="model")
+    num_classes: int = setting(10, table="model", low=2)
+    cut: int = setting(0, table="model", low=0)
+    channels: tuple[int, ...] = setting((), table="model")
+    hidden: int = setting(0, table="model", low=0)
     test: str = setting("builtin:digits:test", table="data")
     test_fraction: float = setting(0.2, table="data", above=0.0, below=1.0)
     split_seed: int = setting(0, table="data", low=0)
     num_shards: int = setting(4, table="data", low=1)
+    normalize: str = setting("none", table="data", choices=NORMALIZE)
+    mean: tuple[float, ...] = setting((), table="data")
+    std: tuple[float, ...] = setting((), table="data")
     mode: str = setting("base", table="hyper", choices=MODES)
     batch_size: int = setting(50, table="hyper", low=1)
     optimizer: str = setting("adam", table="hyper", choices=OPTIMIZERS)
@@ -73,25 +101,83 @@ class TlppSettings:
     eval_every: int = setting(10, table="hyper", low=0)
 
     def __post_init__(self) -> None:
-        if self.mode == "secure" and self.cut != NUM_STAGES - 1:
-            raise ConfigError(f"hyper.mode = \"secure\" needs model.cut = {NUM_STAGES - 1} (the server side must be "
-                              f"the last Linear, an affine map on shares); got cut = {self.cut}")
-        if min(self.channels) < 1:
-            raise ConfigError(f"model.channels must be three widths >= 1, got {list(self.channels)}")
+        self._check_model()
+        self._check_normalization()
         if self.steps == 0 and self.epochs == 0:
             raise ConfigError("hyper.steps and hyper.epochs are both 0: set one of them")
         if self.helper_wait_s >= self.helper_timeout_s:
             raise ConfigError(f"hyper.helper_wait_s ({self.helper_wait_s}) must be shorter than hyper.helper_timeout_s "
                               f"({self.helper_timeout_s}), or the orchestrator gives up before the helper answers")
 
+    def _check_model(self) -> None:
+        if self.model and self.stages:
+            raise ConfigError(f"model.name = {self.model!r} and model.stages are both set: name a built-in or "
+                              "declare the stages, not both")
+        if self.stages and (self.channels or self.hidden):
+            raise ConfigError("model.channels and model.hidden size a built-in; a declared model.stages gives its "
+                              "sizes in its layers")
+        where = "model." if self.stages else f"model.name = {self.model or DEFAULT_MODEL!r}: "
+        try:
+            infer_shapes(self.declaration, input_shape=self.input_shape, num_classes=self.num_classes)
+            if self.cut == 0:
+                object.__setattr__(self, "cut", len(self.declaration) - 1)
+            check_cut(self.declaration, self.cut)
+        except TraversalError as exc:
+            raise ConfigError(f"{'model.' if str(exc).startswith(('input_shape', 'cut')) else where}{exc}") from exc
+        if self.secure:
+            try:
+                check_secure(self.declaration, self.cut)
+            except TraversalError as exc:
+                raise ConfigError(f"hyper.mode = \"secure\": {where}{exc}") from exc
+
+    def _check_normalization(self) -> None:
+        channels = self.input_shape[0]
+        if self.normalize != "fixed" and (self.mean or self.std):
+            raise ConfigError(f"data.mean and data.std are read only with data.normalize = \"fixed\" (it is "
+                              f"{self.normalize!r})")
+        if self.normalize == "fixed" and not (len(self.mean) == len(self.std) == channels and min(self.std) > 0):
+            raise ConfigError(f"data.normalize = \"fixed\" needs data.mean and data.std with {channels} value(s) each "
+                              f"(one per channel of model.input_shape), std > 0; got {list(self.mean)} and "
+                              f"{list(self.std)}")
+        if self.normalize == "nodes" and channels > MAX_STATS_CHANNELS:
+            raise ConfigError(f"data.normalize = \"nodes\" pools per-channel sums from the nodes' records, at most "
+                              f"{MAX_STATS_CHANNELS} channels; model.input_shape has {channels}: fix data.mean and "
+                              "data.std instead (data.normalize = \"fixed\")")
+
+    @cached_property
+    def declaration(self) -> Declaration:
+        """The model's stages: the declared ones, or the built-in's."""
+        if self.stages:
+            return self.stages
+        try:
+            return builtin_stages(self.model or DEFAULT_MODEL, num_classes=self.num_classes,
+                                  channels=self.channels, hidden=self.hidden)
+        except TraversalError as exc:
+            raise ConfigError(f"model.{exc}") from exc
+
     @property
     def secure(self) -> bool:
         return self.mode == "secure"
 
+    @property
+    def num_stages(self) -> int:
+        return len(self.declaration)
+
     def build_model(self, device: torch.device | str) -> nn.Sequential:
-        """The run's model, initialised from ``seed`` (every host builds the same one)."""
-        return digits_cnn(channels=self.channels, hidden=self.hidden, num_classes=NUM_CLASSES, seed=self.seed,
-                          device=device)
+        """The run's model, initialised from ``seed`` (every host builds the same one). With
+        ``data.normalize`` set, stage 0 starts with a ``Normalize`` layer (``normalization``):
+        fixed statistics are loaded here, the nodes' pooled ones by the orchestrator."""
+        first = None
+        if self.normalize != "none":
+            first = Normalize(self.input_shape)
+            if self.normalize == "fixed":
+                first.set(self.mean, self.std)
+        return build_stages(self.declaration, input_shape=self.input_shape, num_classes=self.num_classes,
+                            seed=self.seed, device=device, first=first)
+
+    def normalization(self, model: nn.Sequential) -> Normalize | None:
+        """The model's input normalisation layer, if the run normalises."""
+        return model[0][0] if self.normalize != "none" else None
 
     def split(self, model: nn.Sequential) -> tuple[nn.Sequential, nn.Sequential]:
         """(node side, server side) of ``model`` at the cut; ConfigError if the split cannot work."""

@@ -55,7 +55,6 @@ from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import PeerError
 from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
-from gossamer.peer.roles.tlpp.data import IMAGE_SHAPE
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
     ORCHESTRATOR,
@@ -68,7 +67,7 @@ from gossamer.peer.roles.tlpp.secure import (
     server_logit_share,
     server_sum,
 )
-from gossamer.peer.roles.tlpp.settings import NUM_CLASSES, TlppSettings
+from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.roles.tlpp.wire import (
     ACT,
     BACKWARD,
@@ -148,7 +147,7 @@ class StepDriver:
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self._node_params = {name: p.detach() for name, p in node_side.named_parameters()}
         with torch.no_grad():
-            self.cut_shape = tuple(node_side(torch.zeros(1, *IMAGE_SHAPE, device=device)).shape[1:])
+            self.cut_shape = tuple(node_side(torch.zeros(1, *settings.input_shape, device=device)).shape[1:])
         if settings.secure:
             linear = affine_server(server_side)
             self._server_weight = linear.weight
@@ -215,8 +214,9 @@ class StepDriver:
                     "labels": torch.empty(rows, dtype=torch.int64)}
         check_tensors(reply.tensors, expected, what=f"forward reply of node {node[:12]}")
         labels = reply.tensors["labels"]
-        if int(labels.min()) < 0 or int(labels.max()) >= NUM_CLASSES:
-            raise RequestRefused(f"node {node[:12]} sent labels outside [0, {NUM_CLASSES})", code="malformed")
+        classes = self.settings.num_classes
+        if int(labels.min()) < 0 or int(labels.max()) >= classes:
+            raise RequestRefused(f"node {node[:12]} sent labels outside [0, {classes})", code="malformed")
         if self.settings.secure:
             check_party(reply.fields, ORCHESTRATOR, what=f"forward reply of node {node[:12]}")
             self.share_log.record(step=step, node=node, tensors=[ACT], share_index=ORCHESTRATOR)
@@ -262,7 +262,7 @@ class StepDriver:
             ledger.note = "the helper holds no activation share of any node that answered"
             return None
         rows = sum(forwarded[n].act.shape[0] for n in used)
-        check_tensors(reply.tensors, {"logits": torch.empty(rows, NUM_CLASSES, dtype=torch.int64)},
+        check_tensors(reply.tensors, {"logits": torch.empty(rows, settings.num_classes, dtype=torch.int64)},
                       what="the helper's logit share")
         try:
             own = server_logit_share({n: PartyShare(ORCHESTRATOR, forwarded[n].act) for n in used}, self.server_side,

@@ -10,7 +10,8 @@ from gossamer.transport.dht.membership import DhtMembership
 
 KEY = "run/demo@ab12cd34/peers"
 MADE_UP_PEER_ID = "QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"
-FAST = {"bootstrap_timeout_s": 3.0, "request_timeout_s": 3.0}
+# Bounds on waits that succeed at once on an idle machine; they only decide how long a busy one may take.
+FAST = {"bootstrap_timeout_s": 30.0, "request_timeout_s": 10.0}
 
 
 def p2pd_children() -> set[int]:

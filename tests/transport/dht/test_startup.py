@@ -15,7 +15,7 @@ from tests.transport.dht.support import FAST, MADE_UP_PEER_ID, closed_port, p2pd
 async def test_unreachable_initial_peer_raises_bootstrap_failed() -> None:
     before = p2pd_children()
     maddr = f"/ip4/127.0.0.1/tcp/{closed_port()}/p2p/{MADE_UP_PEER_ID}"
-    config = DhtConfig(initial_peers=(maddr,), bootstrap_timeout_s=2.0, request_timeout_s=2.0)
+    config = DhtConfig(initial_peers=(maddr,), bootstrap_timeout_s=20.0, request_timeout_s=5.0)
 
     with pytest.raises(BootstrapFailed) as caught:
         await DhtMembership.create(config)

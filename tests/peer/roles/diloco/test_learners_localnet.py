@@ -1,8 +1,9 @@
-"""Three real learners in one process (``peer.testing.localnet``): real HTTP between them, signed
+"""Real learners in one process (``peer.testing.localnet``): real HTTP between them, signed
 messages, one view of signed records. With W1 = W2 = global every learner mixes with both others
 in every round, so their replicas stay identical (DiLoCo exactly) and every ledger balances; a
 learner whose pseudo-gradient inbox fails for one round records both others as timed out there
-and still finishes in step with them."""
+and still finishes in step with them; four learners on a ring leave an exact-average round
+identical."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ RUN = {
 }
 
 
-async def learners(tmp_path: Path, run: dict) -> tuple[LocalNet, list[LearnerRole]]:
+async def learners(tmp_path: Path, run: dict, count: int = 3) -> tuple[LocalNet, list[LearnerRole]]:
     net = await LocalNet.create(run, plugins=PLUGINS, workdir=tmp_path)
-    roles = [(await net.add(f"l{i}", ("learner",))).role for i in range(3)]
+    roles = [(await net.add(f"l{i}", ("learner",))).role for i in range(count)]
     return net, roles  # type: ignore[return-value]
 
 
@@ -77,5 +78,31 @@ async def test_a_learner_whose_inbox_fails_for_a_round_times_out_there_and_goes_
             assert role.finished and role.round == ROUNDS
             for ledger in role.history:
                 assert ledger.pseudo_gradients.balance_problems() == [], ledger.to_json()
+    finally:
+        await net.aclose()
+
+
+async def test_ring_learners_leave_an_exact_average_round_identical_momentum_included(tmp_path: Path) -> None:
+    """Four learners, W1 ring and W2 ring on the embeddings only, private momentum, an exact
+    average every second round: round 0 mixes with the two ring neighbours and leaves the learners
+    apart (their held-out losses differ); round 1 mixes with everyone over every parameter,
+    momentum included, and leaves them identical (each one's own momentum differs after round 0,
+    so this needs the momentum averaged too)."""
+    mixing = {"w1": "ring", "w2": "ring", "w2_subset": ["embed", "pos"], "average_every": 2}
+    run = {**RUN, "hyper": {**RUN["hyper"], "rounds": 2, "min_learners": 4, "mixing": mixing}}
+    net, roles = await learners(tmp_path, run, count=4)
+    try:
+        await finish(net, roles)
+
+        rounds = [(role.history.get(0), role.history.get(1)) for role in roles]
+        for ring, exact in rounds:
+            assert ring is not None and exact is not None
+            assert (len(ring.params.used), len(ring.pseudo_gradients.used)) == (2, 2), ring.to_json()
+            assert (len(exact.params.used), len(exact.pseudo_gradients.used)) == (3, 3), exact.to_json()
+        assert len({ring.heldout_loss for ring, _ in rounds}) > 1  # apart after the ring round
+        first, first_u = flat_parameters(roles[0].replica.module), roles[0].replica.outer.state_dict()
+        for role in roles[1:]:
+            other, other_u = flat_parameters(role.replica.module), role.replica.outer.state_dict()
+            assert all(torch.equal(first[k], other[k]) and torch.equal(first_u[k], other_u[k]) for k in first)
     finally:
         await net.aclose()

@@ -46,7 +46,7 @@ def centralized(net: Tlpp, plan: list[tuple[int, set[str]]], *, lr: float) -> di
     step, the batch index and the nodes whose samples count; a node is out of the schedule from
     the step after its first absence (the orchestrator's rule after a failure)."""
     names = {net.id_of(f"node{i}"): f"node{i}" for i in range(len(SOURCES))}
-    data = {n: load_data(SOURCES[int(name[4:])], test_fraction=0.2, split_seed=0) for n, name in names.items()}
+    data = {n: load_data(SOURCES[int(name[4:])], input_shape=(1, 8, 8), num_classes=10) for n, name in names.items()}
     scheduler = VirtualBatchScheduler({n: len(d) for n, d in data.items()}, batch_size=HYPER["batch_size"], seed=0)
     model = digits_cnn(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)

@@ -1,31 +1,15 @@
-"""Byzantine attacks for tests and experiments: pure functions that return what an attacker sends.
-
-Model-level attacks take the attacker's own honest vector ``v`` (or the honest vectors it can
-see, for the omniscient ones) and return the Byzantine vector; randomness only from a
-``torch.Generator`` passed in (it must live on ``v``'s device). Inputs are never modified.
-
-=====================  ==================================================================
-``sign_flip``          -scale * v
-``alie``               A Little Is Enough (Baruch et al., NeurIPS 2019): mean - z * std,
-                       coordinate-wise over the honest vectors, z from the paper's formula
-``ipm``                inner product manipulation (Xie et al., UAI 2019): -eps * mean
-``gaussian``           pure noise N(0, sigma^2) shaped like v
-``random_direction``   a uniformly random direction scaled to scale * ||v||
-``stale``              the vector of ``lag`` rounds ago
-``nan_update``         v with a NaN (one coordinate is all it takes)
-``inf_update``         v with a +Inf
-``huge_weight``        the same contribution, claiming weight 1e9
-``label_flip``         data-level, for byte LMs: target y becomes num_classes - 1 - y
-=====================  ==================================================================
+"""The classic attacks: fixed recipes that do not look at the defence (the table is in the package
+docstring). Model-level attacks take the attacker's own honest vector ``v`` (or the honest vectors,
+for the omniscient ones); randomness only from a ``torch.Generator`` passed in (on ``v``'s device).
+Inputs are never modified.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from statistics import NormalDist
-from types import MappingProxyType
 
 import torch
 
@@ -110,18 +94,3 @@ def label_flip(targets: torch.Tensor, num_classes: int = 256) -> torch.Tensor:
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
         raise InvalidSetting(f"label_flip needs targets in [0, num_classes), got num_classes={num_classes}")
     return (num_classes - 1) - targets
-
-
-ATTACKS: Mapping[str, Callable[..., object]] = MappingProxyType({
-    "sign_flip": sign_flip,
-    "alie": alie,
-    "ipm": ipm,
-    "gaussian": gaussian,
-    "random_direction": random_direction,
-    "stale": stale,
-    "nan_update": nan_update,
-    "inf_update": inf_update,
-    "huge_weight": huge_weight,
-    "label_flip": label_flip,
-})
-"""Attacks by function name (signatures differ: see each function)."""
