@@ -1,11 +1,21 @@
 """Signed envelopes for data-plane messages, and the replay guard that opens them.
 
-An envelope binds one message to its sender, recipient, run, round, send time, a 16-byte nonce and
-the SHA-256 digest of the payload bytes; the sender signs it with its Ed25519 identity under an
-envelope-only domain tag. ``ReplayGuard.open`` refuses, with the same opaque ``VerificationError``
-every time: a malformed blob, a bad signature, a sender id that is not the fingerprint of the
-signing key, another recipient, another run, another payload, a timestamp outside
-``now +- window_s``, and a nonce already seen from that sender.
+An envelope binds one message to its sender, recipient, run, round, the request it travels in
+(method and target, e.g. ``PUT`` ``/blocktrain/update/0/3``), send time, a 16-byte nonce and the
+SHA-256 digest of the payload bytes; the sender signs it with its Ed25519 identity under an
+envelope-only domain tag. So a message cannot be moved to another endpoint (an update for block
+0 rewritten to block 1, DiLoCo ``params`` swapped for ``pgrad``): the signature covers the path.
+
+``ReplayGuard`` opens envelopes in two steps, so that a receiver can check who is talking before
+it reads a single payload byte: ``check`` (before the payload) verifies the signature and refuses
+a malformed blob, a sender id that is not the fingerprint of the signing key, another recipient,
+run, method or target, a timestamp outside ``now +- window_s`` and a nonce already seen from that
+sender, then holds the nonce; ``admit`` (after the payload) refuses another payload digest, then
+remembers the nonce; ``release`` (in a ``finally``) lets go of a held nonce that was not admitted.
+Every refusal is the same opaque ``VerificationError``; ``open`` is the three in one. A nonce is
+remembered only once its payload matched, so a rewritten request or a forged body never burns the
+nonce of the genuine message (it holds it at most while its own body is being received), and a
+duplicate sent while the first copy's payload is still arriving is refused.
 
 Nonce memory is bounded. An entry is forgotten once its timestamp falls below the guard's floor
 (the highest ``now - window_s`` seen so far); envelopes older than the floor are refused, so
@@ -19,6 +29,7 @@ import hashlib
 import heapq
 import hmac
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +37,13 @@ from gossamer.crypto.errors import VerificationError
 from gossamer.crypto.identity import Identity, peer_id_of
 from gossamer.crypto.signed import decode_body, seal_body, unwrap
 
-ENVELOPE_DOMAIN = b"gossamer-envelope-v1\0"
+ENVELOPE_DOMAIN = b"gossamer-envelope-v2\0"
 NONCE_BYTES = 16
 DIGEST_BYTES = 32
 MAX_ENVELOPE_BYTES = 4096
-_FIELDS = frozenset({"sender", "recipient", "run", "round", "ts", "nonce", "digest"})
+MAX_TARGET_CHARS = 2048
+_METHOD = re.compile(r"[A-Z]{1,16}")
+_FIELDS = frozenset({"sender", "recipient", "run", "round", "method", "target", "ts", "nonce", "digest"})
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,8 @@ class Envelope:
     recipient: str
     run_id: str
     round: int
+    method: str
+    target: str
     timestamp: float
     nonce: bytes
     payload_digest: bytes
@@ -61,16 +76,22 @@ def seal(
     recipient: str,
     run_id: str,
     round: int,
+    method: str,
+    target: str,
     payload_digest: bytes,
     now: float,
     nonce: bytes,
 ) -> bytes:
-    """Sign an envelope for ``recipient``; ``now`` and ``nonce`` (16 random bytes) come from the caller."""
+    """Sign an envelope for ``recipient`` and the request ``method target`` (an upper-case HTTP
+    method; the request target as sent, path and query); ``now`` and ``nonce`` (16 random bytes)
+    come from the caller."""
     _require(isinstance(recipient, str) and recipient != "", "recipient must be a non-empty str")
     _require(isinstance(run_id, str) and run_id != "", "run_id must be a non-empty str")
     _require(
         isinstance(round, int) and not isinstance(round, bool) and round >= 0, "round must be an int >= 0"
     )
+    _require(_is_method(method), "method must be 1-16 upper-case letters")
+    _require(_is_target(target), f"target must be a str starting with '/', at most {MAX_TARGET_CHARS} chars")
     _require(_is_bytes(payload_digest, DIGEST_BYTES), f"payload_digest must be {DIGEST_BYTES} bytes")
     _require(_is_bytes(nonce, NONCE_BYTES), f"nonce must be {NONCE_BYTES} bytes")
     _require(isinstance(now, int | float) and math.isfinite(now), "now must be a finite number of seconds")
@@ -79,6 +100,8 @@ def seal(
         "recipient": recipient,
         "run": run_id,
         "round": round,
+        "method": method,
+        "target": target,
         "ts": float(now),
         "nonce": nonce,
         "digest": payload_digest,
@@ -111,11 +134,73 @@ class ReplayGuard:
         self._config = config or ReplayGuardConfig()
         self._seen: dict[bytes, float] = {}  # sender public key + nonce -> envelope timestamp
         self._expiry: list[tuple[float, bytes]] = []  # min-heap over the same entries
+        self._held: set[bytes] = set()  # nonces of messages whose payload is still being received
         self._floor_s = -math.inf
 
     def __len__(self) -> int:
         """Number of nonces remembered now."""
         return len(self._seen)
+
+    def check(
+        self,
+        blob: bytes,
+        *,
+        me: str,
+        run_id: str,
+        method: str,
+        target: str,
+        now: float,
+        expected_public_key: bytes | None = None,
+    ) -> Envelope:
+        """Everything but the payload, before a payload byte is read: VerificationError unless
+        ``blob`` is a well-signed, fresh envelope for (me, run_id, method, target) whose nonce is
+        neither remembered nor held by a message still being received. On success the nonce is
+        held (a duplicate is refused) until ``admit`` remembers it or ``release`` lets it go."""
+        if not (isinstance(now, int | float) and math.isfinite(now)):
+            raise ValueError(f"now must be a finite number of seconds, got {now!r}")
+        signed = unwrap(blob, max_bytes=MAX_ENVELOPE_BYTES)
+        if expected_public_key is not None and signed.public_key != expected_public_key:
+            raise VerificationError()
+        envelope = _parse(decode_body(signed, max_bytes=MAX_ENVELOPE_BYTES), signed.public_key)
+        key = envelope.sender_public_key + envelope.nonce
+        ok = (
+            envelope.sender == peer_id_of(envelope.sender_public_key)
+            and envelope.recipient == me
+            and envelope.run_id == run_id
+            and envelope.method == method
+            and envelope.target == target
+            and abs(envelope.timestamp - now) <= self._config.window_s
+            and envelope.timestamp >= self._floor_s
+            and key not in self._seen
+            and key not in self._held
+        )
+        if not ok:
+            raise VerificationError()
+        signed.verify(ENVELOPE_DOMAIN)  # the costly check last, and before anything is held
+        self._prune(now - self._config.window_s)
+        if len(self._seen) + len(self._held) >= self._config.max_entries:
+            raise VerificationError()  # fail closed until entries age out
+        self._held.add(key)
+        return envelope
+
+    def admit(self, envelope: Envelope, *, payload_digest: bytes, now: float) -> None:
+        """After the payload of a ``check``-ed envelope: VerificationError unless its digest is
+        the one the envelope signed; then the nonce is remembered. The payload may have taken
+        longer than ``window_s`` to arrive: the nonce was held all along, so no duplicate got in."""
+        key = envelope.sender_public_key + envelope.nonce
+        if key not in self._held:
+            raise VerificationError()  # never checked, or already admitted / released
+        if not (isinstance(payload_digest, bytes) and hmac.compare_digest(envelope.payload_digest, payload_digest)):
+            raise VerificationError()
+        self._held.discard(key)
+        self._prune(now - self._config.window_s)
+        self._seen[key] = envelope.timestamp
+        heapq.heappush(self._expiry, (envelope.timestamp, key))
+
+    def release(self, envelope: Envelope) -> None:
+        """Let go of a nonce ``check`` held whose payload never matched (cut, refused, wrong
+        digest); a no-op once ``admit`` remembered it. Call it in a ``finally``."""
+        self._held.discard(envelope.sender_public_key + envelope.nonce)
 
     def open(
         self,
@@ -123,46 +208,20 @@ class ReplayGuard:
         *,
         me: str,
         run_id: str,
+        method: str,
+        target: str,
         payload_digest: bytes,
         now: float,
         expected_public_key: bytes | None = None,
     ) -> Envelope:
-        """Verify ``blob`` for (me, run_id, payload_digest) at time ``now``; VerificationError otherwise."""
-        if not (isinstance(now, int | float) and math.isfinite(now)):
-            raise ValueError(f"now must be a finite number of seconds, got {now!r}")
-        signed = unwrap(blob, max_bytes=MAX_ENVELOPE_BYTES)
-        if expected_public_key is not None and signed.public_key != expected_public_key:
-            raise VerificationError()
-        envelope = _parse(decode_body(signed, max_bytes=MAX_ENVELOPE_BYTES), signed.public_key)
-        self._check_binding(envelope, me=me, run_id=run_id, payload_digest=payload_digest, now=now)
-        signed.verify(ENVELOPE_DOMAIN)  # the costly check last, and before anything is remembered
-        self._remember(envelope, now)
+        """``check`` then ``admit``, for a payload already at hand."""
+        envelope = self.check(blob, me=me, run_id=run_id, method=method, target=target, now=now,
+                              expected_public_key=expected_public_key)
+        try:
+            self.admit(envelope, payload_digest=payload_digest, now=now)
+        finally:
+            self.release(envelope)
         return envelope
-
-    def _check_binding(
-        self, envelope: Envelope, *, me: str, run_id: str, payload_digest: bytes, now: float
-    ) -> None:
-        """Everything that needs no signature: identity binding, addressing, payload, freshness."""
-        ok = (
-            envelope.sender == peer_id_of(envelope.sender_public_key)
-            and envelope.recipient == me
-            and envelope.run_id == run_id
-            and isinstance(payload_digest, bytes)
-            and hmac.compare_digest(envelope.payload_digest, payload_digest)
-            and abs(envelope.timestamp - now) <= self._config.window_s
-            and envelope.timestamp >= self._floor_s
-        )
-        if not ok:
-            raise VerificationError()
-
-    def _remember(self, envelope: Envelope, now: float) -> None:
-        """Record the nonce, refusing it if already seen; prune first, fail closed when full."""
-        self._prune(now - self._config.window_s)
-        key = envelope.sender_public_key + envelope.nonce
-        if key in self._seen or len(self._seen) >= self._config.max_entries:
-            raise VerificationError()
-        self._seen[key] = envelope.timestamp
-        heapq.heappush(self._expiry, (envelope.timestamp, key))
 
     def _prune(self, cutoff_s: float) -> None:
         """Forget nonces with timestamps below ``cutoff_s``; such envelopes are refused from now on."""
@@ -176,11 +235,13 @@ def _parse(body: dict[str, Any], public_key: bytes) -> Envelope:
     """Check the body's field names, types and lengths and build the Envelope."""
     if body.keys() != _FIELDS:
         raise VerificationError()
-    sender, recipient, run, rnd, ts = (
+    sender, recipient, run, rnd, method, target, ts = (
         body["sender"],
         body["recipient"],
         body["run"],
         body["round"],
+        body["method"],
+        body["target"],
         body["ts"],
     )
     ok = (
@@ -190,6 +251,8 @@ def _parse(body: dict[str, Any], public_key: bytes) -> Envelope:
         and isinstance(rnd, int)
         and not isinstance(rnd, bool)
         and rnd >= 0
+        and _is_method(method)
+        and _is_target(target)
         and isinstance(ts, float)
         and math.isfinite(ts)
         and _is_bytes(body["nonce"], NONCE_BYTES)
@@ -203,10 +266,20 @@ def _parse(body: dict[str, Any], public_key: bytes) -> Envelope:
         recipient=recipient,
         run_id=run,
         round=rnd,
+        method=method,
+        target=target,
         timestamp=ts,
         nonce=body["nonce"],
         payload_digest=body["digest"],
     )
+
+
+def _is_method(value: Any) -> bool:
+    return isinstance(value, str) and _METHOD.fullmatch(value) is not None
+
+
+def _is_target(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("/") and len(value) <= MAX_TARGET_CHARS
 
 
 def _is_bytes(value: Any, length: int) -> bool:

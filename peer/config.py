@@ -38,6 +38,10 @@ class PeerConfig:
         device: ``auto`` (CUDA if present, else CPU) or a torch device name.
         data: dataset for data-holding roles (``builtin:pydoc`` or a local path).
         join_token: owner-signed token for runs with an allowlist.
+        status_token: a secret that lets remote clients read ``/status`` and ``/metrics``
+            (``Authorization: Bearer TOKEN``); with it they answer only this host (loopback) and its
+            holders, without it anyone (the swarm page reads every peer's ``/status``).
+            Put it in the ``-c`` config file rather than on the command line, where ``ps`` shows it.
         manifest: a manifest file to use instead of fetching it from the DHT (still verified).
         checkpoint_dir: where roles write checkpoints (safetensors, written atomically); a role
             started again with the same identity and directory resumes from its own.
@@ -68,6 +72,7 @@ class PeerConfig:
     device: str = "auto"
     data: str = ""
     join_token: str = ""
+    status_token: str = ""
     manifest: str = ""
     checkpoint_dir: Path = Path("~/.gossamer/checkpoints")
     checkpoint_every: int = 10

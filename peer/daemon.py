@@ -36,9 +36,11 @@ from gossamer.peer.progress import ProgressPrinter
 from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, start_membership
-from gossamer.peer.run.keys import peers_key
+from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest
+from gossamer.peer.run.publisher import Publisher, StoreLog
 from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.tenure import tenured_ids
 from gossamer.peer.run.view import PeerView
 from gossamer.peer.serving import (
     TcpDispatch,
@@ -46,6 +48,7 @@ from gossamer.peer.serving import (
     peer_record,
     role_app,
     role_dispatcher,
+    role_gate,
     state_donor,
 )
 from gossamer.transport.dht import DhtMembership
@@ -84,6 +87,9 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = time.monotonic()
         self._record_expiration = 0.0
+        self.store_log = StoreLog()
+        self._record_publisher = Publisher(membership, what="record", key=peers_key(manifest.run_id), signer=identity,
+                                           heartbeat_s=manifest.config.heartbeat_s, store_log=self.store_log)
         self._announce = asyncio.Event()
         self._view_refreshed = asyncio.Condition()
         self._closed = False
@@ -106,20 +112,24 @@ class Daemon:
         if config.threads:
             torch.set_num_threads(config.threads)  # once for every role of this process
         async with contextlib.AsyncExitStack() as stack:
-            membership = await start_membership(config)
+            run_keys = RunKeys()
+            membership = await start_membership(config, run_keys=run_keys)
             stack.push_async_callback(membership.aclose)
             if identity is not None:
                 manifest = build_manifest(identity, run_config, now=membership.now())
             else:
                 manifest = await fetch_manifest(membership, config)
+            run_keys.learn(manifest)
             plugin = plugins.plugin(manifest.config.protocol)
             plugins.check_roles(plugin.name, config.roles, run=manifest.run_id)
             settings = plugin.read_settings(manifest.config)
             identity = identity or load_identity(config)  # only now: every argument checked out
+            admission = Admission(manifest)
+            admission.check_own_token(config.join_token, public_key=identity.public_key, now=membership.now())
             http_config = HttpConfig()
             http_client = await HttpClient.create(config=http_config)
             stack.push_async_callback(http_client.aclose)
-            view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
+            view = PeerView(admission, ttl_s=manifest.ttl_s)
             daemon = cls(config=config, identity=identity, manifest=manifest, plugin=plugin, membership=membership,
                          http_client=http_client, view=view, traffic=Traffic(), resources=stack.pop_all(),
                          device_info=describe_device(device))
@@ -128,7 +138,7 @@ class Daemon:
                               membership=membership, http_client=http_client, view=view, device=device,
                               traffic=daemon.traffic, now=membership.now, http_config=http_config,
                               events=daemon.events, announce=daemon._announce.set,
-                              view_refreshed=daemon._view_refreshed)
+                              view_refreshed=daemon._view_refreshed, store_log=daemon.store_log)
             await daemon._start(ctx, plugins, role_options)
         except BaseException:
             await daemon.aclose()
@@ -145,7 +155,8 @@ class Daemon:
                                                   config=ctx.http_config))
         self.tcp = await _bind("TCP", "--tcp_port", self.config.tcp_port,
                                TcpServer.create(self._tcp_dispatcher(), host=self.config.host,
-                                                port=self.config.tcp_port, config=TcpConfig()))
+                                                port=self.config.tcp_port, config=TcpConfig(),
+                                                gate=role_gate(self.roles)))
         await self.publish_record()
         await self.refresh_view()
         for role in self.roles:
@@ -154,7 +165,8 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
 
     def _build_app(self) -> web.Application:
-        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state))
+        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state,
+                                                                           status_token=self.config.status_token))
 
     def _tcp_dispatcher(self) -> TcpDispatch:
         return role_dispatcher(self.roles)
@@ -162,17 +174,22 @@ class Daemon:
     # -- heartbeat and view -------------------------------------------------------------------
 
     def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
-        host = self.config.advertised_host
+        host, now = self.config.advertised_host, self.membership.now()
+        owner = self.identity.public_key == self.manifest.owner_public_key
+        tenured = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s) if owner else ()
         return peer_record(identity=self.identity, config=self.config, roles=self.roles,
                            http_addr=f"{host}:{self.http.address[1]}" if self.http else "",
                            tcp_addr=f"{host}:{self.tcp.address[1]}" if self.tcp else "",
-                           now=self.membership.now(), capacity=self.device_info, state=state)
+                           now=now, capacity=self.device_info, state=state, tenured=tenured)
 
-    async def publish_record(self) -> None:
+    async def publish_record(self) -> bool:
+        """Sign and store this peer's record; False (and the alarm raised) when no DHT node took it."""
         record = self.record(await donated_state(self.state_donor))
-        self._record_expiration = record.timestamp + self.manifest.ttl_s
-        await self.membership.store(peers_key(self.manifest.run_id), self.identity.peer_id,
-                                    seal_record(self.identity, record), expiration_time=self._record_expiration)
+        expiration = record.timestamp + self.manifest.ttl_s
+        stored = await self._record_publisher.publish(seal_record(self.identity, record), expiration_time=expiration)
+        if stored:
+            self._record_expiration = expiration
+        return stored
 
     async def refresh_view(self) -> None:
         entries, withdrawn = await self.membership.get_entries(peers_key(self.manifest.run_id))
@@ -209,15 +226,13 @@ class Daemon:
                     f"--identity_path PATH (e.g. --identity_path ~/.gossamer/peer2.pem; it is created if missing)")
 
     async def _heartbeat_loop(self) -> None:
-        """Republish the record every heartbeat, and at once when a role announces a change."""
+        """Republish the record every heartbeat, at once when a role announces a change, and after
+        a quarter heartbeat when the last store failed."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._announce.wait(), timeout=self.manifest.config.heartbeat_s)
+                await asyncio.wait_for(self._announce.wait(), timeout=self._record_publisher.retry_delay_s)
             self._announce.clear()
-            try:
-                await self.publish_record()
-            except TransportError as exc:
-                log.warning("heartbeat failed, will retry: %s", exc)
+            await self.publish_record()
 
     async def _view_loop(self) -> None:
         interval = min(1.0, self.manifest.config.heartbeat_s / 2)
@@ -275,6 +290,8 @@ class Daemon:
             "bytes_sent": sum(sent.values()), "bytes_received": sum(received.values()),
             "live_peers": [peer_row(p.record, now) for p in live],
             "records_rejected": dict(self.view.rejected),
+            "dht": {"stored": dict(self.store_log.stored), "store_failures": dict(self.store_log.failed),
+                    "refused": dict(self.membership.refused)},
             "role_status": {role.name: role.status() for role in self.roles},
             "health": self.state(), "join": self.join_command(), "summary": self.plugin.summary,
             "panels": [panel.to_json()] if panel is not None else [], "checkpoints": dict(self.checkpoints),
@@ -291,6 +308,7 @@ class Daemon:
         return Snapshot(uptime_s=time.monotonic() - self._started, live_peers=len(self.view.live(now=self.membership.now())),
                         round=self.round, bytes_sent=sent, bytes_received=received,
                         records_rejected=dict(self.view.rejected),
+                        dht_store_failures=dict(self.store_log.failed), dht_refused=dict(self.membership.refused),
                         extra_gauges={**{f"process_{k}": float(v) for k, v in process_usage().items()},
                                       **{k: v for role in self.roles for k, v in role.gauges().items()}})
 
@@ -326,13 +344,8 @@ class Daemon:
             log.info("%s: checkpoint written to %s", role.name, path)
 
     async def _withdraw(self) -> None:
-        if not self._record_expiration:
-            return
-        try:
-            await self.membership.withdraw(peers_key(self.manifest.run_id), self.identity.peer_id,
-                                           expiration_time=self._record_expiration + 1.0)
-        except TransportError as exc:
-            log.warning("could not withdraw the peer record (it expires by itself): %s", exc)
+        if self._record_expiration:
+            await self._record_publisher.withdraw(expiration_time=self._record_expiration + 1.0)
 
 
 def peer_row(record: PeerRecord, now: float) -> dict[str, Any]:

@@ -45,6 +45,8 @@ class Snapshot:
     bytes_sent: dict[str, int]
     bytes_received: dict[str, int]
     records_rejected: dict[str, int]
+    dht_store_failures: dict[str, int] = field(default_factory=dict)
+    dht_refused: dict[str, int] = field(default_factory=dict)
     extra_gauges: dict[str, float] = field(default_factory=dict)
 
 
@@ -63,10 +65,16 @@ class _DaemonCollector(Collector):
             for kind, value in sorted(values.items()):
                 family.add_metric([kind], value)
             yield family
-        rejected = CounterMetricFamily("gossamer_records_rejected", "Peer records refused", labels=["reason"])
-        for reason, value in sorted(snap.records_rejected.items()):
-            rejected.add_metric([reason], value)
-        yield rejected
+        for name, doc, label, values in (
+                ("gossamer_records_rejected", "Peer records refused", "reason", snap.records_rejected),
+                ("gossamer_dht_store_failures", "Stores of this peer's DHT entries no node took", "entry",
+                 snap.dht_store_failures),
+                ("gossamer_dht_refused", "DHT records this node refused to store or believe", "reason",
+                 snap.dht_refused)):
+            family = CounterMetricFamily(name, doc, labels=[label])
+            for key, value in sorted(values.items()):
+                family.add_metric([key], value)
+            yield family
         for name, value in sorted(snap.extra_gauges.items()):
             yield GaugeMetricFamily(f"gossamer_{name}", f"Role metric {name}", value=value)
 

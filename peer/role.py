@@ -13,8 +13,9 @@ the daemon calls it on a clean shutdown (Ctrl+C, SIGTERM), after ``aclose``.
 
 ``Role`` is the base of every role; ``ProtocolRole[S]`` is the base of a protocol's roles, with
 the run's settings ``S`` (parsed once per daemon, before any role is built) and the helpers every
-role used to write out: the live peers with a given role, the run-owner check, this peer's shard
-and seed, and events namespaced by protocol and checked against the plugin's schema.
+role used to write out: the live peers with a given role (and those of them that may steer this
+peer's choices), the run-owner check, this peer's shard and seed, and events namespaced by
+protocol and checked against the plugin's schema.
 """
 
 from __future__ import annotations
@@ -35,15 +36,21 @@ from gossamer.peer.events import EventSink
 from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import ProtocolPlugin
 from gossamer.peer.run.manifest import Manifest
+from gossamer.peer.run.publisher import StoreLog
+from gossamer.peer.run.tenure import steering
 from gossamer.peer.run.view import LivePeer, PeerView
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
+from gossamer.transport.tcp import HandlerError
 
 log = logging.getLogger(__name__)
 
 TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
+TcpGate = Callable[[dict[str, Any], int], None]
+"""``gate(header, payload_len)``: what a frame of a TCP method must pass before its payload is
+allocated or read (who is calling, how big it may be); refuses by raising ``HandlerError``."""
 S = TypeVar("S")
 
 RUNNING, SERVING, FINISHED, FAILED = "running", "serving", "finished", "failed"
@@ -59,6 +66,16 @@ class RoleHealth:
 
     def to_json(self) -> dict[str, str]:
         return {"state": self.state, "detail": self.detail}
+
+
+def payload_cap(max_bytes: int, method: str) -> TcpGate:
+    """A gate refusing payloads above ``max_bytes`` (the largest frame ``method`` can need)."""
+
+    def gate(header: dict[str, Any], payload_len: int) -> None:
+        if payload_len > max_bytes:
+            raise HandlerError(f"{method}: payload of {payload_len} bytes exceeds this method's cap of {max_bytes}")
+
+    return gate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +97,7 @@ class RoleContext:
     events: EventSink = field(default_factory=lambda: EventSink(enabled=False))
     announce: Callable[[], None] = lambda: None  # republish this peer's record now (e.g. a new round)
     view_refreshed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified after each refresh
+    store_log: StoreLog = field(default_factory=StoreLog)  # this daemon's DHT stores, done and failed
 
     async def until_view(self, predicate: Callable[[], bool], *, timeout_s: float) -> bool:
         """Wait until ``predicate()`` holds after a view refresh (or already holds); False at the timeout."""
@@ -112,6 +130,11 @@ class Role:
         return []
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
+        return {}
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        """Per TCP method, the check its frames pass before their payload is read (see ``TcpGate``);
+        a method without one takes payloads up to ``serving.DEFAULT_TCP_PAYLOAD_BYTES``."""
         return {}
 
     async def start(self) -> None:
@@ -196,6 +219,13 @@ class ProtocolRole(Role, Generic[S]):
         if include_self:
             ids.add(self.peer_id)
         return sorted(ids)
+
+    def steering_peers_with(self, role: str) -> list[LivePeer]:
+        """``peers_with(role)`` that may steer this peer's choices (a median, a state to adopt):
+        the tenured ones, or all when none is (``run.tenure``)."""
+        owner = self.ctx.view.get(self.ctx.manifest.owner_peer_id)
+        return steering(self.peers_with(role), now=self.ctx.now(), tenure_s=self.ctx.manifest.tenure_s,
+                        owner=owner.record if owner is not None else None)
 
     def live_with(self, peer_id: str, role: str) -> LivePeer | None:
         """The live record of ``peer_id`` if it carries ``role``; None otherwise."""

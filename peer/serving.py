@@ -1,5 +1,6 @@
 """What a peer serves and announces, whoever runs it (the daemon, or ``peer.testing.localnet``):
-its roles' HTTP routes and TCP methods, the state it donates to joiners, and its signed record.
+its roles' HTTP routes and TCP methods (and the gate their frames pass before a payload byte is
+read), the state it donates to joiners, and its signed record.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from gossamer.peer.config import PeerConfig
 from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.role import Role
 from gossamer.peer.run.records import PeerRecord
-from gossamer.transport.frames import Frame
-from gossamer.transport.tcp import HandlerError
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.tcp import FrameGate, HandlerError
 
 TcpDispatch = Callable[[Frame, object], Awaitable[Frame | None]]
 MAX_REQUEST_BYTES = 1 << 20  # bodies larger than this are streamed by the routes that take them
+DEFAULT_TCP_PAYLOAD_BYTES = 1 << 20
+"""The largest payload a TCP method takes unless its role declares a gate (``Role.tcp_gates``)."""
 
 
 def state_donor(roles: Sequence[Role]) -> StateDonor | None:
@@ -53,6 +56,30 @@ def role_dispatcher(roles: Sequence[Role]) -> TcpDispatch:
     return dispatch
 
 
+def role_gate(roles: Sequence[Role]) -> FrameGate:
+    """The TCP server's gate: before a request's payload is read, its method must be one of the
+    roles' (an unknown method is answered by the dispatcher only when it carries no payload) and
+    pass that method's gate, or the default cap."""
+    methods = {name for role in roles for name in role.tcp_methods()}
+    gates = {name: gate for role in roles for name, gate in role.tcp_gates().items()}
+
+    def gate(frame_type: FrameType, header: dict[str, Any], payload_len: int) -> None:
+        if frame_type not in (FrameType.REQUEST, FrameType.ONEWAY):
+            return  # the server refuses those itself
+        name = header.get("method")
+        if not isinstance(name, str) or name not in methods:
+            if payload_len:
+                raise HandlerError(f"unknown method {str(name)[:80]!r}")
+            return
+        check = gates.get(name)
+        if check is not None:
+            check(header, payload_len)
+        elif payload_len > DEFAULT_TCP_PAYLOAD_BYTES:
+            raise HandlerError(f"{name}: payload of {payload_len} bytes exceeds the cap of {DEFAULT_TCP_PAYLOAD_BYTES}")
+
+    return gate
+
+
 async def donated_state(donor: StateDonor | None) -> dict[str, Any]:
     """What a record says about the state this peer donates: its version and index digest."""
     if donor is None:
@@ -62,12 +89,14 @@ async def donated_state(donor: StateDonor | None) -> dict[str, Any]:
 
 
 def peer_record(*, identity: Identity, config: PeerConfig, roles: Sequence[Role], http_addr: str, tcp_addr: str,
-                now: float, capacity: dict[str, Any], state: dict[str, Any] | None = None) -> PeerRecord:
-    """This peer's record: its addresses, roles, round, assignment and donated state, as of ``now``."""
+                now: float, capacity: dict[str, Any], state: dict[str, Any] | None = None,
+                tenured: tuple[str, ...] = ()) -> PeerRecord:
+    """This peer's record: its addresses, roles, round, assignment and donated state, as of ``now``
+    (and, from the run owner, the peers it vouches for: ``run.tenure``)."""
     return PeerRecord(
         peer_id=identity.peer_id, public_key=identity.public_key, name=config.public_name,
         http_addr=http_addr, tcp_addr=tcp_addr, roles=tuple(dict.fromkeys(config.roles)), version=__version__,
         round=max((role.round for role in roles), default=0), timestamp=now, capacity=dict(capacity),
         assignment={k: v for role in roles for k, v in role.status().get("assignment", {}).items()},
-        join_token=config.join_token, state=state or {},
+        join_token=config.join_token, state=state or {}, tenured=tenured,
     )

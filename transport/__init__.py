@@ -16,20 +16,27 @@ Map of the package:
 - ``tcp``       asyncio TCP server and client exchanging frames (request/response, one-way);
                 re-exports ``tcp_stream`` (config, stats, zero-copy frame I/O on raw sockets),
                 ``tcp_server`` and ``tcp_client``.
+- ``slots``     what one connecting peer can hold on a server: connection slots per address
+                (``AddressSlots``, ``address_key``) and bytes of bodies / payloads in flight
+                (``ByteBudget``), shared by the TCP and HTTP servers.
+- ``logs``      ``ThrottledLog``: the servers log what peers can trigger (bad frames, cut
+                bodies, failing handlers) at most ``burst`` lines per window.
 - ``http``      shared HTTP pieces (``HttpConfig``, capped body and JSON reading);
                 ``http_server`` (aiohttp server with body caps, header/idle deadlines against
                 slowloris, connection cap, tensor helpers) and ``http_client``.
 - ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
                 (``wan_link`` holds the per-link profile and pacing).
-- ``dht``       membership over a hivemind DHTNode: signed records under ``gossamer/`` keys
-                (a subpackage: ``membership``, ``config``, ``startup``, ``records``).
+- ``dht``       membership over a hivemind DHTNode: signed entries under ``gossamer/`` keys,
+                validated by every node (a subpackage: ``membership``, ``config``, ``startup``,
+                ``entries``, ``validation``, ``records``).
 
 Exceptions::
 
     TransportError
      ├── DecodeError           bytes from a peer that do not parse (bad magic, dtype, shape, ...)
      │    ├── LimitExceeded    a claimed length / count / depth / size over a cap
-     │    └── NonFiniteTensor  NaN or Inf where the caller asked for finite values
+     │    ├── NonFiniteTensor  NaN or Inf where the caller asked for finite values
+     │    └── EntryRefused     (dht.entries) a DHT value that is not a valid signed entry there
      ├── ConnectionClosed      the peer closed or reset the connection (also mid-frame)
      │    └── ConnectFailed    (tcp_client) no connection could be opened to the address
      ├── TransportTimeout      a deadline passed (connect, read, request)

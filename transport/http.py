@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,15 @@ class HttpConfig:
         connect_timeout_s: deadline for a client to connect.
         max_connections: most connections a server holds (beyond: 503 and close), and most
             connections a client keeps open.
+        max_connections_per_address: most connections a server holds from one IPv4 address or
+            IPv6 /64 (beyond: 503 and close), so one host cannot take every slot.
+        max_inflight_body_bytes: most request-body bytes a server holds at once, over all
+            requests, from the moment a body is admitted until its handler ends (beyond: 503).
+        min_body_rate_bytes_per_s: a request body of n bytes must arrive whole within
+            ``idle_timeout_s + n / min_body_rate_bytes_per_s`` (a whole-body deadline: a peer
+            dripping one byte per idle period is cut all the same).
+        lingering_s: after answering a request whose body was not read (refused before it),
+            how long the server discards what the client still sends before closing.
         chunk_bytes: slice size of streamed bodies and size of aiohttp's read buffers.
         shutdown_timeout_s: how long ``HttpServer.aclose`` lets running handlers finish.
     """
@@ -59,6 +69,10 @@ class HttpConfig:
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_connections: int = 256
+    max_connections_per_address: int = 32
+    max_inflight_body_bytes: int = 1 << 30
+    min_body_rate_bytes_per_s: int = 128 << 10
+    lingering_s: float = 2.0
     chunk_bytes: int = 1 << 20
     shutdown_timeout_s: float = 5.0
 
@@ -66,26 +80,60 @@ class HttpConfig:
         if not isinstance(self.limits, Limits):
             raise TypeError(f"HttpConfig.limits must be a Limits, got {type(self.limits).__name__}")
         for name in ("header_timeout_s", "idle_timeout_s", "request_timeout_s", "connect_timeout_s",
-                     "shutdown_timeout_s"):
+                     "shutdown_timeout_s", "lingering_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"HttpConfig.{name} must be a positive finite number, got {value!r}")
-        for name in ("max_body_bytes", "max_json_bytes", "max_connections", "chunk_bytes"):
+        for name in ("max_body_bytes", "max_json_bytes", "max_connections", "max_connections_per_address",
+                     "max_inflight_body_bytes", "min_body_rate_bytes_per_s", "chunk_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"HttpConfig.{name} must be a positive int, got {value!r}")
 
+    def body_deadline_s(self, nbytes: int) -> float:
+        """How long a body of ``nbytes`` may take to arrive whole."""
+        return self.idle_timeout_s + nbytes / self.min_body_rate_bytes_per_s
 
-async def read_exactly(content: aiohttp.StreamReader, nbytes: int, *,
-                       idle_timeout_s: float) -> bytearray | memoryview:
+
+async def read_exactly(content: aiohttp.StreamReader, nbytes: int, *, idle_timeout_s: float,
+                       deadline_s: float | None = None) -> bytearray | memoryview:
     """Read exactly ``nbytes`` of a body into one new buffer; at most one copy per byte.
 
     ConnectionClosed if the body ends early, TransportTimeout after ``idle_timeout_s`` without a
-    byte, DecodeError if the peer sends more than it announced.
+    byte or once the whole body took ``deadline_s``, DecodeError if the peer sends more than it
+    announced. On any failure the buffer is dropped before the error leaves (a traceback must
+    not keep a body's memory alive until the garbage collector happens to run).
     """
     buffer = allocate_buffer(nbytes)
-    view = memoryview(buffer)
-    done = 0
+    try:
+        async with asyncio.timeout(deadline_s):
+            await _fill(content, memoryview(buffer).cast("B"), idle_timeout_s)
+    except BaseException as exc:
+        del buffer
+        drop_frames(exc)
+        if isinstance(exc, TimeoutError):
+            raise TransportTimeout(f"body of {nbytes} bytes not complete within its deadline of "
+                                   f"{deadline_s} s") from None
+        raise
+    return buffer
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in ``exc``'s tracebacks (and its causes' and
+    contexts'), so that an error kept for logging holds no buffer those frames were using."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        todo.extend((current.__cause__, current.__context__))
+
+
+async def _fill(content: aiohttp.StreamReader, view: memoryview, idle_timeout_s: float) -> None:
+    nbytes, done = view.nbytes, 0
     while done < nbytes:
         try:
             async with asyncio.timeout(idle_timeout_s):
@@ -101,7 +149,6 @@ async def read_exactly(content: aiohttp.StreamReader, nbytes: int, *,
             raise DecodeError(f"body is longer than its Content-Length of {nbytes} bytes")
         view[done:done + len(chunk)] = chunk
         done += len(chunk)
-    return buffer
 
 
 def parse_json(body: bytes | bytearray | memoryview) -> Any:

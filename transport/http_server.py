@@ -1,4 +1,4 @@
-"""HTTP server: an aiohttp application behind a connection cap and deadlines, plus body helpers.
+"""HTTP server: an aiohttp application behind connection caps, deadlines and a body budget.
 
 ``HttpServer.create(app, config=...)`` serves ``app`` (adding one middleware, so pass an app
 that has not been started yet) with these protections:
@@ -6,94 +6,173 @@ that has not been started yet) with these protections:
 - header deadline (slowloris): aiohttp's keep-alive timer, set to ``header_timeout_s``, closes a
   connection that is waiting for a request whose line and headers are not complete that long
   after the connection opened or the previous response finished (tested byte by byte);
-- ``max_connections``: the listener's protocol factory counts live connections; beyond the cap a
-  connection gets ``503`` and is closed;
+- ``max_connections`` and ``max_connections_per_address``: each connection is counted, in all
+  and against its address (``transport.slots``); beyond either cap it gets ``503`` and is closed;
+- a request whose handler never read its body (refused before it) lingers at most
+  ``lingering_s`` before the connection closes; a client that disconnects cancels its handler
+  (and the lingering), so an abandoned request costs no further work;
 - ``request_timeout_s``: a middleware bounds every handler (``504`` if nothing was sent yet,
-  otherwise the connection is dropped), and maps transport errors raised inside a handler:
-  DecodeError -> ``400`` with its message, TransportTimeout -> ``408``;
-- body helpers read and write with ``idle_timeout_s`` per chunk.
+  otherwise the connection is dropped), and maps what a handler raises: DecodeError -> ``400``
+  with its message, TransportTimeout -> ``408``, Overloaded -> ``503``, a client that went away
+  mid-body -> one log line; anything unexpected -> ``500`` and a traceback. Every such line goes
+  through the server's ``ThrottledLog`` (``transport.logs``), aiohttp's own included: a peer
+  cannot flood the log;
+- ``read_body_into``: Content-Length required and within the caller's cap, then held in the
+  server's body budget (``max_inflight_body_bytes``, ``503`` beyond it) until the handler ends,
+  received within a whole-body deadline (``HttpConfig.body_deadline_s``) as well as
+  ``idle_timeout_s`` per chunk. A handler checks who is talking (``peer.kit.messaging``) before
+  it calls it, so an unauthenticated peer never gets a body buffered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 
 import torch
 from aiohttp import web
+from aiohttp.log import server_logger
 
-from gossamer.transport.errors import DecodeError, TransportError, TransportTimeout
-from gossamer.transport.http import HttpConfig, read_exactly
+from gossamer.transport.errors import (
+    ConnectionClosed,
+    DecodeError,
+    Overloaded,
+    TransportError,
+    TransportTimeout,
+)
+from gossamer.transport.http import HttpConfig, drop_frames, read_exactly
 from gossamer.transport.limits import Limits
+from gossamer.transport.logs import ThrottledLog
 from gossamer.transport.safetensors_stream import decode_safetensors, encode_safetensors
+from gossamer.transport.slots import AddressSlots, ByteBudget, address_key
 
 log = logging.getLogger(__name__)
 
 CONFIG_KEY = web.AppKey("gossamer_http_config", HttpConfig)
-OVERLOADED_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-                       b"Content-Length: 35\r\nConnection: close\r\n\r\noverloaded: connection cap reached\n")
+BUDGET_KEY = web.AppKey("gossamer_http_body_budget", ByteBudget)
+LOG_KEY = web.AppKey("gossamer_http_log", ThrottledLog)
+_DECIMAL = re.compile(r"[0-9]{1,18}")
+_HELD = web.RequestKey("gossamer_body_bytes_held", int)  # bytes this request holds in the body budget
+
+
+def _overloaded_response(reason: str) -> bytes:
+    body = f"overloaded: {reason}\n".encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+
+
+OVERLOADED_RESPONSE = _overloaded_response("connection cap reached")
+ADDRESS_CAP_RESPONSE = _overloaded_response("too many connections from your address")
 
 
 def _config(request: web.Request) -> HttpConfig:
     return request.config_dict.get(CONFIG_KEY) or HttpConfig()
 
 
+def _log(request: web.Request) -> logging.Logger | ThrottledLog:
+    return request.config_dict.get(LOG_KEY) or log
+
+
 @web.middleware
 async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                  ) -> web.StreamResponse:
-    """Bound the handler by request_timeout_s; map transport errors to HTTP statuses."""
+    """Bound the handler by request_timeout_s; map what it raises to HTTP statuses (see the module
+    docstring); give back the body bytes it held; let no error keep a body alive."""
     try:
         async with asyncio.timeout(_config(request).request_timeout_s):
             return await handler(request)
+    except asyncio.CancelledError:
+        if request.transport is None or request.transport.is_closing():
+            _log(request).info("%s %s from %s: the client went away", request.method, request.path[:80],
+                               request.remote)
+        raise
+    except (web.HTTPException, TimeoutError):
+        raise
     except DecodeError as exc:
-        raise web.HTTPBadRequest(text=str(exc)) from exc
+        raise web.HTTPBadRequest(text=str(exc)) from None
     except TransportTimeout as exc:
-        raise web.HTTPRequestTimeout(text=str(exc)) from exc
+        _log(request).info("%s %s from %s: %s", request.method, request.path[:80], request.remote, exc)
+        raise web.HTTPRequestTimeout(text=str(exc)) from None
+    except Overloaded as exc:
+        raise web.HTTPServiceUnavailable(text=str(exc)) from None
+    except ConnectionClosed as exc:
+        _log(request).info("%s %s from %s: the client went away: %s", request.method, request.path[:80],
+                           request.remote, exc)
+        raise web.HTTPBadRequest(text="request body cut short") from None
+    except Exception:
+        _log(request).exception("handler of %s %s failed on a request from %s", request.method,
+                                request.path[:80], request.remote)
+        raise web.HTTPInternalServerError(text="internal error") from None
+    finally:
+        _release_body(request)
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            drop_frames(exc)
 
 
-class _Counted(asyncio.Protocol):
-    """Forwards every protocol event to aiohttp's handler and reports when the connection ends."""
+def _release_body(request: web.Request) -> None:
+    held = request.get(_HELD, 0)
+    if held:
+        request[_HELD] = 0
+        request.config_dict[BUDGET_KEY].release(held)
 
-    def __init__(self, inner: asyncio.Protocol, on_lost: Callable[[], None]) -> None:
-        self._inner = inner
-        self._on_lost = on_lost
+
+class _Gate(asyncio.Protocol):
+    """Decides, once the peer's address is known, whether aiohttp serves the connection or it is
+    refused (``_Refuse``); forwards every protocol event to that one and tells the server when the
+    connection ends."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._inner: asyncio.Protocol | None = None
+        self.key = ""
+        self.served = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.key = address_key(transport.get_extra_info("peername"))
+        self._inner = self._server._assign(self)
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        assert self._inner is not None
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        assert self._inner is not None
         return self._inner.eof_received()
 
     def pause_writing(self) -> None:
+        assert self._inner is not None
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
+        assert self._inner is not None
         self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         try:
-            self._inner.connection_lost(exc)
+            if self._inner is not None:
+                self._inner.connection_lost(exc)
         finally:
-            self._on_lost()
+            self._server._lost(self)
 
 
 class _Refuse(asyncio.Protocol):
     """Answers 503, half-closes, discards what the client still sends, closes (bounded in time)."""
 
-    def __init__(self, timeout_s: float, on_lost: Callable[[_Refuse], None]) -> None:
+    def __init__(self, response: bytes, timeout_s: float) -> None:
+        self._response = response
         self._timeout_s = timeout_s
-        self._on_lost = on_lost
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        transport.write(OVERLOADED_RESPONSE)
+        transport.write(self._response)
         transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(self._timeout_s, self.abort)
 
@@ -107,18 +186,21 @@ class _Refuse(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._on_lost(self)
 
 
 class HttpServer:
     """Serves an aiohttp application; see the module docstring for its protections."""
 
-    def __init__(self, runner: web.AppRunner, config: HttpConfig) -> None:
+    def __init__(self, runner: web.AppRunner, config: HttpConfig, budget: ByteBudget, log: ThrottledLog) -> None:
         self._runner = runner
         self._config = config
+        self.budget = budget
+        self.log = log
         self._listener: asyncio.Server | None = None
         self._open = 0
-        self._refusing: set[_Refuse] = set()
+        self._slots = AddressSlots(config.max_connections_per_address)
+        self._refusing: dict[_Gate, _Refuse] = {}
+        self.refused_connections = 0
         self._none_open = asyncio.Event()
         self._none_open.set()
         self._closed = False
@@ -127,16 +209,21 @@ class HttpServer:
     async def create(cls, app: web.Application, *, host: str = "127.0.0.1", port: int = 0,
                      config: HttpConfig = HttpConfig()) -> HttpServer:
         """Set up ``app`` and listen on ``host:port`` (port 0: any free port)."""
+        budget = ByteBudget(config.max_inflight_body_bytes, what="request body")
+        throttled = ThrottledLog(log)
         app[CONFIG_KEY] = config
+        app[BUDGET_KEY] = budget
+        app[LOG_KEY] = throttled
         app.middlewares.append(_guard)
-        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=ThrottledLog(server_logger),
                                keepalive_timeout=config.header_timeout_s, read_bufsize=config.chunk_bytes,
-                               lingering_time=config.idle_timeout_s, shutdown_timeout=config.shutdown_timeout_s)
+                               lingering_time=config.lingering_s, shutdown_timeout=config.shutdown_timeout_s,
+                               handler_cancellation=True)
         await runner.setup()
-        server = cls(runner, config)
+        server = cls(runner, config, budget, throttled)
         try:
             server._listener = await asyncio.get_running_loop().create_server(
-                server._protocol, host, port, backlog=max(128, config.max_connections))
+                lambda: _Gate(server), host, port, backlog=max(128, config.max_connections))
         except OSError as exc:
             await runner.cleanup()
             raise TransportError(f"cannot listen on {host}:{port}: {exc}") from exc
@@ -168,7 +255,7 @@ class HttpServer:
                 await self._listener.wait_closed()
         finally:
             await self._runner.cleanup()
-            for refused in list(self._refusing):
+            for refused in list(self._refusing.values()):
                 refused.abort()
         try:  # the transports close their sockets a loop iteration after aiohttp closed them
             async with asyncio.timeout(self._config.shutdown_timeout_s):
@@ -176,26 +263,28 @@ class HttpServer:
         except TimeoutError:
             log.warning("%d HTTP connections still open after shutdown", self._open + len(self._refusing))
 
-    def _protocol(self) -> asyncio.Protocol:
+    def _assign(self, gate: _Gate) -> asyncio.Protocol:
+        """aiohttp's protocol for a connection within both caps; a ``_Refuse`` for any other."""
         self._none_open.clear()
-        if self._open < self._config.max_connections:
+        config = self._config
+        if self._open < config.max_connections and self._slots.take(gate.key):
             assert self._runner.server is not None
+            gate.served = True
             self._open += 1
-            return _Counted(self._runner.server(), self._lost)
-        timeout_s = self._config.header_timeout_s if len(self._refusing) < self._config.max_connections else 0.0
-        refused = _Refuse(timeout_s, self._refused_lost)
-        self._refusing.add(refused)
+            return self._runner.server()
+        self.refused_connections += 1
+        response = OVERLOADED_RESPONSE if self._open >= config.max_connections else ADDRESS_CAP_RESPONSE
+        timeout_s = config.header_timeout_s if len(self._refusing) < config.max_connections else 0.0
+        refused = _Refuse(response, timeout_s)
+        self._refusing[gate] = refused
         return refused
 
-    def _lost(self) -> None:
-        self._open -= 1
-        self._check_none_open()
-
-    def _refused_lost(self, refused: _Refuse) -> None:
-        self._refusing.discard(refused)
-        self._check_none_open()
-
-    def _check_none_open(self) -> None:
+    def _lost(self, gate: _Gate) -> None:
+        if gate.served:
+            self._open -= 1
+            self._slots.give(gate.key)
+        else:
+            self._refusing.pop(gate, None)
         if self._open == 0 and not self._refusing:
             self._none_open.set()
 
@@ -204,14 +293,32 @@ class HttpServer:
 
 
 async def read_body_into(request: web.Request, *, max_bytes: int) -> bytearray | memoryview:
-    """The request body in one buffer of exactly Content-Length bytes (411 / 413 otherwise)."""
+    """The request body in one buffer of exactly Content-Length bytes: 411 without one, 413
+    above ``max_bytes``, 503 when the server's body budget cannot hold it (held until the handler
+    ends); TransportTimeout past the whole-body deadline. Check the sender before calling this."""
     size = request.content_length
     if size is None:
         raise web.HTTPLengthRequired(text="Content-Length is required")
     if size > max_bytes:
         raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=size,
                                             text=f"body of {size} bytes exceeds the cap of {max_bytes}")
-    return await read_exactly(request.content, size, idle_timeout_s=_config(request).idle_timeout_s)
+    config = _config(request)
+    budget = request.config_dict.get(BUDGET_KEY)
+    if budget is not None:
+        budget.reserve(size)  # Overloaded -> 503
+        request[_HELD] = request.get(_HELD, 0) + size
+    return await read_exactly(request.content, size, idle_timeout_s=config.idle_timeout_s,
+                              deadline_s=config.body_deadline_s(size))
+
+
+def path_int(request: web.Request, name: str, *, below: int | None = None) -> int:
+    """The route parameter ``name`` as a non-negative decimal int (at most 18 digits, ASCII only;
+    below ``below`` when given); 404 for anything else, never a 500."""
+    text = request.match_info.get(name, "")
+    if not _DECIMAL.fullmatch(text) or (below is not None and int(text) >= below):
+        bound = f" below {below}" if below is not None else ""
+        raise web.HTTPNotFound(text=f"{name} {text[:20]!r} is not a decimal number{bound}")
+    return int(text)
 
 
 async def read_tensors(request: web.Request, *, limits: Limits, require_finite: bool = False

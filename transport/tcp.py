@@ -30,11 +30,19 @@ from __future__ import annotations
 
 from gossamer.transport.tcp_client import ConnectFailed, TcpConnection, error_from_frame, tcp_connect
 from gossamer.transport.tcp_server import ConnectionInfo, Handler, HandlerError, TcpServer
-from gossamer.transport.tcp_stream import FrameStream, PayloadBufferHook, TcpConfig, TcpStats, error_frame
+from gossamer.transport.tcp_stream import (
+    FrameGate,
+    FrameStream,
+    PayloadBufferHook,
+    TcpConfig,
+    TcpStats,
+    error_frame,
+)
 
 __all__ = [
     "ConnectFailed",
     "ConnectionInfo",
+    "FrameGate",
     "FrameStream",
     "Handler",
     "HandlerError",

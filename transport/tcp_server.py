@@ -14,20 +14,34 @@ server stops reading that socket, which pushes back on the sender through TCP.
 A bad frame (DecodeError) gets an ERROR frame and the connection is closed; a connection with no
 frame for ``idle_timeout_s`` while nothing of it is being handled, or stalled mid-frame for
 ``read_timeout_s``, is closed. Other connections are unaffected.
+
+Against peers that never authenticate (DESIGN.md, "Verify before you buffer"): a new connection
+must deliver its first frame's prefix and header within ``first_frame_timeout_s``; every frame must be whole within
+its deadline (``tcp_stream``: ``read_timeout_s`` plus its size at ``min_rate_bytes_per_s``); one
+address holds at most ``max_connections_per_address`` connections; the ``gate`` (the daemon's
+checks the method and its caller, ``peer.serving``) sees every header before its payload is
+allocated, and a frame it refuses (``HandlerError``) gets an ERROR frame "refused" and its
+connection is closed unread; and all connections together hold at most
+``max_inflight_payload_bytes`` of payloads, from allocation until their handler is done. Lines
+that peers can trigger go through a ``ThrottledLog``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gossamer.transport.errors import DecodeError, TransportError, TransportTimeout
+from gossamer.transport.errors import DecodeError, Overloaded, TransportError, TransportTimeout
 from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.logs import ThrottledLog
+from gossamer.transport.slots import AddressSlots, ByteBudget, address_key
 from gossamer.transport.tcp_stream import (
+    FrameGate,
     FrameStream,
     PayloadBufferHook,
     TcpConfig,
@@ -57,6 +71,20 @@ class ConnectionInfo:
 Handler = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
 
 
+class _Held:
+    """The budget bytes of one frame, given back once, by whichever comes first: its handler
+    finishing, or its task ending (even if cancelled before it started)."""
+
+    def __init__(self, budget: ByteBudget, nbytes: int) -> None:
+        self._budget = budget
+        self._nbytes = nbytes
+
+    def release(self) -> None:
+        nbytes, self._nbytes = self._nbytes, 0
+        if nbytes:
+            self._budget.release(nbytes)
+
+
 class _Connection:
     """Server-side state of one accepted socket: its stream, tasks, queue and request slots."""
 
@@ -73,27 +101,39 @@ class _Connection:
     def busy(self) -> bool:
         return bool(self.tasks) or self.handling_oneway or not self.queue.empty()
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], on_done: Callable[[], None]) -> None:
+        """Run ``coro``; ``on_done`` runs when it ends, even if it is cancelled before it starts."""
         task = asyncio.create_task(coro, name=f"tcp-request-{self.info.connection_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(lambda _: on_done())
 
-    async def stop_tasks(self) -> None:
+    async def stop_tasks(self) -> list[Frame]:
+        """Cancel and await every task; the one-way frames still queued, never handled."""
         tasks = [*self.tasks, *([self.consumer] if self.consumer else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        left = []
+        while not self.queue.empty():
+            left.append(self.queue.get_nowait())
+        return left
 
 
 class TcpServer:
     """Accepts connections and answers their frames with ``handler``; see the module docstring."""
 
     def __init__(self, handler: Handler, sock: socket.socket, *, config: TcpConfig,
-                 payload_buffer: PayloadBufferHook | None) -> None:
+                 payload_buffer: PayloadBufferHook | None, gate: FrameGate | None) -> None:
         self._handler = handler
         self._sock = sock
         self._config = config
         self._payload_buffer = payload_buffer
+        self._gate = gate
+        self.budget = ByteBudget(config.max_inflight_payload_bytes, what="receive")
+        self.log = ThrottledLog(log)
+        self._slots = AddressSlots(config.max_connections_per_address)
+        self.refused_connections = 0
         self._stats = TcpStats()
         self._connections: dict[int, asyncio.Task[None]] = {}
         self._rejects: set[asyncio.Task[None]] = set()
@@ -103,10 +143,12 @@ class TcpServer:
 
     @classmethod
     async def create(cls, handler: Handler, *, host: str = "127.0.0.1", port: int = 0,
-                     config: TcpConfig = TcpConfig(), payload_buffer: PayloadBufferHook | None = None) -> TcpServer:
-        """Listen on ``host:port`` (port 0: any free port) and start accepting."""
+                     config: TcpConfig = TcpConfig(), payload_buffer: PayloadBufferHook | None = None,
+                     gate: FrameGate | None = None) -> TcpServer:
+        """Listen on ``host:port`` (port 0: any free port) and start accepting; ``gate`` sees every
+        frame's header before its payload is read (see the module docstring)."""
         sock = await _listen(host, port, config)
-        server = cls(handler, sock, config=config, payload_buffer=payload_buffer)
+        server = cls(handler, sock, config=config, payload_buffer=payload_buffer, gate=gate)
         server._accept_task = asyncio.create_task(server._accept_loop(), name=f"tcp-accept-{port}")
         return server
 
@@ -145,29 +187,38 @@ class TcpServer:
                 await asyncio.sleep(ACCEPT_BACKOFF_S)
                 continue
             configure_socket(sock, self._config)
+            key = address_key(addr)
             if len(self._connections) >= self._config.max_connections:
-                self._reject(sock)
+                self._reject(sock, "overloaded: connection cap reached")
+            elif not self._slots.take(key):
+                self._reject(sock, "overloaded: too many connections from your address")
             else:
-                self._admit(sock, ConnectionInfo(self._next_id, tuple(addr[:2])))
+                self._admit(sock, ConnectionInfo(self._next_id, tuple(addr[:2])), key)
                 self._next_id += 1
 
-    def _admit(self, sock: socket.socket, info: ConnectionInfo) -> None:
+    def _admit(self, sock: socket.socket, info: ConnectionInfo, key: str) -> None:
         task = asyncio.create_task(self._serve(sock, info), name=f"tcp-conn-{info.connection_id}")
         self._connections[info.connection_id] = task
-        task.add_done_callback(lambda _: self._connections.pop(info.connection_id, None))
 
-    def _reject(self, sock: socket.socket) -> None:
+        def ended(_: asyncio.Task[None]) -> None:
+            self._connections.pop(info.connection_id, None)
+            self._slots.give(key)
+
+        task.add_done_callback(ended)
+
+    def _reject(self, sock: socket.socket, reason: str) -> None:
+        self.refused_connections += 1
         if len(self._rejects) >= self._config.max_connections:
             sock.close()
             return
-        task = asyncio.create_task(self._send_overloaded(sock), name="tcp-reject")
+        task = asyncio.create_task(self._send_overloaded(sock, reason), name="tcp-reject")
         self._rejects.add(task)
         task.add_done_callback(self._rejects.discard)
 
-    async def _send_overloaded(self, sock: socket.socket) -> None:
+    async def _send_overloaded(self, sock: socket.socket, reason: str) -> None:
         stream = FrameStream(sock, config=self._config, stats=self._stats)
         try:
-            await stream.write_frame(error_frame("overloaded: connection cap reached", code="overloaded"))
+            await stream.write_frame(error_frame(reason, code="overloaded"))
             await stream.drain(self._config.read_timeout_s)
         except TransportError as exc:
             log.debug("could not refuse a connection cleanly: %s", exc)
@@ -177,26 +228,35 @@ class TcpServer:
     # --- serving one connection -------------------------------------------------------------
 
     async def _serve(self, sock: socket.socket, info: ConnectionInfo) -> None:
-        stream = FrameStream(sock, config=self._config, stats=self._stats, payload_buffer=self._payload_buffer)
+        stream = FrameStream(sock, config=self._config, stats=self._stats, payload_buffer=self._payload_buffer,
+                             gate=self._gate, budget=self.budget)
         conn = _Connection(info, stream, self._config)
         self._stats.connections_open += 1
         try:
             await self._read_loop(conn)
-        except DecodeError as exc:
-            log.info("closing connection %d from %s: bad frame: %s", info.connection_id, info.peer, exc)
-            await conn.stop_tasks()
-            await self._send_final_error(conn, error_frame(str(exc), code="decode"))
+        except (DecodeError, HandlerError, Overloaded) as exc:
+            code = _refusal_code(exc)
+            self.log.info("closing connection %d from %s: %s: %s", info.connection_id, info.peer, code, exc)
+            self._release_all(await conn.stop_tasks())
+            await self._send_final_error(conn, error_frame(str(exc), code=code))
         except TransportError as exc:
-            log.info("closing connection %d from %s: %s", info.connection_id, info.peer, exc)
+            self.log.info("closing connection %d from %s: %s", info.connection_id, info.peer, exc)
         except Exception:
-            log.exception("connection %d from %s failed", info.connection_id, info.peer)
+            self.log.exception("connection %d from %s failed", info.connection_id, info.peer)
         finally:
             stream.abort()
             try:
-                await conn.stop_tasks()
+                self._release_all(await conn.stop_tasks())
             finally:
                 stream.close()
                 self._stats.connections_open -= 1
+
+    def _release_all(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            self.budget.release(self._held(frame))
+
+    def _held(self, frame: Frame) -> int:
+        return memoryview(frame.payload).nbytes if frame.payload else 0
 
     async def _send_final_error(self, conn: _Connection, frame: Frame) -> None:
         try:
@@ -206,46 +266,65 @@ class TcpServer:
             log.debug("could not send the final error to connection %d: %s", conn.info.connection_id, exc)
 
     async def _read_loop(self, conn: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        head_by: float | None = loop.time() + self._config.first_frame_timeout_s  # the first frame's head
+        wait_s = self._config.first_frame_timeout_s
         while True:
             try:
-                if not await conn.stream.wait_for_frame(self._config.idle_timeout_s):
+                if not await conn.stream.wait_for_frame(wait_s):
                     return
             except TransportTimeout:
                 if conn.busy:
                     continue
                 raise
-            frame = await conn.stream.read_frame()
+            frame = await conn.stream.read_frame(head_by=head_by)
             if frame is None:
                 return
+            head_by, wait_s = None, self._config.idle_timeout_s
             await self._dispatch(conn, frame)
             del frame  # do not keep this payload alive while the next one is being received
 
     async def _dispatch(self, conn: _Connection, frame: Frame) -> None:
-        if frame.type is FrameType.REQUEST:
-            await conn.slots.acquire()
-            conn.spawn(self._answer(conn, frame))
-        elif frame.type is FrameType.ONEWAY:
-            if conn.consumer is None:
-                conn.consumer = asyncio.create_task(self._consume(conn), name=f"tcp-oneway-{conn.info.connection_id}")
-            await conn.queue.put(frame)
-            self._stats.oneway_queue_peak = max(self._stats.oneway_queue_peak, conn.queue.qsize())
-        else:
-            raise DecodeError(f"unexpected {frame.type.name} frame from a client")
+        """Hand ``frame`` on; its budget bytes go with it, or are given back here."""
+        held = self._held(frame)
+        try:
+            if frame.type is FrameType.REQUEST:
+                await conn.slots.acquire()
+                ticket = _Held(self.budget, held)
+                held = 0
+                conn.spawn(self._answer(conn, frame, ticket), on_done=functools.partial(self._finished, conn, ticket))
+            elif frame.type is FrameType.ONEWAY:
+                if conn.consumer is None:
+                    conn.consumer = asyncio.create_task(self._consume(conn),
+                                                        name=f"tcp-oneway-{conn.info.connection_id}")
+                await conn.queue.put(frame)
+                held = 0
+                self._stats.oneway_queue_peak = max(self._stats.oneway_queue_peak, conn.queue.qsize())
+            else:
+                raise DecodeError(f"unexpected {frame.type.name} frame from a client")
+        finally:
+            self.budget.release(held)
 
-    async def _answer(self, conn: _Connection, frame: Frame) -> None:
+    @staticmethod
+    def _finished(conn: _Connection, ticket: _Held) -> None:
+        conn.slots.release()
+        ticket.release()
+
+    async def _answer(self, conn: _Connection, frame: Frame, ticket: _Held) -> None:
         rid = frame.header.get("rid")
         try:
             reply = await self._reply(frame, conn.info, rid)
+            del frame
             try:
                 await conn.stream.write_frame(reply)
             except (TypeError, ValueError):
-                log.exception("handler returned a frame that cannot be encoded")
+                self.log.exception("handler returned a frame that cannot be encoded")
                 await conn.stream.write_frame(error_frame("internal error", code="internal", rid=rid))
         except TransportError as exc:
             log.debug("could not answer on connection %d: %s", conn.info.connection_id, exc)
             conn.stream.abort()
         finally:
-            conn.slots.release()
+            ticket.release()  # the reply (which may view the request's payload) is sent
 
     async def _reply(self, frame: Frame, info: ConnectionInfo, rid: Any) -> Frame:
         try:
@@ -255,7 +334,7 @@ class TcpServer:
         except DecodeError as exc:
             return error_frame(str(exc), code="decode", rid=rid)
         except Exception:
-            log.exception("handler failed on a request from %s", info.peer)
+            self.log.exception("handler failed on a request from %s", info.peer)
             return error_frame("internal error", code="internal", rid=rid)
         if reply is None:
             return Frame(FrameType.RESPONSE, {"rid": rid})
@@ -268,11 +347,20 @@ class TcpServer:
             try:
                 await self._handler(frame, conn.info)
             except HandlerError as exc:
-                log.info("one-way frame from %s refused: %s", conn.info.peer, exc)
+                self.log.info("one-way frame from %s refused: %s", conn.info.peer, exc)
             except Exception:
-                log.exception("handler failed on a one-way frame from %s", conn.info.peer)
+                self.log.exception("handler failed on a one-way frame from %s", conn.info.peer)
             finally:
                 conn.handling_oneway = False
+                self.budget.release(self._held(frame))
+                del frame
+
+
+def _refusal_code(exc: Exception) -> str:
+    """The ERROR frame code of a frame the server refused before handling it."""
+    if isinstance(exc, DecodeError):
+        return "decode"
+    return "overloaded" if isinstance(exc, Overloaded) else "refused"
 
 
 async def _listen(host: str, port: int, config: TcpConfig) -> socket.socket:

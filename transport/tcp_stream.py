@@ -2,11 +2,15 @@
 
 Reads go through a small read-ahead buffer for prefixes, headers and small payloads (so a burst
 of small frames costs one syscall), while large payloads are received with ``sock_recv_into``
-straight into their final buffer, allocated only after the prefix passed the limits. Writes hand
-memoryviews to ``sock_sendall`` in slices, never concatenating a large payload. Every read and
-write is bounded by a no-progress deadline (``read_timeout_s``); a frame cut short or stalled
-is reported as ConnectionClosed / TransportTimeout, and a write that fails or is cancelled half
-way marks the stream broken, since nothing can follow a partial frame.
+straight into their final buffer, allocated only after the prefix passed the limits, the
+stream's ``gate`` passed the header (a server checks the method and the caller there) and the
+stream's ``ByteBudget`` (``transport.slots``) held the payload's size. Writes hand memoryviews to
+``sock_sendall`` in slices, never concatenating a large payload. Every read and write is bounded
+by a no-progress deadline (``read_timeout_s``), and every received frame by a whole-frame
+deadline, ``read_timeout_s + frame bytes / min_rate_bytes_per_s`` from its first byte, so a peer
+that drips a byte at a time is cut all the same. A frame cut short or stalled is reported as
+ConnectionClosed / TransportTimeout, and a write that fails or is cancelled half way marks the
+stream broken, since nothing can follow a partial frame.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from gossamer.transport.frames import (
     parse_prefix,
 )
 from gossamer.transport.limits import DEFAULT_LIMITS, Limits
+from gossamer.transport.slots import ByteBudget
 
 READ_AHEAD_BYTES = 64 * 1024
 """Size of the read-ahead buffer; reads of at least this size bypass it."""
@@ -37,6 +42,9 @@ SMALL_FRAME_BYTES = 64 * 1024
 
 PayloadBufferHook = Callable[[int], Any]
 """``payload_buffer(nbytes)`` returns a writable buffer of at least ``nbytes`` for a payload."""
+FrameGate = Callable[[FrameType, dict[str, Any], int], None]
+"""``gate(type, header, payload_len)`` runs once a frame's header is in, before its payload is
+allocated or read; it refuses the frame by raising (the stream is then unusable: close it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,13 +54,22 @@ class TcpConfig:
     Attributes:
         limits: caps on every length a peer can claim in a frame.
         connect_timeout_s: deadline for a client to connect.
+        first_frame_timeout_s: how long a new server connection may take to send the prefix and
+            header of its first frame (a socket that never talks, or drips, is cut this soon).
         idle_timeout_s: how long a server connection may wait for the first byte of its next
             frame while no request of it is being handled.
         read_timeout_s: most time without progress once a frame has started (either direction):
             a peer that stalls mid-frame, or stops reading what we send, is cut.
+        min_rate_bytes_per_s: a received frame of n bytes must be whole within
+            ``read_timeout_s + n / min_rate_bytes_per_s`` of its first byte.
         request_timeout_s: default deadline of a whole request (send + response).
         max_connections: most connections a server holds; beyond, new ones get an "overloaded"
             ERROR frame and are closed.
+        max_connections_per_address: most connections a server holds from one IPv4 address or
+            IPv6 /64; beyond, the same "overloaded" refusal.
+        max_inflight_payload_bytes: most payload bytes a server holds at once over all its
+            connections, from allocation until the frame's handler is done; a frame that would
+            pass it is refused ("overloaded") and its connection closed.
         max_inflight_requests: most requests of one connection handled concurrently; at the cap
             the server stops reading that socket.
         queue_maxsize: one-way frames of one connection waiting for the handler; when full the
@@ -65,10 +82,14 @@ class TcpConfig:
 
     limits: Limits = DEFAULT_LIMITS
     connect_timeout_s: float = 10.0
+    first_frame_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0
     read_timeout_s: float = 30.0
+    min_rate_bytes_per_s: int = 128 << 10
     request_timeout_s: float = 60.0
     max_connections: int = 256
+    max_connections_per_address: int = 32
+    max_inflight_payload_bytes: int = 1 << 30
     max_inflight_requests: int = 16
     queue_maxsize: int = 16
     socket_buffer_bytes: int = 0
@@ -77,11 +98,13 @@ class TcpConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.limits, Limits):
             raise TypeError(f"TcpConfig.limits must be a Limits, got {type(self.limits).__name__}")
-        for name in ("connect_timeout_s", "idle_timeout_s", "read_timeout_s", "request_timeout_s"):
+        for name in ("connect_timeout_s", "first_frame_timeout_s", "idle_timeout_s", "read_timeout_s",
+                     "request_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"TcpConfig.{name} must be a positive finite number, got {value!r}")
-        for name in ("max_connections", "max_inflight_requests", "queue_maxsize", "write_slice_bytes"):
+        for name in ("max_connections", "max_connections_per_address", "max_inflight_payload_bytes",
+                     "min_rate_bytes_per_s", "max_inflight_requests", "queue_maxsize", "write_slice_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"TcpConfig.{name} must be a positive int, got {value!r}")
@@ -128,11 +151,17 @@ class FrameStream:
     """
 
     def __init__(self, sock: socket.socket, *, config: TcpConfig, stats: TcpStats,
-                 payload_buffer: PayloadBufferHook | None = None) -> None:
+                 payload_buffer: PayloadBufferHook | None = None, gate: FrameGate | None = None,
+                 budget: ByteBudget | None = None) -> None:
         self._sock = sock
         self._loop = asyncio.get_running_loop()
         self._limits = config.limits
         self._progress_s = config.read_timeout_s
+        self._min_rate = config.min_rate_bytes_per_s
+        self._gate = gate
+        self._budget = budget
+        self._frame_start = 0.0
+        self._frame_deadline = math.inf
         self._slice_bytes = config.write_slice_bytes
         self._stats = stats
         self._payload_buffer = payload_buffer
@@ -164,29 +193,53 @@ class FrameStream:
         self._stats.bytes_in += got
         return got > 0
 
-    async def read_frame(self) -> Frame | None:
-        """Read one whole frame; None on a clean EOF before its first byte."""
+    async def read_frame(self, *, head_by: float | None = None) -> Frame | None:
+        """Read one whole frame; None on a clean EOF before its first byte. ``head_by`` (a loop
+        time) is when its prefix and header must be in at the latest (a server gives a new
+        connection's first frame ``first_frame_timeout_s``). With a budget, the caller owns the
+        payload's bytes in it and gives them back when done."""
         if not await self.wait_for_frame(None):
             return None
+        self._frame_start = self._loop.time()
+        self._frame_deadline = min(self._frame_start + self._progress_s, math.inf if head_by is None else head_by)
         try:
-            async with asyncio.timeout(self._progress_s) as deadline:
-                frame = await self._read_parts(deadline)
+            async with asyncio.timeout_at(self._frame_deadline) as deadline:
+                frame = await self._read_parts(deadline, head_by)
         except TimeoutError:
+            if self._loop.time() >= self._frame_deadline:
+                raise TransportTimeout(f"frame not whole within its deadline (read_timeout_s={self._progress_s} + "
+                                       f"bytes / min_rate_bytes_per_s={self._min_rate}, the first frame's head "
+                                       "within first_frame_timeout_s)") from None
             raise TransportTimeout(f"peer stalled mid-frame: no bytes for read_timeout_s={self._progress_s}") from None
         self._stats.frames_in += 1
         return frame
 
-    async def _read_parts(self, deadline: asyncio.Timeout) -> Frame:
+    async def _read_parts(self, deadline: asyncio.Timeout, head_by: float | None) -> Frame:
         prefix = bytearray(PREFIX_BYTES)
         await self._read_into(memoryview(prefix), "prefix", deadline)
         frame_type, header_len, payload_len = parse_prefix(prefix, limits=self._limits)
+        whole = self._frame_start + self._progress_s + (PREFIX_BYTES + header_len + payload_len) / self._min_rate
+        self._frame_deadline = whole if head_by is None else min(whole, head_by)
+        deadline.reschedule(min(self._loop.time() + self._progress_s, self._frame_deadline))
         header_bytes = bytearray(header_len)
         await self._read_into(memoryview(header_bytes), "header", deadline)
         header = decode_header(header_bytes, limits=self._limits)
+        self._frame_deadline = whole
+        deadline.reschedule(min(self._loop.time() + self._progress_s, self._frame_deadline))
+        if self._gate is not None:
+            self._gate(frame_type, header, payload_len)
         if payload_len == 0:
             return Frame(frame_type, header, b"")
-        payload = self._allocate(payload_len)
-        await self._read_into(memoryview(payload).cast("B")[:payload_len], "payload", deadline)
+        if self._budget is not None:
+            self._budget.reserve(payload_len)  # Overloaded: nothing allocated
+        try:
+            payload = self._allocate(payload_len)
+            await self._read_into(memoryview(payload).cast("B")[:payload_len], "payload", deadline)
+        except BaseException:
+            payload = None
+            if self._budget is not None:
+                self._budget.release(payload_len)
+            raise
         return Frame(frame_type, header, payload)
 
     def _allocate(self, nbytes: int) -> Any:
@@ -206,7 +259,7 @@ class FrameStream:
                 done += self._take(target[done:])
             else:
                 done += await self._recv(target[done:], what, done, total)
-            deadline.reschedule(self._loop.time() + self._progress_s)
+            deadline.reschedule(min(self._loop.time() + self._progress_s, self._frame_deadline))
 
     def _take(self, target: memoryview) -> int:
         count = min(self._end - self._start, target.nbytes)

@@ -25,6 +25,8 @@ _HELP = {
     "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:N",
     "data": "dataset: builtin:pydoc or a local file; TL++ nodes: builtin:digits[:shard=K/N|:class=C] or FILE.npz",
     "join_token": "owner-signed join token for allowlist runs",
+    "status_token": "closes /status and /metrics to this host and clients sending Authorization: Bearer "
+                    "TOKEN (default: open to anyone; the swarm page reads every peer's /status)",
     "manifest": "use this manifest file instead of fetching it from the DHT (still verified)",
     "checkpoint_dir": "where checkpoints are written and resumed from (default ~/.gossamer/checkpoints)",
     "checkpoint_every": "write a role's state every N rounds (default 10; 0: only on Ctrl+C/SIGTERM and at the end)",

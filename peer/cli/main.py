@@ -18,12 +18,12 @@ from typing import Any
 
 from gossamer import __version__
 from gossamer.crypto.errors import CryptoError
-from gossamer.crypto.identity import Identity
+from gossamer.crypto.identity import PUBLIC_KEY_BYTES, Identity
 from gossamer.crypto.tokens import issue_join_token
 from gossamer.peer.cli.flags import add_peer_flags, peer_options
 from gossamer.peer.cli.presets import presets
 from gossamer.peer.config import DEFAULT_IDENTITY, PeerConfig, build_peer_config, load_toml_options
-from gossamer.peer.errors import PeerError
+from gossamer.peer.errors import ConfigError, PeerError
 from gossamer.peer.plugin import Command, PluginRegistry
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import load_run_config, make_run_id
@@ -75,7 +75,9 @@ def build_parser(plugins: PluginRegistry = PLUGINS) -> argparse.ArgumentParser:
     token.add_argument("-c", "--config", type=Path, required=True, help="the run config TOML")
     token.add_argument("--identity_path", "--identity-path", type=Path, default=None)
     token.add_argument("--expires_in_s", "--expires-in-s", type=float, default=7 * 24 * 3600.0)
-    token.add_argument("--peer_public_key", "--peer-public-key", default=None, help="bind the token to one key (hex)")
+    token.add_argument("--peer_public_key", "--peer-public-key", required=True,
+                       help="the key the token admits (hex; `gossamer identity show` prints it): a token is published "
+                            "in its peer's record, so one bound to no key would admit whoever read it")
 
     status = sub.add_parser("status", help="print the live peers of a run")
     status.add_argument("--run", required=True)
@@ -155,7 +157,13 @@ def _identity(args: argparse.Namespace) -> int:
 def _token(args: argparse.Namespace) -> int:
     owner = Identity.load((args.identity_path or DEFAULT_IDENTITY).expanduser())
     run_config = load_run_config(args.config)
-    peer_key = bytes.fromhex(args.peer_public_key) if args.peer_public_key else None
+    try:
+        peer_key = bytes.fromhex(args.peer_public_key)
+    except ValueError:
+        peer_key = b""
+    if len(peer_key) != PUBLIC_KEY_BYTES:
+        raise ConfigError(f"--peer_public_key must be {2 * PUBLIC_KEY_BYTES} hex digits (the 'public key' line of "
+                          f"`gossamer identity show` on the peer), got {args.peer_public_key[:80]!r}")
     token = issue_join_token(owner, run_id=make_run_id(run_config.name, owner.public_key),
                              expires_at=time.time() + args.expires_in_s, peer_public_key=peer_key,
                              nonce=secrets.token_bytes(16))

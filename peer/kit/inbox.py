@@ -2,8 +2,11 @@
 
 Only rounds in ``[current, current + window_rounds]`` are accepted (older ones are stale, newer
 ones too far ahead); one contribution per sender per (kind, round); at most ``max_senders`` per
-(kind, round). Waiters are woken on every arrival and give up at their deadline: a round never
-waits past it.
+(kind, round); and at most ``max_bytes`` of tensors held in all. Senders without ``priority``
+(the caller's call: in an open run, identities too new to steer, ``run.tenure``) may fill only
+``1 - reserved_fraction`` of the bytes, so however many of them send full-size contributions,
+the rest stays free for the senders that count. Waiters are woken on every arrival and give up at
+their deadline: a round never waits past it.
 """
 
 from __future__ import annotations
@@ -18,19 +21,37 @@ Tensors = dict[str, torch.Tensor]
 T = TypeVar("T")
 
 
-class Inbox(Generic[T]):
-    """Bounded store of received contributions (tensors, or whatever a role stores per message)
-    with deadline-bounded waiting."""
+def size_bytes(tensors: Tensors) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
 
-    def __init__(self, *, window_rounds: int = 2, max_senders: int = 256) -> None:
+
+class Inbox(Generic[T]):
+    """Bounded store of received contributions (tensors, or whatever a role stores per message,
+    with its size given) with deadline-bounded waiting."""
+
+    def __init__(self, *, window_rounds: int = 2, max_senders: int = 256, max_bytes: int | None = None,
+                 reserved_fraction: float = 0.5) -> None:
+        if not 0.0 <= reserved_fraction < 1.0:
+            raise ValueError(f"reserved_fraction must be in [0, 1), got {reserved_fraction!r}")
         self._window = window_rounds
         self._max_senders = max_senders
+        self.max_bytes = max_bytes
+        self._reserved_fraction = reserved_fraction
         self._current = 0
         self._items: dict[tuple[str, int], dict[str, T]] = {}
         self._refused: dict[tuple[str, int], dict[str, str]] = {}
+        self._sizes: dict[tuple[str, int, str], tuple[int, bool]] = {}  # (kind, round, sender) -> (bytes, priority)
         self._changed = asyncio.Condition()
 
-    def refusal(self, kind: str, round: int, sender: str) -> str | None:
+    @property
+    def window_rounds(self) -> int:
+        return self._window
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(size for size, _priority in self._sizes.values())
+
+    def refusal(self, kind: str, round: int, sender: str, *, size: int = 0, priority: bool = True) -> str | None:
         """Why a contribution would be refused now, or None if it would be accepted."""
         if round < self._current:
             return f"stale round {round} (at {self._current})"
@@ -41,14 +62,23 @@ class Inbox(Generic[T]):
             return f"duplicate {kind} for round {round}"
         if len(box) >= self._max_senders:
             return f"too many {kind} contributions for round {round}"
+        if self.max_bytes is not None:
+            held = self.held_bytes if priority else sum(s for s, p in self._sizes.values() if not p)
+            limit = self.max_bytes if priority else int(self.max_bytes * (1.0 - self._reserved_fraction))
+            if held + size > limit:
+                return f"inbox full ({held} of {limit} bytes held{'' if priority else ' for new senders'})"
         return None
 
-    async def put(self, kind: str, round: int, sender: str, tensors: T) -> str | None:
+    async def put(self, kind: str, round: int, sender: str, tensors: T, *, priority: bool = True,
+                  size: int | None = None) -> str | None:
         """Store a contribution; returns the refusal reason instead when it is not accepted."""
-        reason = self.refusal(kind, round, sender)
+        if size is None:  # a dict of tensors by default; a role storing something else gives its size
+            size = size_bytes(tensors) if isinstance(tensors, dict) else 0
+        reason = self.refusal(kind, round, sender, size=size, priority=priority)
         if reason is not None:
             return reason
         self._items.setdefault((kind, round), {})[sender] = tensors
+        self._sizes[kind, round, sender] = (size, priority)
         async with self._changed:
             self._changed.notify_all()
         return None
@@ -92,3 +122,5 @@ class Inbox(Generic[T]):
         for store in (self._items, self._refused):
             for key in [key for key in store if key[1] < current_round]:
                 del store[key]
+        for key in [key for key in self._sizes if key[1] < current_round]:
+            del self._sizes[key]

@@ -1,11 +1,17 @@
 """Signed tensor messages between peers over HTTP.
 
 A message is a safetensors body PUT to the recipient, with a signed envelope (``crypto.envelope``)
-in the ``X-Gossamer-Envelope`` header: sender, recipient, run id, round, timestamp, nonce and the
-SHA-256 of the exact body bytes. The receiver reads the body into one buffer, hashes it, opens
-the envelope with its replay guard (wrong key, tampered byte, another recipient, a replayed nonce
-or a stale timestamp all end in the same opaque 403), checks that the sender is a live, admitted
-peer of the run whose record carries the key that signed, and only then decodes the tensors.
+in the ``X-Gossamer-Envelope`` header: sender, recipient, run id, round, the request's method and
+target (``PUT /diloco/pgrad/7``, so a message cannot be moved to another endpoint), timestamp,
+nonce and the SHA-256 of the exact body bytes.
+
+The receiver checks who is talking before it reads a body byte: the envelope's signature,
+recipient, run, method and target, freshness and nonce (``ReplayGuard.check``), then that the
+sender is a live, admitted peer of the run with the role the route expects, whose record carries
+the key that signed, and that the envelope's round is the route's. Every refusal is the same
+opaque 403. Only then is the body read, capped at the size the route expects (``body_cap`` of the
+tensors it takes) and held in the server's body budget (``transport.http_server``); its digest
+must match (``ReplayGuard.admit``) before the tensors are decoded.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 import torch
 from aiohttp import web
+from yarl import URL
 
 from gossamer.crypto.envelope import Envelope, ReplayGuard, payload_digest, seal
 from gossamer.crypto.errors import VerificationError
@@ -32,6 +39,23 @@ from gossamer.transport.safetensors_stream import decode_safetensors, encode_saf
 
 ENVELOPE_HEADER = "X-Gossamer-Envelope"
 MAX_ENVELOPE_CHARS = 8192
+HEADER_SLACK_BYTES = 64 << 10
+"""Room ``body_cap`` leaves for the safetensors header and metadata beyond the tensors' bytes."""
+HEADER_BYTES_PER_TENSOR = 128
+"""Room for one tensor's header entry (dtype, shape, offsets) beside its name."""
+
+
+def body_cap(tensors: Mapping[str, torch.Tensor]) -> int:
+    """The largest body a message carrying tensors of these names, shapes and dtypes may take
+    (their bytes, a header entry each, and ``HEADER_SLACK_BYTES`` for metadata); no tensor is
+    copied or moved."""
+    return HEADER_SLACK_BYTES + sum(t.numel() * t.element_size() + len(name.encode()) + HEADER_BYTES_PER_TENSOR
+                                    for name, t in tensors.items())
+
+
+def request_target(url: str | URL) -> str:
+    """The target an HTTP client sends for ``url`` (its encoded path and query): what is signed."""
+    return URL(url).raw_path_qs
 
 
 @dataclass(frozen=True)
@@ -71,8 +95,9 @@ class SignedMessenger:
         """PUT ``tensors`` to ``url`` for ``recipient``; the recipient's JSON answer and the body size.
         Transport errors propagate; an answer that is not a JSON object is a DecodeError."""
         total_bytes, chunks = encode_safetensors(tensors, metadata)
-        envelope = seal(self._identity, recipient=recipient, run_id=self._run_id, round=round,
-                        payload_digest=payload_digest(*chunks), now=self._now(), nonce=secrets.token_bytes(16))
+        envelope = seal(self._identity, recipient=recipient, run_id=self._run_id, round=round, method="PUT",
+                        target=request_target(url), payload_digest=payload_digest(*chunks), now=self._now(),
+                        nonce=secrets.token_bytes(16))
         header = base64.b64encode(envelope).decode("ascii")
         answer = await self._client.put_body(url, total_bytes, chunks, extra_headers={ENVELOPE_HEADER: header})
         if not isinstance(answer, dict):
@@ -85,23 +110,39 @@ class SignedMessenger:
         reply = await self.request(url, recipient=recipient, round=round, tensors=tensors, metadata=metadata)
         return reply.size_bytes
 
-    async def receive(self, request: web.Request) -> Received:
-        """Verify and decode a message; raises 403 (opaque) or 400 (bad body) HTTP errors."""
-        blob = self._envelope_blob(request)
-        body = await read_body_into(request, max_bytes=self._max_body_bytes)
+    async def receive(self, request: web.Request, *, sender_role: str, round: int, max_body_bytes: int) -> Received:
+        """Verify and decode a message from a live peer with ``sender_role`` for ``round``, whose
+        body is at most ``max_body_bytes`` (see ``body_cap``); raises 403 (opaque) before any body
+        byte is read, then 413 / 503 / 400 (bad body) HTTP errors."""
+        envelope = self._check(request, sender_role=sender_role, round=round)
         try:
-            envelope = self._guard.open(blob, me=self._identity.peer_id, run_id=self._run_id,
-                                        payload_digest=payload_digest(body), now=self._now())
-        except VerificationError as exc:
-            raise web.HTTPForbidden(text="envelope refused") from exc
-        live = self._view.get(envelope.sender)
-        if live is None or live.record.public_key != envelope.sender_public_key:
-            raise web.HTTPForbidden(text="envelope refused")
+            body = await read_body_into(request, max_bytes=min(max_body_bytes, self._max_body_bytes))
+            try:
+                self._guard.admit(envelope, payload_digest=payload_digest(body), now=self._now())
+            except VerificationError as exc:
+                raise web.HTTPForbidden(text="envelope refused") from exc
+        finally:
+            self._guard.release(envelope)
         try:
             tensors, metadata = decode_safetensors(body, limits=self._limits)
         except DecodeError as exc:
             raise web.HTTPBadRequest(text=f"bad safetensors body: {exc}") from exc
         return Received(envelope=envelope, tensors=tensors, metadata=metadata, size_bytes=len(body))
+
+    def _check(self, request: web.Request, *, sender_role: str, round: int) -> Envelope:
+        """The envelope, if everything but the body checks out; 403 otherwise."""
+        blob = self._envelope_blob(request)
+        try:
+            envelope = self._guard.check(blob, me=self._identity.peer_id, run_id=self._run_id, method=request.method,
+                                         target=request.rel_url.raw_path_qs, now=self._now())
+        except VerificationError as exc:
+            raise web.HTTPForbidden(text="envelope refused") from exc
+        live = self._view.get(envelope.sender)
+        if (live is None or live.record.public_key != envelope.sender_public_key
+                or sender_role not in live.record.roles or envelope.round != round):
+            self._guard.release(envelope)
+            raise web.HTTPForbidden(text="envelope refused")
+        return envelope
 
     @staticmethod
     def _envelope_blob(request: web.Request) -> bytes:

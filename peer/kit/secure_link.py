@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from gossamer.crypto.channel import ChannelHandshake, SecureChannel
+from gossamer.crypto.channel import MAX_HELLO_BYTES, ChannelHandshake, SecureChannel
 from gossamer.crypto.errors import VerificationError
 from gossamer.crypto.identity import Identity
 from gossamer.peer.errors import PeerError
@@ -245,11 +245,14 @@ class SecureLinkServer:
 
     One session per client peer (a new hello replaces the peer's old session), at most
     ``max_sessions`` in all (the oldest is dropped). Requests of one session are handled one at
-    a time, in order.
+    a time, in order. Its TCP gate (``tcp_gates``) checks the caller before a payload byte is
+    read: a hello may carry at most ``MAX_HELLO_BYTES``, any other frame must name a live
+    session and carry at most ``max_frame_bytes``; anything else is refused unread.
     """
 
     def __init__(self, *, identity: Identity, run_id: str, method: str, authorize: Authorize, handler: Handler,
-                 traffic: Traffic | None = None, limits: Limits = DEFAULT_LIMITS, max_sessions: int = 256) -> None:
+                 traffic: Traffic | None = None, limits: Limits = DEFAULT_LIMITS, max_sessions: int = 256,
+                 max_frame_bytes: int | None = None) -> None:
         self._identity = identity
         self._run_id = run_id
         self.method = method
@@ -258,11 +261,28 @@ class SecureLinkServer:
         self._traffic = traffic
         self._limits = limits
         self._max_sessions = max_sessions
+        self._max_frame_bytes = limits.max_payload_bytes if max_frame_bytes is None else max_frame_bytes
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self.refused_frames = 0
 
     def tcp_methods(self) -> dict[str, Callable[[Frame], Awaitable[Frame | None]]]:
         return {self.method: self.serve}
+
+    def tcp_gates(self) -> dict[str, Callable[[dict[str, Any], int], None]]:
+        return {self.method: self.admit}
+
+    def admit(self, header: dict[str, Any], payload_len: int) -> None:
+        """Before a frame's payload is read: HandlerError unless it is a hello of hello size, or
+        a frame of a live session within ``max_frame_bytes``."""
+        if header.get("op") == HELLO:
+            if payload_len > MAX_HELLO_BYTES:
+                raise HandlerError(f"secure link: a hello of {payload_len} bytes (at most {MAX_HELLO_BYTES})")
+            return
+        sid = header.get("sid")
+        if not isinstance(sid, str) or sid not in self._sessions:
+            raise HandlerError("secure link: unknown or closed session; open a new link")
+        if payload_len > self._max_frame_bytes:
+            raise HandlerError(f"secure link: a frame of {payload_len} bytes (at most {self._max_frame_bytes})")
 
     async def serve(self, frame: Frame) -> Frame:
         """Answer one REQUEST frame of this method."""

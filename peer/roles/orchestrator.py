@@ -1,6 +1,7 @@
 """Role ``orchestrator``: the run owner's peer. Generic: every run has one, whatever its protocol.
 
-It publishes the owner-signed manifest in the DHT (refreshed every heartbeat) and serves it over
+It publishes the owner-signed manifest in the DHT (refreshed every heartbeat; a failed store is
+an alarm and is retried after a quarter heartbeat, ``run.publisher``) and serves it over
 HTTP: ``GET /manifest`` as JSON (the run, its owner and config, and the signed bytes in base64),
 ``GET /manifest?format=signed`` as the signed bytes themselves (what ``--manifest FILE`` takes).
 The protocol's own run-owner roles (``ProtocolPlugin.owner_roles``) come beside it. It has no end
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 from typing import Any
 
 from aiohttp import web
@@ -19,9 +19,7 @@ from aiohttp import web
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.role import Role, RoleContext
 from gossamer.peer.run.keys import manifest_key
-from gossamer.transport.errors import TransportError
-
-log = logging.getLogger(__name__)
+from gossamer.peer.run.publisher import Publisher
 
 
 class OrchestratorRole(Role):
@@ -34,7 +32,9 @@ class OrchestratorRole(Role):
         super().__init__(ctx)
         if not ctx.is_run_owner:
             raise ConfigError("the orchestrator role needs the run owner's identity (the key that signed the manifest)")
-        self.publications = 0
+        self.publisher = Publisher(ctx.membership, what="manifest", key=manifest_key(ctx.manifest.run_id),
+                                   signer=ctx.identity, heartbeat_s=ctx.manifest.config.heartbeat_s,
+                                   store_log=ctx.store_log)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/manifest", self._serve_manifest)]
@@ -58,20 +58,17 @@ class OrchestratorRole(Role):
         await self.publish_once()
         self.spawn(self._publish_loop(), name="manifest")
 
-    async def publish_once(self) -> None:
-        expiration = self.ctx.now() + self.ctx.manifest.ttl_s
-        await self.ctx.membership.store(manifest_key(self.ctx.manifest.run_id), self.ctx.identity.peer_id,
-                                        self.ctx.manifest.blob, expiration_time=expiration)
-        self.publications += 1
+    async def publish_once(self) -> bool:
+        """Store the manifest until a TTL from now; False (and the alarm raised) if no node took it."""
+        return await self.publisher.publish(self.ctx.manifest.blob,
+                                            expiration_time=self.ctx.now() + self.ctx.manifest.ttl_s)
 
     async def _publish_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
-            try:
-                await self.publish_once()
-            except TransportError as exc:
-                log.warning("could not republish the manifest: %s", exc)
+            await asyncio.sleep(self.publisher.retry_delay_s)
+            await self.publish_once()
 
     def status(self) -> dict[str, Any]:
         return {"run_id": self.ctx.manifest.run_id, "protocol": self.ctx.manifest.config.protocol,
-                "manifest_publications": self.publications}
+                "manifest_publications": self.ctx.store_log.stored["manifest"],
+                "manifest_store_failures": self.ctx.store_log.failed["manifest"]}

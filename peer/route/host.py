@@ -3,7 +3,9 @@
 ``RouteHost.handle``: decode the frame (``peer.route.wire``), check that it is for this run,
 that the route is well formed and its first hop lists only units this host holds, and that the
 tensors are what the first unit expects; compute (in a worker thread, at most ``max_inflight`` at
-once); then answer the result (last hop) or forward it to the next hop through the ``HopPool``,
+once); refuse a result that is not finite (finite but absurd inputs, e.g. z = 1e38, overflow
+inside the units: passing NaN on would make the next, honest hop refuse it and be routed around
+as if it had failed); then answer the result (last hop) or forward it to the next hop through the ``HopPool``,
 with what is left of the budget, and relay that hop's answer. The next hop must pass
 ``next_hop_ok`` (``peer.route.policy``: a live peer of the run announcing those units), so a client
 cannot make a host connect anywhere it likes. Subclasses say what a unit is: ``check_route``,
@@ -69,6 +71,9 @@ class RouteHost:
             if loop.time() - started >= request.budget_s:
                 raise HandlerError("the route's time budget ran out while this host was busy")
             outputs = await asyncio.to_thread(compute, hop.units, inputs)
+        if not all(bool(torch.isfinite(t).all()) for t in outputs.values() if t.is_floating_point()):
+            self.refused += 1
+            raise HandlerError(f"these inputs drive {self.unit_name}(s) {list(hop.units)} to NaN or Inf; refused")
         self.served += 1
         rest = request.route[1:]
         if not rest:

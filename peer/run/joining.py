@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.errors import ConfigError, ManifestError, StartupError
-from gossamer.peer.run.keys import manifest_key
+from gossamer.peer.run.keys import RunKeys, manifest_key
 from gossamer.peer.run.manifest import Manifest, parse_run_id, verify_manifest
 from gossamer.transport.dht import BootstrapFailed, DhtConfig, DhtMembership, DhtStartFailed
 from gossamer.transport.errors import TransportError
@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 LOOKING_LINE_S = 5.0  # how often a join that waits for the manifest says so
 
 
-async def start_membership(config: PeerConfig) -> DhtMembership:
-    """Start this peer's DHT node; StartupError with the fix when it cannot."""
+async def start_membership(config: PeerConfig, *, run_keys: RunKeys | None = None) -> DhtMembership:
+    """Start this peer's DHT node, which applies the run key rule (``run_keys``, a fresh ``RunKeys``
+    if None) to every entry it stores or reads; StartupError with the fix when it cannot."""
     new_swarm = config.new_swarm or not config.initial_peers
     try:
         dht_config = DhtConfig(initial_peers=config.initial_peers, host_maddrs=config.host_maddrs,
@@ -27,7 +28,7 @@ async def start_membership(config: PeerConfig) -> DhtMembership:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     try:
-        return await DhtMembership.create(dht_config)
+        return await DhtMembership.create(dht_config, rules=(run_keys or RunKeys(),))
     except (BootstrapFailed, DhtStartFailed) as exc:
         raise StartupError(str(exc)) from exc
 

@@ -8,7 +8,8 @@ manifest it fetched is the owner's: the signer's fingerprint must start with the
 Run config layout::
 
     [run]        name, protocol (one of the plugins in ``gossamer.peer.roles``), description,
-                 heartbeat_s (record refresh period; TTL is 3x)
+                 heartbeat_s (record refresh period; TTL is 3x), tenure_s (how long a peer must
+                 have been live to steer others' choices; default 12 heartbeats, ``run.tenure``)
     [model]      tables read by the protocol's settings (``gossamer.peer.kit.settings``)
     [data]       source = "builtin:pydoc" | "PATH", ...
     [hyper]      hyperparameters, likewise
@@ -30,6 +31,11 @@ from gossamer.peer.config import read_toml
 from gossamer.peer.errors import ConfigError, ManifestError
 
 RUN_ID_KEY_HEX = 16
+MIN_HEARTBEAT_S, MAX_HEARTBEAT_S = 0.2, 600.0
+TTL_HEARTBEATS = 3
+TENURE_HEARTBEATS = 12
+MAX_TENURE_S = 7 * 24 * 3600.0
+MAX_TTL_S = TTL_HEARTBEATS * MAX_HEARTBEAT_S
 MAX_MANIFEST_BYTES = 48 * 1024
 POLICIES = ("open", "allowlist")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -48,6 +54,7 @@ class RunConfig:
     protocol: str = "none"
     description: str = ""
     heartbeat_s: float = 5.0
+    tenure_s: float | None = None
     model: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     hyper: dict[str, Any] = field(default_factory=dict)
@@ -60,8 +67,13 @@ class RunConfig:
             raise ConfigError(f"run.name {self.name!r} must be 1-64 characters of letters, digits, '.', '_', '-'")
         if not _NAME.match(self.protocol):
             raise ConfigError(f"run.protocol {self.protocol!r} is not a protocol name (see gossamer --help)")
-        if not isinstance(self.heartbeat_s, int | float) or not 0.2 <= self.heartbeat_s <= 600:
-            raise ConfigError(f"run.heartbeat_s must be a number of seconds in [0.2, 600], got {self.heartbeat_s!r}")
+        if not isinstance(self.heartbeat_s, int | float) or not MIN_HEARTBEAT_S <= self.heartbeat_s <= MAX_HEARTBEAT_S:
+            raise ConfigError(f"run.heartbeat_s must be a number of seconds in [{MIN_HEARTBEAT_S}, {MAX_HEARTBEAT_S:.0f}], "
+                              f"got {self.heartbeat_s!r}")
+        if self.tenure_s is not None and (isinstance(self.tenure_s, bool) or not isinstance(self.tenure_s, int | float)
+                                          or not 0 < self.tenure_s <= MAX_TENURE_S):
+            raise ConfigError(f"run.tenure_s must be a number of seconds in (0, {MAX_TENURE_S:.0f}], "
+                              f"got {self.tenure_s!r}")
         if self.policy not in POLICIES:
             raise ConfigError(f"admission.policy {self.policy!r} is not one of {', '.join(POLICIES)}")
         for key in self.allow:
@@ -81,7 +93,8 @@ def run_config_from_dict(doc: dict[str, Any], *, source: str = "run config") -> 
         raise ConfigError(f"{source}: [run] needs a name")
     return RunConfig(
         name=str(run["name"]), protocol=str(run.get("protocol", "none")),
-        description=str(run.get("description", "")), heartbeat_s=run.get("heartbeat_s", 5.0), model=_table(doc, "model", source),
+        description=str(run.get("description", "")), heartbeat_s=run.get("heartbeat_s", 5.0),
+        tenure_s=run.get("tenure_s"), model=_table(doc, "model", source),
         data=_table(doc, "data", source), hyper=_table(doc, "hyper", source),
         policy=str(admission.get("policy", "open")), allow=tuple(str(k).lower() for k in admission.get("allow", ())),
         peer=_table(doc, "peer", source),
@@ -108,7 +121,14 @@ class Manifest:
     @property
     def ttl_s(self) -> float:
         """How long a peer record stays valid: three heartbeats of the run."""
-        return 3.0 * self.config.heartbeat_s
+        return TTL_HEARTBEATS * self.config.heartbeat_s
+
+    @property
+    def tenure_s(self) -> float:
+        """How long a peer must have been live to steer others' choices (``peer.run.tenure``)."""
+        if self.config.tenure_s is not None:
+            return float(self.config.tenure_s)
+        return TENURE_HEARTBEATS * self.config.heartbeat_s
 
     @property
     def owner_peer_id(self) -> str:
@@ -120,7 +140,8 @@ def build_manifest(owner: Identity, config: RunConfig, *, now: float) -> Manifes
     body = {
         "kind": "gossamer/manifest", "format": 1, "run_id": make_run_id(config.name, owner.public_key),
         "owner_public_key": owner.public_key, "name": config.name, "protocol": config.protocol,
-        "description": config.description, "heartbeat_s": float(config.heartbeat_s), "model": config.model, "data": config.data, "hyper": config.hyper,
+        "description": config.description, "heartbeat_s": float(config.heartbeat_s),
+        "tenure_s": None if config.tenure_s is None else float(config.tenure_s), "model": config.model, "data": config.data, "hyper": config.hyper,
         "admission": {"policy": config.policy, "allow": list(config.allow)}, "created_at": float(now),
     }
     blob = sign_object(owner, body)
@@ -145,7 +166,8 @@ def verify_manifest(blob: bytes, *, expected_run_id: str) -> Manifest:
     admission = body.get("admission") if isinstance(body.get("admission"), dict) else {}
     try:
         config = run_config_from_dict({
-            "run": {k: body.get(k) for k in ("name", "protocol", "description", "heartbeat_s") if k in body},
+            "run": {k: body.get(k) for k in ("name", "protocol", "description", "heartbeat_s", "tenure_s")
+                    if body.get(k) is not None},
             "model": body.get("model", {}), "data": body.get("data", {}), "hyper": body.get("hyper", {}),
             "admission": admission,
         }, source=f"manifest of {expected_run_id}")

@@ -4,10 +4,15 @@ A record is a plain map signed with the peer's Ed25519 key (``crypto.signed``). 
 before use and drop anything unsigned, mis-signed, published under someone else's subkey, expired,
 or too far in the future. Admission (open / allowlist / join token) is checked separately by
 ``peer.run.admission`` because it needs the run's manifest.
+
+``join_token`` carries only a token bound to the record's own key (a token bound to no key is a
+bearer credential and is never published; ``peer.run.admission``). ``tenured`` is read from the
+run owner's record only: the peers it vouches for (``peer.run.tenure``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +23,9 @@ from gossamer.peer.errors import RecordRejected
 
 MAX_RECORD_BYTES = 16 * 1024
 MAX_CLOCK_SKEW_S = 30.0
+MAX_TENURED = 128
+TENURED_ID_HEX = 16
+_TENURED_ID = re.compile(rf"[0-9a-f]{{{TENURED_ID_HEX}}}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,10 +45,12 @@ class PeerRecord:
     capacity: dict[str, Any] = field(default_factory=dict)
     join_token: str = ""
     state: dict[str, Any] = field(default_factory=dict)  # {"version": int, "digest": hex} for state donors
+    tenured: tuple[str, ...] = ()  # the run owner's: peer id prefixes it has seen live for the run's tenure
 
     def body(self) -> dict[str, Any]:
         body = asdict(self)
         body["roles"] = list(self.roles)
+        body["tenured"] = list(self.tenured)
         return body
 
 
@@ -72,11 +82,13 @@ def open_record(blob: bytes, *, subkey: str, now: float, ttl_s: float) -> PeerRe
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "peer_id": str, "public_key": bytes, "name": str, "http_addr": str, "tcp_addr": str,
     "roles": list, "version": str, "round": int, "timestamp": (int, float),
-    "assignment": dict, "capacity": dict, "join_token": str, "state": dict,
+    "assignment": dict, "capacity": dict, "join_token": str, "state": dict, "tenured": list,
 }
+_OPTIONAL = {"tenured": []}  # fields records of earlier versions lack
 
 
 def _record_from_body(body: dict[str, Any]) -> PeerRecord:
+    body = {**_OPTIONAL, **body}
     missing = [name for name in _FIELD_TYPES if name not in body]
     if missing:
         raise RecordRejected(f"record is missing fields {missing}", reason="malformed")
@@ -85,7 +97,12 @@ def _record_from_body(body: dict[str, Any]) -> PeerRecord:
             raise RecordRejected(f"record field {name!r} has type {type(body[name]).__name__}", reason="malformed")
     if not all(isinstance(role, str) for role in body["roles"]):
         raise RecordRejected("record field 'roles' must be a list of strings", reason="malformed")
+    tenured = body["tenured"]
+    if len(tenured) > MAX_TENURED or not all(isinstance(t, str) and _TENURED_ID.fullmatch(t) for t in tenured):
+        raise RecordRejected(f"record field 'tenured' must be at most {MAX_TENURED} peer id prefixes",
+                             reason="malformed")
     fields = {name: body[name] for name in _FIELD_TYPES}
     fields["roles"] = tuple(body["roles"])
+    fields["tenured"] = tuple(tenured)
     fields["timestamp"] = float(body["timestamp"])
     return PeerRecord(**fields)

@@ -1,12 +1,23 @@
 """The live peer table of one run, rebuilt from signed records found in the DHT.
 
-Pure state: the daemon feeds it what ``DhtMembership.get_all`` returned and the current DHT time;
-it verifies every record, applies the run's admission policy, and remembers why records were
-refused (counted per reason for ``/metrics``).
+Pure state: the daemon feeds it what ``DhtMembership.get_entries`` returned and the current DHT
+time; it verifies every record, applies the run's admission policy, and remembers why records
+were refused (counted per reason for ``/metrics``).
+
+A reader bounds its work per read: a record whose bytes are those it accepted last time is not
+verified again, and at most ``max_verify`` records are verified per read. The peers already in
+the table go first, the longest-present first, then new subkeys in random order; a record left
+for a later read is counted in ``deferred`` (a known peer keeps its last record meanwhile, as on
+a partial read). So a flood of new subkeys (free identities in an open run) costs a reader a
+bounded number of signature checks per refresh and cannot crowd out the peers it knows.
+
+Each live peer carries ``since``: the DHT time this table first saw it in its current stretch of
+presence (its tenure, as this peer observed it; ``peer.run.tenure`` uses it).
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,22 +26,29 @@ from gossamer.peer.errors import RecordRejected
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.records import PeerRecord, open_record
 
+DEFAULT_MAX_VERIFY = 512
+
 
 @dataclass(frozen=True)
 class LivePeer:
     record: PeerRecord
     last_seen: float
+    since: float = 0.0  # DHT time this table first saw the peer (continuously present since)
+    blob: bytes = b""  # the signed record as found, so an unchanged one is not verified again
 
 
 class PeerView:
     """Verified, admitted, unexpired peer records of one run, keyed by peer id."""
 
-    def __init__(self, admission: Admission, *, ttl_s: float) -> None:
+    def __init__(self, admission: Admission, *, ttl_s: float, max_verify: int = DEFAULT_MAX_VERIFY) -> None:
         self._admission = admission
         self._ttl_s = ttl_s
+        self._max_verify = max_verify
         self._peers: dict[str, LivePeer] = {}
+        self._random = random.Random()
         self.rejected: Counter[str] = Counter()
         self.last_rejections: dict[str, str] = {}
+        self.deferred = 0  # records left unverified by the last read (over ``max_verify``)
 
     def update(self, entries: dict[str, tuple[bytes, float]], *, now: float,
                withdrawn: Iterable[str] | None = None) -> None:
@@ -40,24 +58,45 @@ class PeerView:
         missing from ``entries`` but has not expired and was not withdrawn stays: a DHT read comes
         back partial while a node holding some records does not answer (a frozen host), and the
         table would flap. A killed peer still leaves within the TTL; a clean exit at once. Without
-        ``withdrawn`` (a one-off read) the table is exactly what ``entries`` holds.
+        ``withdrawn`` (a one-off read) the table is exactly what ``entries`` holds (as far as
+        ``max_verify`` allows).
         """
         gone = set(withdrawn) if withdrawn is not None else None
         fresh: dict[str, LivePeer] = {}
         if gone is not None:
             fresh = {peer_id: peer for peer_id, peer in self._peers.items()
                      if peer_id not in gone and now - peer.last_seen <= self._ttl_s}
-        for subkey, (blob, _expiration) in entries.items():
-            try:
-                record = open_record(blob, subkey=subkey, now=now, ttl_s=self._ttl_s)
-                self._admission.check(record, now=now)
-            except RecordRejected as exc:
-                self._reject(subkey, exc)
+        verified = self.deferred = 0
+        for subkey in self._reading_order(entries):
+            blob = entries[subkey][0]
+            known = self._peers.get(subkey)
+            if known is not None and known.blob == blob:
+                record = known.record
+            elif verified >= self._max_verify:
+                self.deferred += 1
                 continue
-            known = fresh.get(record.peer_id)
-            if known is None or known.last_seen <= record.timestamp:
-                fresh[record.peer_id] = LivePeer(record=record, last_seen=record.timestamp)
+            else:
+                verified += 1
+                try:
+                    record = open_record(blob, subkey=subkey, now=now, ttl_s=self._ttl_s)
+                    self._admission.check(record, now=now)
+                except RecordRejected as exc:
+                    self._reject(subkey, exc)
+                    continue
+            if now - record.timestamp > self._ttl_s:
+                continue
+            kept = fresh.get(record.peer_id)
+            if kept is None or kept.last_seen <= record.timestamp:
+                since = known.since if known is not None else now
+                fresh[record.peer_id] = LivePeer(record=record, last_seen=record.timestamp, since=since, blob=blob)
         self._peers = fresh
+
+    def _reading_order(self, entries: dict[str, tuple[bytes, float]]) -> list[str]:
+        """Known peers first, longest-present first; then new subkeys in random order."""
+        known = sorted((s for s in entries if s in self._peers), key=lambda s: (self._peers[s].since, s))
+        new = [s for s in entries if s not in self._peers]
+        self._random.shuffle(new)
+        return known + new
 
     def _reject(self, subkey: str, exc: RecordRejected) -> None:
         self.rejected[exc.reason] += 1

@@ -9,6 +9,11 @@ every peer, which the roles that read the DHT themselves need). Everything the r
 real thing: settings read from a signed manifest by the protocol's plugin, the transports, the
 HTTP client, signatures, admission.
 
+Outsiders: ``outsider(identity, record)`` puts a record signed by an identity that is not one of
+the net's peers into the view, as anyone can write one into the DHT of an open run (a hostile
+peer's, a free identity's). ``skip(seconds)`` moves the network's clock forward, as if its peers
+had been up that much longer (tenure, ``peer.run.tenure``, is measured on this clock).
+
 Faults are declared by (peer, step, operation), never by subclassing internals:
 ``fail(name, step, op)`` makes that peer refuse the requests of ``op`` for ``step`` as a crashed
 host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
@@ -39,11 +44,19 @@ from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import PluginRegistry, build_roles
 from gossamer.peer.role import Role, RoleContext
 from gossamer.peer.run.admission import Admission
-from gossamer.peer.run.keys import peers_key
+from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest, run_config_from_dict
-from gossamer.peer.run.records import seal_record
+from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.tenure import tenured_ids
 from gossamer.peer.run.view import PeerView
-from gossamer.peer.serving import donated_state, peer_record, role_app, role_dispatcher, state_donor
+from gossamer.peer.serving import (
+    donated_state,
+    peer_record,
+    role_app,
+    role_dispatcher,
+    role_gate,
+    state_donor,
+)
 from gossamer.transport.dht import DhtConfig, DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
@@ -114,6 +127,7 @@ class LocalNet:
         self.received: dict[str, list[Frame]] = {}
         self._publishing: set[asyncio.Task[None]] = set()
         self._records: dict[str, tuple[bytes, float]] = {}
+        self._skipped_s = 0.0
 
     @classmethod
     async def create(cls, run: RunConfig | Mapping[str, Any], *, plugins: PluginRegistry, workdir: Path,
@@ -122,17 +136,25 @@ class LocalNet:
         its manifest signed by ``owner`` (a fresh identity by default)."""
         run_config = run if isinstance(run, RunConfig) else run_config_from_dict(dict(run))
         owner = owner or Identity.generate()
-        membership = None
+        membership, run_keys = None, RunKeys()
         if dht:
-            membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
+            membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)),
+                                                    rules=(run_keys,))
         now = membership.now() if membership is not None else time.time()
         http_client = await HttpClient.create(config=HttpConfig())
-        net = cls(manifest=build_manifest(owner, run_config, now=now), owner=owner, plugins=plugins,
-                  workdir=Path(workdir), http_client=http_client, membership=membership, device=torch.device(device))
-        return net
+        manifest = build_manifest(owner, run_config, now=now)
+        run_keys.learn(manifest)
+        return cls(manifest=manifest, owner=owner, plugins=plugins, workdir=Path(workdir), http_client=http_client,
+                   membership=membership, device=torch.device(device))
 
     def now(self) -> float:
-        return self.membership.now() if self.membership is not None else time.time()
+        return (self.membership.now() if self.membership is not None else time.time()) + self._skipped_s
+
+    def skip(self, seconds: float) -> None:
+        """Move the network's clock forward by ``seconds`` (``publish`` to refresh the records)."""
+        if self.membership is not None:
+            raise RuntimeError("a LocalNet with a DHT runs on DHT time; its clock cannot be moved")
+        self._skipped_s += seconds
 
     # -- peers ------------------------------------------------------------------------------------
 
@@ -155,7 +177,8 @@ class LocalNet:
         peer = LocalPeer(name=name, identity=identity, ctx=ctx, roles=built, traffic=traffic, donor=state_donor(built))
         peer.http = await HttpServer.create(role_app(built, peer.donor, middlewares=[self._http_faults(name)]),
                                             host="127.0.0.1", port=0, config=ctx.http_config)
-        peer.tcp = await TcpServer.create(self._tcp_dispatcher(peer), host="127.0.0.1", port=0)
+        peer.tcp = await TcpServer.create(self._tcp_dispatcher(peer), host="127.0.0.1", port=0,
+                                          gate=role_gate(built))
         self.peers[name] = peer
         await self.publish()
         return peer
@@ -178,21 +201,30 @@ class LocalNet:
         """Every live peer's signed record into the shared view (and the DHT, if there is one)."""
         now = self.now()
         expiration = now + min(self.manifest.ttl_s, RECORD_LIFETIME_S)
+        vouched = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s)
         for peer in self.peers.values():
             if not peer.alive:
                 continue
             record = peer_record(identity=peer.identity, config=peer.ctx.config, roles=peer.roles,
                                  http_addr=f"127.0.0.1:{peer.http.address[1]}" if peer.http else "",
                                  tcp_addr=f"127.0.0.1:{peer.tcp.address[1]}" if peer.tcp else "",
-                                 now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor))
+                                 now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor),
+                                 tenured=vouched if peer.identity.public_key == self.owner.public_key else ())
             blob = seal_record(peer.identity, record)
             self._records[peer.peer_id] = (blob, expiration)
             if self.membership is not None:
-                await self.membership.store(peers_key(self.manifest.run_id), peer.peer_id, blob,
+                await self.membership.store(peers_key(self.manifest.run_id), blob, signer=peer.identity,
                                             expiration_time=expiration)
         self.view.update(dict(self._records), now=now)
         async with self.view_refreshed:
             self.view_refreshed.notify_all()
+
+    def outsider(self, identity: Identity, record: PeerRecord) -> None:
+        """Put ``record``, signed by ``identity`` (not one of the net's peers), into the view until
+        its TTL runs out."""
+        blob = seal_record(identity, record)
+        self._records[identity.peer_id] = (blob, record.timestamp + self.manifest.ttl_s)
+        self.view.update(dict(self._records), now=self.now())
 
     def announce(self) -> None:
         """A role's ``ctx.announce``: publish again at once (as the daemon's heartbeat would)."""

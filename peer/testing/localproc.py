@@ -19,16 +19,18 @@ LOOPBACK = ["--host", "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0"]
 
 
 class GossamerProcess:
-    """One ``python -m peer.cli ...`` process; stderr goes to ``log_path``, events are read from stdout."""
+    """One ``python -m peer.cli ...`` process; stderr goes to ``log_path``, events are read from stdout.
+    ``env`` replaces the environment (e.g. a ``PYTHONPATH`` that runs another version of gossamer)."""
 
-    def __init__(self, args: list[str], *, log_path: Path, wrapper: tuple[str, ...] = ()) -> None:
+    def __init__(self, args: list[str], *, log_path: Path, env: dict[str, str] | None = None,
+                 wrapper: tuple[str, ...] = ()) -> None:
         """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark)."""
         self.log_path = log_path
         self.started_at = time.monotonic()
         self.started_wall_time = time.time()
         self._log = open(log_path, "wb")  # closed in stop()
         self.proc = subprocess.Popen([*wrapper, sys.executable, "-m", "gossamer.peer.cli", *args], stdout=subprocess.PIPE,
-                                     stderr=self._log, start_new_session=True)
+                                     stderr=self._log, start_new_session=True, env=env)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
         self._eof = False
@@ -72,6 +74,15 @@ class GossamerProcess:
                 return event
             if event is None or event["event"] == "exited":
                 raise AssertionError(f"no matching event within {timeout_s}s ({event}); log:\n{self.log()[-3000:]}")
+
+    def poll_events(self) -> list[dict[str, Any]]:
+        """The events that have arrived so far and were not returned yet, without waiting."""
+        assert self.proc.stdout is not None
+        while not self._eof and select.select([self.proc.stdout], [], [], 0)[0]:
+            self._absorb(os.read(self.proc.stdout.fileno(), 1 << 16))
+        events = list(self._pending)
+        self._pending.clear()
+        return events
 
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         return self.wait_event(lambda e: e["event"] == "ready", timeout_s=timeout_s)

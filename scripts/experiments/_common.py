@@ -83,8 +83,8 @@ class TextTask:
         generator = torch.Generator().manual_seed(1_000 * seed + learner)
         return BatchSampler(self.shards[learner], batch_size=batch_size, context=context, generator=generator)
 
-    def heldout_loss(self, model: torch.nn.Module, *, context: int, device: torch.device) -> float:
-        return evaluate(model, self.heldout, context=context, batch_size=32, max_batches=8, device=device)
+    def heldout_loss(self, model: torch.nn.Module, *, context: int, device: torch.device, max_batches: int = 8) -> float:
+        return evaluate(model, self.heldout, context=context, batch_size=32, max_batches=max_batches, device=device)
 
 
 def model_config(*, d_model: int, n_layers: int, context: int, n_heads: int = 4) -> ModelConfig:

@@ -75,7 +75,12 @@ def summarise(runs: list[dict], *, arms: list, sources: list[str], seeds: list[i
         summary[source] = {}
         for arm in arms:
             mine = [r for r in runs if r["source"] == source and r["arm"] == arm.key and r["seed"] in seeds]
-            summary[source][arm.key] = {"label": arm.label, **_arm_summary(mine, diloco), "cost": costs[arm.key]}
+            if not mine:
+                continue
+            ran = sorted(r["seed"] for r in mine)
+            label = arm.label if ran == sorted(seeds) else f"{arm.label} [seeds {', '.join(map(str, ran))} only]"
+            summary[source][arm.key] = {"label": label, "seeds": ran, **_arm_summary(mine, diloco),
+                                        "cost": costs[arm.key]}
     return {"summary": summary}
 
 
@@ -154,6 +159,8 @@ def save_plot(payload: dict, arms: list, path: Path) -> None:
     colours = {arm.key: f"C{i}" for i, arm in enumerate(arms)}
     for row, (source, by_arm) in zip(axes, summary.items(), strict=True):
         for arm in arms:
+            if arm.key not in by_arm:
+                continue
             r = by_arm[arm.key]
             style = {"label": arm.key, "color": colours[arm.key], "linestyle": "--" if "private" in arm.key else "-"}
             for ax, field in zip(row, ("curve", "gap_pct", "cd"), strict=True):

@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -59,6 +60,8 @@ class Settings:
     inner_lr: float = 1e-3
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    eval_batches: int = 8
+    """held-out windows = 32 x this, the same fixed windows for every arm"""
     seed: int = 0
     source: str = "builtin:pydoc"
 
@@ -146,9 +149,11 @@ def _describe(values, groups: dict[str, list[str]], norms: bool) -> dict:
     return out
 
 
-def run_protocol_arm(arm: Arm, s: Settings, task: TextTask, device: torch.device) -> list[dict]:
+def run_protocol_arm(arm: Arm, s: Settings, task: TextTask, device: torch.device,
+                     progress: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """Per round: held-out loss of every replica and of their average, and every stage's
-    consensus distance (per group) and norms, through ``simulate_round``."""
+    consensus distance (per group) and norms, through ``simulate_round``; ``progress`` gets the
+    rows so far after every round."""
     config = model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context)
     replicas = [DilocoReplica(build_model(config, seed=s.seed, device=device), _diloco_config(s, arm))
                 for _ in range(s.learners)]
@@ -169,9 +174,10 @@ def run_protocol_arm(arm: Arm, s: Settings, task: TextTask, device: torch.device
         _ablations(arm, replicas, round_index, s.seed, stages, groups)
         params = [r.parameters_snapshot() for r in replicas]
         load_parameters(average, {name: torch.stack([p[name] for p in params]).mean(0) for name in params[0]})
-        rows.append({"heldout": [task.heldout_loss(r.module, context=s.context, device=device) for r in replicas],
-                     "heldout_of_average": task.heldout_loss(average, context=s.context, device=device),
-                     "stages": stages})
+        heldout = [task.heldout_loss(module, context=s.context, device=device, max_batches=s.eval_batches)
+                   for module in [*(r.module for r in replicas), average]]
+        rows.append({"heldout": heldout[:-1], "heldout_of_average": heldout[-1], "stages": stages})
+        progress(rows)
     return rows
 
 
@@ -190,7 +196,8 @@ def _ablations(arm: Arm, replicas: list[DilocoReplica], round_index: int, seed: 
             replica.inner_optimizer.state.clear()
 
 
-def run_data_parallel(s: Settings, task: TextTask, device: torch.device) -> list[dict]:
+def run_data_parallel(s: Settings, task: TextTask, device: torch.device,
+                      progress: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """One AdamW step per inner step on the mean of the learners' gradients (their batches
     concatenated: equal batch sizes make the mean loss the mean of per-learner losses)."""
     config = model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context)
@@ -207,8 +214,9 @@ def run_data_parallel(s: Settings, task: TextTask, device: torch.device) -> list
             next_byte_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), dc.grad_clip)
             optimizer.step()
-        loss = task.heldout_loss(model, context=s.context, device=device)
+        loss = task.heldout_loss(model, context=s.context, device=device, max_batches=s.eval_batches)
         rows.append({"heldout": [loss], "heldout_of_average": loss, "stages": {}})
+        progress(rows)
     return rows
 
 
@@ -245,13 +253,36 @@ def run_one(arm: Arm, s: Settings, device_name: str) -> dict:
     device = set_up(device_name)
     task = TextTask.load(source=s.source, learners=s.learners)
     start = time.perf_counter()
-    rows = run_data_parallel(s, task, device) if arm.w1 is None else run_protocol_arm(arm, s, task, device)
-    result = {"arm": arm.key, "source": s.source, "seed": s.seed, "rounds": rows, "run_s": time.perf_counter() - start}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result))
+
+    def progress(rows: list[dict]) -> None:
+        _write_json(path.with_suffix(".partial"), {"arm": arm.key, "source": s.source, "seed": s.seed, "rounds": rows,
+                                                   "run_s": time.perf_counter() - start})
+
+    rows = (run_data_parallel(s, task, device, progress) if arm.w1 is None
+            else run_protocol_arm(arm, s, task, device, progress))
+    result = {"arm": arm.key, "source": s.source, "seed": s.seed, "rounds": rows, "run_s": time.perf_counter() - start}
+    _write_json(path, result)
+    path.with_suffix(".partial").unlink(missing_ok=True)
     print(f"{s.source} seed {s.seed} {arm.key}: final {sum(rows[-1]['heldout']) / len(rows[-1]['heldout']):.4f} "
           f"({result['run_s']:.0f} s)", flush=True)
     return result
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(path)
+
+
+def cached_rows(arm: Arm, s: Settings) -> dict | None:
+    """A finished run of these settings, else the rounds an unfinished one has reached so far."""
+    path = _run_path(arm, s)
+    for candidate in (path, path.with_suffix(".partial")):
+        if candidate.exists():
+            return json.loads(candidate.read_text())
+    return None
 
 
 def _cost_plan(arm: Arm, model: torch.nn.Module) -> MixingPlan | None:
@@ -294,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inner_steps", type=int)
     parser.add_argument("--d_model", type=int, help=f"default {Settings.d_model}")
     parser.add_argument("--n_layers", type=int, help=f"default {Settings.n_layers}")
+    parser.add_argument("--eval_batches", type=int, help=f"held-out windows / 32 (default {Settings.eval_batches})")
+    parser.add_argument("--partial", action="store_true",
+                        help="run nothing: report the runs cached so far, finished or not, cut to the rounds "
+                             "all of them reached (runs with no rounds yet are left out)")
     parser.add_argument("--seeds", help="comma-separated (default 0,1,2; quick: 0)")
     parser.add_argument("--sources", help=f"comma-separated texts (default {','.join(SOURCES)}; quick: the first)")
     parser.add_argument("--arms", help=f"comma-separated; default {','.join(DEFAULT_ARMS)}; 'diagnosis': "
@@ -313,12 +348,23 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in ARMS if a.key in keys]
     base = Settings(rounds=args.rounds or (6 if args.quick else 60),
                     inner_steps=args.inner_steps or (10 if args.quick else 30),
-                    d_model=args.d_model or Settings.d_model, n_layers=args.n_layers or Settings.n_layers)
+                    d_model=args.d_model or Settings.d_model, n_layers=args.n_layers or Settings.n_layers,
+                    eval_batches=args.eval_batches or Settings.eval_batches)
     seeds = [int(x) for x in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
     sources = args.sources.split(",") if args.sources else list(SOURCES[:1] if args.quick else SOURCES)
     jobs = [(arm, replace(base, seed=seed, source=source), args.device)
             for source in sources for seed in seeds for arm in arms]
-    if args.jobs > 1:
+    if args.partial:
+        found = {(arm.key, s.source, s.seed): cached_rows(arm, s) for arm, s, _ in jobs}
+        missing = sorted(f"{source} seed {seed} {key}" for (key, source, seed), run in found.items() if run is None)
+        if any(run is None for (key, _, _), run in found.items() if key == "diloco"):
+            parser.error(f"--partial: every text and seed needs its DiLoCo run; none yet for {missing}")
+        if missing:
+            print(f"left out (no rounds yet): {missing}", file=sys.stderr)
+        reached = min(len(run["rounds"]) for run in found.values() if run is not None)
+        runs = [{**run, "rounds": run["rounds"][:reached]} for run in found.values() if run is not None]
+        base = replace(base, rounds=reached)
+    elif args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             runs = list(pool.map(run_one, *zip(*jobs, strict=True)))
     else:

@@ -1,4 +1,5 @@
-"""Envelopes: seal/open round trip, every refusal, replay memory bounds. Time is a parameter."""
+"""Envelopes: seal/open round trip, every refusal (the request's method and target included), the
+check-before-payload / admit-after-payload split, replay memory bounds. Time is a parameter."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from gossamer.crypto.signed import SIGNED_DOMAIN, canonical_bytes, sign_object
 RUN = "demo@d75a9801"
 NOW = 1_700_000_000.0
 PAYLOAD = b"tensor bytes" * 100
+METHOD = "PUT"
+TARGET = "/blocktrain/update/0/4"
 
 
 @pytest.fixture
@@ -48,6 +51,8 @@ def sealed(sender: Identity, recipient: Identity, *, now: float = NOW, n: int = 
         recipient=recipient.peer_id,
         run_id=RUN,
         round=round,
+        method=METHOD,
+        target=TARGET,
         payload_digest=payload_digest(PAYLOAD),
         now=now,
         nonce=nonce(n),
@@ -60,6 +65,8 @@ def open_as(
     kwargs: dict = {
         "me": receiver.peer_id,
         "run_id": RUN,
+        "method": METHOD,
+        "target": TARGET,
         "payload_digest": payload_digest(PAYLOAD),
         "now": now,
     }
@@ -87,6 +94,8 @@ def test_round_trip(alice: Identity, bob: Identity) -> None:
         recipient=bob.peer_id,
         run_id=RUN,
         round=4,
+        method=METHOD,
+        target=TARGET,
         timestamp=NOW,
         nonce=nonce(1),
         payload_digest=payload_digest(PAYLOAD),
@@ -112,8 +121,12 @@ def test_pinned_sender_key(alice: Identity, bob: Identity) -> None:
         {"payload_digest": payload_digest(PAYLOAD + b"!")},
         {"now": NOW + 60.001},
         {"now": NOW - 60.001},
+        {"target": "/blocktrain/update/1/4"},
+        {"target": "/blocktrain/update/0/4?x=1"},
+        {"method": "POST"},
     ],
-    ids=["other-recipient", "other-run", "other-payload", "stale", "future"],
+    ids=["other-recipient", "other-run", "other-payload", "stale", "future", "other-path", "other-query",
+         "other-method"],
 )
 def test_binding_mismatches_are_refused(alice: Identity, bob: Identity, override: dict) -> None:
     blob = sealed(alice, bob)
@@ -182,6 +195,8 @@ def _body(sender_id: str, to: Identity, **changes: object) -> dict:
         "recipient": to.peer_id,
         "run": RUN,
         "round": 4,
+        "method": METHOD,
+        "target": TARGET,
         "ts": NOW,
         "nonce": nonce(1),
         "digest": payload_digest(PAYLOAD),
@@ -211,6 +226,11 @@ def test_sender_must_be_fingerprint_of_signing_key(alice: Identity, bob: Identit
         {"digest": b"\x00" * 31},
         {"extra": 1},
         {"recipient": None},
+        {"method": "put"},
+        {"method": ""},
+        {"target": "blocktrain/update/0/4"},
+        {"target": "/" + "x" * 2048},
+        {"target": b"/x"},
     ],
     ids=repr,
 )
@@ -239,6 +259,52 @@ def test_refused_envelopes_are_not_remembered(alice: Identity, bob: Identity) ->
     envelope = open_as(guard, blob, bob)
 
     assert envelope.nonce == nonce(1)
+
+
+def check_as(guard: ReplayGuard, blob: bytes, receiver: Identity, *, now: float = NOW) -> Envelope:
+    return guard.check(blob, me=receiver.peer_id, run_id=RUN, method=METHOD, target=TARGET, now=now)
+
+
+def test_check_refuses_before_the_payload_and_admit_checks_the_digest(alice: Identity, bob: Identity) -> None:
+    guard = ReplayGuard()
+    envelope = check_as(guard, sealed(alice, bob), bob)
+
+    with pytest.raises(VerificationError):
+        guard.admit(envelope, payload_digest=payload_digest(PAYLOAD + b"!"), now=NOW)
+    guard.admit(envelope, payload_digest=payload_digest(PAYLOAD), now=NOW)
+
+    assert len(guard) == 1
+    with pytest.raises(VerificationError):
+        check_as(guard, sealed(alice, bob), bob)  # remembered: a replay
+
+
+def test_a_held_nonce_refuses_duplicates_until_released(alice: Identity, bob: Identity) -> None:
+    guard = ReplayGuard()
+    blob = sealed(alice, bob)
+    forged_body = check_as(guard, blob, bob)  # someone replays the envelope with another body
+
+    with pytest.raises(VerificationError):
+        check_as(guard, blob, bob)  # while that body arrives, the same nonce is held
+    with pytest.raises(VerificationError):
+        guard.admit(forged_body, payload_digest=payload_digest(b"not the payload"), now=NOW)
+    guard.release(forged_body)
+    genuine = check_as(guard, blob, bob)
+    guard.admit(genuine, payload_digest=payload_digest(PAYLOAD), now=NOW)
+
+    assert genuine.nonce == nonce(1) and len(guard) == 1
+
+
+def test_a_payload_slower_than_the_window_is_admitted_once(alice: Identity, bob: Identity) -> None:
+    guard = ReplayGuard(ReplayGuardConfig(window_s=10.0))
+    blob = sealed(alice, bob)
+    envelope = check_as(guard, blob, bob)
+
+    guard.admit(envelope, payload_digest=payload_digest(PAYLOAD), now=NOW + 100.0)
+
+    with pytest.raises(VerificationError):
+        guard.admit(envelope, payload_digest=payload_digest(PAYLOAD), now=NOW + 100.0)
+    with pytest.raises(VerificationError):
+        check_as(guard, blob, bob, now=NOW + 5.0)  # below the floor now
 
 
 def test_old_entries_are_pruned(alice: Identity, bob: Identity) -> None:
@@ -283,6 +349,8 @@ def test_clock_stepping_back_does_not_reopen_replays(alice: Identity, bob: Ident
         ("round", -1),
         ("now", float("inf")),
         ("recipient", ""),
+        ("method", "put"),
+        ("target", "no/leading/slash"),
     ],
 )
 def test_seal_validates_arguments(alice: Identity, bob: Identity, field: str, value: object) -> None:
@@ -290,6 +358,8 @@ def test_seal_validates_arguments(alice: Identity, bob: Identity, field: str, va
         "recipient": bob.peer_id,
         "run_id": RUN,
         "round": 1,
+        "method": METHOD,
+        "target": TARGET,
         "payload_digest": payload_digest(PAYLOAD),
         "now": NOW,
         "nonce": nonce(1),

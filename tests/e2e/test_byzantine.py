@@ -60,7 +60,7 @@ class Swarm:
 
     def honest_rounds(self) -> dict[int, list[dict]]:
         """Every honest learner's round events, all rounds."""
-        return {i: [proc.wait_event(lambda e: e["event"] == "round", timeout_s=200) for _ in range(self.rounds)]
+        return {i: [proc.wait_event(lambda e: e["event"] == "diloco.round", timeout_s=200) for _ in range(self.rounds)]
                 for i, proc in enumerate(self.learners) if i not in self.attacks}
 
     def stop(self) -> None:

@@ -1,9 +1,11 @@
 """Real daemons through the CLI on 127.0.0.1: discovery, status, TTL after SIGKILL, forged and
-non-admitted records, clean SIGTERM (no p2pd left behind)."""
+non-admitted records (a join token lifted from another peer's record, one bound to no key), clean
+SIGTERM (no p2pd left behind)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.signed import sign_object
+from gossamer.crypto.tokens import issue_join_token
 from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, alive, gossamer
@@ -61,28 +64,37 @@ def test_status_command_lists_live_peers(swarm) -> None:
     assert names == ["owner", "peer-0", "peer-1"]
 
 
-async def test_forged_unsigned_and_unadmitted_records_never_appear(swarm) -> None:
+async def test_forged_and_unadmitted_records_never_appear(swarm) -> None:
     ready, orch = swarm["ready"], swarm["procs"][0]
     orch.wait_peer_count(3, timeout_s=30)
-    victim, mallory = Identity.load(swarm["work"] / "peer-0.pem"), Identity.generate()
+    victim, mallory, forger = Identity.load(swarm["work"] / "peer-0.pem"), Identity.generate(), Identity.generate()
+    owner, lifter, holder = Identity.load(swarm["work"] / "owner.pem"), Identity.generate(), Identity.generate()
     membership = await DhtMembership.create(DhtConfig(initial_peers=tuple(ready["maddrs"])))
     try:
         now = membership.now()
         record = PeerRecord(peer_id=mallory.peer_id, public_key=mallory.public_key, name="mallory", http_addr="",
                             tcp_addr="", roles=(), version="x", round=0, timestamp=now)
-        forged = sign_object(mallory, {**record.body(), "peer_id": victim.peer_id, "public_key": victim.public_key})
+        forged = sign_object(forger, {**record.body(), "peer_id": victim.peer_id, "public_key": victim.public_key})
         key = peers_key(ready["run_id"])
-        await membership.store(key, mallory.peer_id, seal_record(mallory, record), expiration_time=now + 30)
-        await membership.store(key, victim.peer_id + "x", forged, expiration_time=now + 30)
-        await membership.store(key, "unsigned", b"\x80", expiration_time=now + 30)
+        # a token bound to the victim, as if read from its record, and one bound to no key (issue 10)
+        lifted = issue_join_token(owner, run_id=ready["run_id"], expires_at=now + 600,
+                                  peer_public_key=victim.public_key, nonce=b"l" * 16)
+        unbound = issue_join_token(owner, run_id=ready["run_id"], expires_at=now + 600, nonce=b"u" * 16)
+        with_tokens = {who: dataclasses.replace(record, peer_id=who.peer_id, public_key=who.public_key,
+                                                name=who_name, join_token=token)
+                       for who, who_name, token in ((lifter, "lifter", lifted), (holder, "holder", unbound))}
+        for who, token_record in with_tokens.items():
+            assert await membership.store(key, seal_record(who, token_record), signer=who, expiration_time=now + 30)
+        assert await membership.store(key, seal_record(mallory, record), signer=mallory, expiration_time=now + 30)
+        assert await membership.store(key, forged, signer=forger, expiration_time=now + 30)  # the last one
         entries = await membership.get_all(key)
-        assert {mallory.peer_id, victim.peer_id + "x", "unsigned"} <= set(entries)  # they are in the DHT...
+        assert {mallory.peer_id, forger.peer_id, lifter.peer_id, holder.peer_id} <= set(entries)  # in the DHT...
     finally:
         await membership.aclose()
-    # ...but after several refreshes nobody lists them, and the orchestrator counted the refusals
+    # ...but once a refresh saw the last one, nobody lists any of them, and the orchestrator counted the refusals
     status = await _status_after_refresh(swarm["ready"]["http"])
     assert sorted(p["name"] for p in status["live_peers"]) == ["owner", "peer-0", "peer-1"]
-    assert status["records_rejected"].get("policy", 0) >= 1 and status["records_rejected"].get("signature", 0) >= 1
+    assert status["records_rejected"].get("policy", 0) >= 3 and status["records_rejected"].get("identity", 0) >= 1
 
 
 async def _status_after_refresh(http_addr: str) -> dict:
@@ -92,7 +104,8 @@ async def _status_after_refresh(http_addr: str) -> dict:
     try:
         for _ in range(100):  # the view refreshes every 0.5 s; wait for one that saw the bad records
             status = await client.get_json(f"http://{http_addr}/status")
-            if sum(status["records_rejected"].values()) >= 3:
+            rejected = status["records_rejected"]
+            if rejected.get("identity", 0) >= 1 and rejected.get("policy", 0) >= 3:
                 return status
             await asyncio.sleep(0.2)
         raise AssertionError(f"bad records were never seen: {status['records_rejected']}")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gossamer.crypto.identity import Identity
 from tests.peer.roles.tlpp.harness import digits_28
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -191,7 +192,7 @@ def test_host_a_run_and_join_it(walk_of) -> None:
                             re.sub(r"tcp/31337", f"tcp/{walk.fill['31337']}", word) for word in orchestrator.split())
     owner, _ = walk.owner_started(orchestrator)
     assert walk.http.endswith(f":{walk.fill['8080']}")
-    issued = walk.run(token, owner=True)
+    issued = walk.run(token, owner=True, PUBLIC_KEY=Identity.generate().public_key.hex())
     assert issued.returncode == 0 and len(issued.stdout.strip()) > 40, issued.stderr
 
     volunteer, log = walk.start(join[0])

@@ -7,10 +7,19 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from gossamer.transport.errors import DecodeError
-from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.frames import (
+    PREFIX_BYTES,
+    Frame,
+    FrameType,
+    decode_frame,
+    encode_prefix,
+    parse_prefix,
+)
+from gossamer.transport.header import pack_header
+from gossamer.transport.limits import Limits
 from gossamer.transport.tcp import TcpConfig, TcpConnection, TcpServer, tcp_connect
 
 WAIT_S = 10.0
@@ -50,10 +59,18 @@ class RawClient:
         self.loop = asyncio.get_running_loop()
 
     @classmethod
-    async def connect(cls, address: tuple[str, int]) -> RawClient:
+    async def connect(cls, address: tuple[str, int], *, source: str | None = None) -> RawClient:
+        """A connected socket; ``source`` picks the local address (e.g. "127.0.0.2": another host
+        on loopback, as far as a server's per-address counting goes)."""
         sock = socket.socket()
         sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, address)
+        try:
+            if source is not None:
+                sock.bind((source, 0))
+            await asyncio.get_running_loop().sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
         return cls(sock)
 
     async def send(self, data: bytes) -> None:
@@ -65,6 +82,25 @@ class RawClient:
             while chunk := await self.loop.sock_recv(self.sock, 65536):
                 chunks.append(chunk)
         return b"".join(chunks)
+
+    async def read_some(self, timeout_s: float = WAIT_S) -> bytes:
+        """The next bytes that arrive (b"" at EOF)."""
+        async with asyncio.timeout(timeout_s):
+            return await self.loop.sock_recv(self.sock, 65536)
+
+    async def read_frame(self, timeout_s: float = WAIT_S) -> Frame:
+        """One whole gossamer frame."""
+        data = b""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                if len(data) >= PREFIX_BYTES:
+                    _, header_len, payload_len = parse_prefix(data[:PREFIX_BYTES], limits=Limits())
+                    end = PREFIX_BYTES + header_len + payload_len
+                    if len(data) >= end:
+                        return decode_frame(data[:end])
+                chunk = await self.loop.sock_recv(self.sock, 65536)
+                assert chunk, f"connection closed after {data!r}"
+                data += chunk
 
     async def read_response_head(self, timeout_s: float = WAIT_S) -> bytes:
         """Read until the end of an HTTP response head."""
@@ -88,8 +124,10 @@ class LogWaiter(logging.Handler):
         self.needle = needle
         self.seen = asyncio.Event()
         self.messages: list[str] = []
+        self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
         self.messages.append(record.getMessage())
         if self.needle in record.getMessage():
             self.seen.set()
@@ -132,14 +170,39 @@ class TcpNet:
         self.closers.append(conn.aclose)
         return conn
 
-    async def raw(self, server) -> RawClient:
-        raw = await RawClient.connect(server.address)
+    async def raw(self, server, *, source: str | None = None) -> RawClient:
+        raw = await RawClient.connect(server.address, source=source)
         self.closers.append(raw.aclose)
         return raw
 
     async def aclose(self) -> None:
         for close in reversed(self.closers):
             await close()
+
+
+@contextlib.asynccontextmanager
+async def dripping(raw: RawClient, data: bytes, *, every_s: float = 0.05) -> AsyncIterator[None]:
+    """Within the block, ``raw`` sends ``data`` one byte every ``every_s`` (20 bytes/s by
+    default: each byte well inside any idle or progress timeout of these tests, the message
+    never done before its whole-message deadline); the dripping stops when the block ends."""
+
+    async def drip() -> None:
+        for byte in data:
+            await raw.send(bytes([byte]))
+            await asyncio.sleep(every_s)  # the attacker's pace, not a synchronisation
+
+    task = asyncio.create_task(drip())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def frame_head(header: dict, payload_len: int, frame_type: FrameType = FrameType.REQUEST) -> bytes:
+    """The prefix and header of a frame announcing ``payload_len`` payload bytes (none follow)."""
+    packed = pack_header(header)
+    return encode_prefix(frame_type, len(packed), payload_len) + packed
 
 
 async def echo(frame: Frame, info) -> Frame:

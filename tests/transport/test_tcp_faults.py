@@ -20,8 +20,8 @@ from tests.transport.support import FAST, WAIT_S, TcpNet, echo
 # --- hostile and broken peers ---------------------------------------------------------------
 
 
-async def test_silent_client_is_cut_after_idle_timeout_while_others_are_served(net: TcpNet) -> None:
-    config = TcpConfig(idle_timeout_s=0.3, read_timeout_s=WAIT_S)
+async def test_silent_client_is_cut_after_first_frame_timeout_while_others_are_served(net: TcpNet) -> None:
+    config = TcpConfig(first_frame_timeout_s=0.3, idle_timeout_s=WAIT_S, read_timeout_s=WAIT_S)
     server = await net.server(echo, config)
     started = time.monotonic()
     silent = await net.raw(server)
@@ -33,7 +33,7 @@ async def test_silent_client_is_cut_after_idle_timeout_while_others_are_served(n
 
     assert served.header["echo"] == "during"
     assert leftover == b""
-    assert elapsed_s >= config.idle_timeout_s
+    assert elapsed_s >= config.first_frame_timeout_s
 
 
 async def test_slow_handler_does_not_count_as_idle(net: TcpNet) -> None:

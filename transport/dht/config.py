@@ -25,7 +25,10 @@ class DhtConfig:
         bootstrap_timeout_s: time allowed for p2pd to start and the initial peers to answer.
         request_timeout_s: deadline of one whole store / get_all / withdraw; each hivemind RPC gets
             a third of it, so one silent peer cannot use up the whole deadline.
-        max_value_bytes: largest record value stored or returned.
+        max_value_bytes: largest payload stored or returned.
+        max_lifetime_s: longest an entry may live (its signed expiration minus its signing time);
+            the layer above caps its own keys tighter with key rules.
+        max_clock_skew_s: how far in the future an entry may be signed (clocks differ).
     """
 
     initial_peers: tuple[str, ...] = ()
@@ -36,6 +39,8 @@ class DhtConfig:
     bootstrap_timeout_s: float = 15.0
     request_timeout_s: float = 5.0
     max_value_bytes: int = 64 * 1024
+    max_lifetime_s: float = 3600.0
+    max_clock_skew_s: float = 30.0
 
     def __post_init__(self) -> None:
         check_maddrs("initial_peers", self.initial_peers, PEER_MADDR_FORM)
@@ -56,7 +61,8 @@ class DhtConfig:
         if not self.new_swarm and not self.initial_peers:
             raise ValueError("initial_peers: empty; pass --new_swarm to start a new network, "
                              "or --initial_peers to join one")
-        for name in ("bootstrap_timeout_s", "request_timeout_s", "max_value_bytes"):
+        for name in ("bootstrap_timeout_s", "request_timeout_s", "max_value_bytes", "max_lifetime_s",
+                     "max_clock_skew_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"{name}: must be a positive finite number, got {value!r}")

@@ -1,20 +1,24 @@
-"""``DhtMembership``: one daemon's hivemind DHT node, seen as keys of subkey -> bytes records."""
+"""``DhtMembership``: one daemon's hivemind DHT node, seen as keys of signed subkey -> bytes records."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import msgpack
 from hivemind.dht.node import DHTNode
+from hivemind.dht.routing import DHTID
 from hivemind.p2p import P2P
 from hivemind.utils.timed_storage import get_dht_time
 
+from gossamer.crypto.identity import Identity
 from gossamer.transport.dht.config import DhtConfig
-from gossamer.transport.dht.records import dht_key, live_records, withdrawn_subkeys
+from gossamer.transport.dht.entries import seal_entry
+from gossamer.transport.dht.records import dht_key, read_entries
 from gossamer.transport.dht.startup import (
     HIVEMIND_ERRORS,
     check_ports_free,
@@ -23,34 +27,41 @@ from gossamer.transport.dht.startup import (
     stop_node,
     stop_p2p,
 )
+from gossamer.transport.dht.validation import EntryValidator, KeyRule
 from gossamer.transport.errors import DecodeError, TransportError, TransportTimeout
 
 _T = TypeVar("_T")
 
 
 class DhtMembership:
-    """A hivemind DHT node in the current event loop, seen as keys of subkey -> bytes records."""
+    """A hivemind DHT node in the current event loop, seen as keys of signed subkey -> bytes records."""
 
-    def __init__(self, *, config: DhtConfig, p2p: P2P, node: DHTNode, visible_maddrs: list[str]) -> None:
+    def __init__(self, *, config: DhtConfig, p2p: P2P, node: DHTNode, validator: EntryValidator,
+                 visible_maddrs: list[str]) -> None:
         self._config = config
         self._p2p = p2p
         self._node = node
+        self._validator = validator
         self._visible_maddrs = visible_maddrs
         self._close_task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def create(cls, config: DhtConfig, *, hivemind_log_level: int = logging.ERROR) -> DhtMembership:
-        """Start p2pd and a DHT node, join ``initial_peers`` (or start a new swarm)."""
+    async def create(cls, config: DhtConfig, *, rules: Sequence[KeyRule] = (),
+                     hivemind_log_level: int = logging.ERROR) -> DhtMembership:
+        """Start p2pd and a DHT node, join ``initial_peers`` (or start a new swarm). The node stores
+        and believes only signed entries that pass ``rules`` as well (see ``validation``)."""
         logging.getLogger("hivemind").setLevel(hivemind_log_level)
         check_ports_free(config.host_maddrs)
+        validator = EntryValidator(max_payload_bytes=config.max_value_bytes, max_lifetime_s=config.max_lifetime_s,
+                                   max_clock_skew_s=config.max_clock_skew_s, rules=rules, now=get_dht_time)
         p2p = await start_p2p(config)
         try:
-            node = await start_node(config, p2p)
+            node = await start_node(config, p2p, validator)
             maddrs = [str(maddr) for maddr in await p2p.get_visible_maddrs()]
         except BaseException:
             await stop_p2p(p2p)
             raise
-        return cls(config=config, p2p=p2p, node=node, visible_maddrs=maddrs)
+        return cls(config=config, p2p=p2p, node=node, validator=validator, visible_maddrs=maddrs)
 
     def visible_maddrs(self) -> list[str]:
         """Full multiaddrs (with ``/p2p/<id>``) that others pass as ``--initial_peers``."""
@@ -60,42 +71,46 @@ class DhtMembership:
         """DHT time (hivemind's ``get_dht_time``): the clock all expiration times are on."""
         return get_dht_time()
 
-    async def store(self, key: str, subkey: str, value: bytes, *, expiration_time: float) -> bool:
-        """Store ``value`` under ``key``/``subkey`` until ``expiration_time`` (DHT time).
+    @property
+    def refused(self) -> Counter[str]:
+        """DHT records this node refused to store or believe, by reason (see ``EntryRefused``)."""
+        return self._validator.refused
 
-        Returns False when no DHT node accepted it: already expired, or that subkey holds a value
-        with a later expiration.
+    async def store(self, key: str, value: bytes, *, signer: Identity, expiration_time: float) -> bool:
+        """Sign ``value`` and store it under ``key``, subkey ``signer.peer_id``, until ``expiration_time``.
+
+        Returns False when the DHT refused it: already expired, or the nodes hold an entry of that
+        subkey with a later expiration; raises TransportError when no node answered (``_store``).
         """
         if not isinstance(value, bytes) or not value:
-            raise ValueError("value: must be non-empty bytes (b'' is the withdrawal tombstone)")
+            raise ValueError("value: must be non-empty bytes (an empty payload is the withdrawal tombstone)")
         if len(value) > self._config.max_value_bytes:
             raise ValueError(f"value: {len(value)} bytes is over max_value_bytes={self._config.max_value_bytes}")
-        return await self._store(key, subkey, value, expiration_time)
+        return await self._store(key, value, signer, expiration_time)
 
-    async def withdraw(self, key: str, subkey: str, *, expiration_time: float) -> bool:
-        """Hide ``key``/``subkey`` from everyone by storing an empty tombstone.
+    async def withdraw(self, key: str, *, signer: Identity, expiration_time: float) -> bool:
+        """Hide ``signer``'s subkey of ``key`` from everyone with a signed, empty tombstone.
 
-        ``expiration_time`` must be LATER than the withdrawn record's expiration, or the DHT keeps
-        the record (hivemind keeps the latest-expiring value per subkey); returns False then.
+        ``expiration_time`` must be LATER than the withdrawn entry's expiration, or the DHT keeps
+        the entry (hivemind keeps the latest-expiring value per subkey); returns False then.
         """
-        return await self._store(key, subkey, b"", expiration_time)
+        return await self._store(key, b"", signer, expiration_time)
 
     async def get_all(self, key: str) -> dict[str, tuple[bytes, float]]:
-        """Every live record under ``key``: subkey -> (value, expiration time)."""
+        """Every live entry under ``key``: subkey (its writer's peer id) -> (value, expiration time)."""
         records, _withdrawn = await self.get_entries(key)
         return records
 
     async def get_entries(self, key: str) -> tuple[dict[str, tuple[bytes, float]], set[str]]:
-        """``get_all``'s records, and the subkeys found withdrawn (an unexpired tombstone).
+        """``get_all``'s records, and the subkeys their writers withdrew (an unexpired tombstone).
 
         A read can come back partial (a DHT node that stopped answering held some subkeys), so a
         subkey missing from the records is not proof that it is gone; a withdrawn one is.
         """
         full_key = dht_key(key)
         found = await self._call("get", lambda: self._node.get(full_key, latest=True))
-        now = self.now()
-        records = live_records(found, now=now, max_value_bytes=self._config.max_value_bytes)
-        return records, withdrawn_subkeys(found, now=now)
+        return read_entries(found, key_id=DHTID.generate(source=full_key).to_bytes(), validator=self._validator,
+                            now=self.now())
 
     async def aclose(self) -> None:
         """Shut the DHT node down and make sure p2pd has exited. Safe to call more than once."""
@@ -109,14 +124,34 @@ class DhtMembership:
         finally:
             await stop_p2p(self._p2p)
 
-    async def _store(self, key: str, subkey: str, value: bytes, expiration_time: float) -> bool:
-        if not isinstance(subkey, str) or not subkey:
-            raise ValueError(f"subkey: must be a non-empty str, got {subkey!r}")
+    async def _store(self, key: str, value: bytes, signer: Identity, expiration_time: float) -> bool:
+        """Store a signed entry; True if readers will find it, False if the DHT holds another
+        entry of this subkey that readers find instead; TransportError if nobody answered.
+
+        hivemind reports, per store, the answer of whichever replica answered LAST (and no answer
+        as a refusal), so one node that refuses (a node without gossamer's validator holding a
+        value it should not) makes a store that every honest node took look failed. On a reported
+        failure the key is read back (through the validator) to tell which it was.
+        """
         if not isinstance(expiration_time, int | float) or not math.isfinite(expiration_time):
             raise ValueError(f"expiration_time: must be a finite DHT time, got {expiration_time!r}")
-        full_key = dht_key(key)
-        return bool(await self._call(
-            "store", lambda: self._node.store(full_key, value, float(expiration_time), subkey=subkey)))
+        now = self.now()
+        if expiration_time <= now:
+            return False  # every node refuses an expired value
+        if expiration_time - now > self._config.max_lifetime_s:
+            raise ValueError(f"expiration_time: {expiration_time - now:.0f} s from now is over "
+                             f"max_lifetime_s={self._config.max_lifetime_s:.0f}")
+        full_key, subkey = dht_key(key), signer.peer_id
+        entry = seal_entry(signer, key=full_key, payload=value, signed_at=now, expires_at=float(expiration_time))
+        if await self._call("store", lambda: self._node.store(full_key, entry, float(expiration_time), subkey=subkey)):
+            return True
+        records, withdrawn = await self.get_entries(key)
+        if subkey in withdrawn:
+            return not value
+        if subkey not in records:
+            raise TransportError(f"DHT store under {key}: no node confirmed it and reading it back found nothing "
+                                 f"(nodes did not answer in time?)")
+        return records[subkey] == (value, float(expiration_time))
 
     async def _call(self, what: str, request: Callable[[], Awaitable[_T]]) -> _T:
         if self._close_task is not None:

@@ -1,15 +1,24 @@
-"""Reading gossamer's records out of hivemind's answers: prefixed keys, live values, tombstones.
+"""Reading gossamer's records out of hivemind's answers: prefixed keys, live payloads, tombstones.
 
-Anyone in the swarm can write any msgpack value under any key, so a read keeps only ``str``
-subkeys holding non-empty ``bytes`` within the size cap that have not expired; an unexpired empty
-value is a withdrawal tombstone.
+What hivemind returns has passed the ``EntryValidator`` (remote answers when they arrived, local
+values when they were stored); a read still goes through the validator once more (a digest
+lookup, no signature check, for entries it verified before) to unwrap each entry, and keeps only
+``str`` subkeys whose entry has not expired. An entry with an empty payload is its writer's signed
+withdrawal tombstone.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
+from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
+
+from gossamer.transport.dht.entries import EntryRefused
+
+if TYPE_CHECKING:
+    from gossamer.transport.dht.validation import EntryValidator
 
 KEY_PREFIX = "gossamer/"
 
@@ -20,26 +29,32 @@ def dht_key(key: str) -> str:
     return KEY_PREFIX + key
 
 
-def live_records(found: Any, *, now: float, max_value_bytes: int) -> dict[str, tuple[bytes, float]]:
-    """Keep str subkeys holding non-empty bytes within the cap that have not expired."""
+def read_entries(found: Any, *, key_id: bytes, validator: EntryValidator,
+                 now: float) -> tuple[dict[str, tuple[bytes, float]], set[str]]:
+    """(subkey -> (payload, expiration) of the live entries, the subkeys withdrawn by their writer)."""
+    records: dict[str, tuple[bytes, float]] = {}
+    withdrawn: set[str] = set()
     if not isinstance(found, ValueWithExpiration) or not isinstance(found.value, dict):
-        return {}
-    records = {}
+        return records, withdrawn
     for subkey, item in found.value.items():
         if not isinstance(subkey, str) or not isinstance(item, ValueWithExpiration):
             continue
-        value, expiration = item.value, item.expiration_time
-        if not isinstance(value, bytes) or not 0 < len(value) <= max_value_bytes:
+        blob, expiration = item.value, item.expiration_time
+        if not isinstance(blob, bytes) or not isinstance(expiration, int | float) or not math.isfinite(expiration):
             continue
-        if isinstance(expiration, int | float) and expiration > now:
-            records[subkey] = (value, float(expiration))
-    return records
+        if expiration <= now:
+            continue
+        try:
+            entry = validator.entry(key_id, *record_parts(subkey, blob), expiration)
+        except EntryRefused:
+            continue
+        if entry.tombstone:
+            withdrawn.add(subkey)
+        else:
+            records[subkey] = (entry.payload, float(expiration))
+    return records, withdrawn
 
 
-def withdrawn_subkeys(found: Any, *, now: float) -> set[str]:
-    """The str subkeys holding an unexpired tombstone (``b""``)."""
-    if not isinstance(found, ValueWithExpiration) or not isinstance(found.value, dict):
-        return set()
-    return {subkey for subkey, item in found.value.items()
-            if isinstance(subkey, str) and isinstance(item, ValueWithExpiration) and item.value == b""
-            and isinstance(item.expiration_time, int | float) and item.expiration_time > now}
+def record_parts(subkey: str, blob: bytes) -> tuple[bytes, bytes]:
+    """The serialized subkey and value hivemind hands a validator for ``subkey`` -> ``blob``."""
+    return MSGPackSerializer.dumps(subkey), MSGPackSerializer.dumps(blob)

@@ -1,8 +1,8 @@
 """Starting and stopping hivemind's p2pd and the DHT node on it, with errors that say what to do.
 
 ``start_p2p`` launches p2pd (which connects to ``initial_peers`` before reporting ready) and never
-leaves it running when it fails; ``start_node`` runs a ``DHTNode`` on it and checks that an
-initial peer answers a DHT ping. A busy port is refused before p2pd starts (``check_ports_free``:
+leaves it running when it fails; ``start_node`` runs a ``DHTNode`` (with gossamer's record
+validator) on it and checks that an initial peer answers a DHT ping. A busy port is refused before p2pd starts (``check_ports_free``:
 p2pd listens with SO_REUSEPORT and would share the port silently). Failures raise
 ``DhtStartFailed`` (bad address, busy port, p2pd missing) or ``BootstrapFailed`` (no initial peer
 reached), each naming the flag to change. ``stop_node`` / ``stop_p2p`` shut down within a deadline
@@ -17,6 +17,7 @@ import logging
 import socket
 
 from hivemind.dht.node import DHTNode
+from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
@@ -117,14 +118,14 @@ def _p2pd_failure(config: DhtConfig, cause: str) -> TransportError:
                           f"{' '.join(config.host_maddrs)} (addresses of this host) and the hivemind install.")
 
 
-async def start_node(config: DhtConfig, p2p: P2P) -> DHTNode:
-    """Run a DHTNode on ``p2p``; raise BootstrapFailed if no initial peer answers a DHT ping."""
+async def start_node(config: DhtConfig, p2p: P2P, validator: RecordValidatorBase) -> DHTNode:
+    """Run a DHTNode with ``validator`` on ``p2p``; raise BootstrapFailed if no initial peer answers a DHT ping."""
     try:
         async with asyncio.timeout(config.bootstrap_timeout_s + config.request_timeout_s):
             node = await DHTNode.create(
                 p2p=p2p, initial_peers=list(config.initial_peers), client_mode=config.client_mode,
                 wait_timeout=config.request_timeout_s / 3, bootstrap_timeout=config.bootstrap_timeout_s,
-                ensure_bootstrap_success=False)
+                ensure_bootstrap_success=False, record_validator=validator)
     except TimeoutError as exc:
         if config.initial_peers:
             raise _bootstrap_failed(config, "the DHT bootstrap timed out") from exc

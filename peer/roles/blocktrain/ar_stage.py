@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpGate, TcpMethod, payload_cap
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.route.host import RouteHost, Tensors
@@ -164,6 +164,11 @@ class ArStageRole(ProtocolRole[BlockTrainSettings]):
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return {METHOD: self._forward}
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        config = self.model_config  # x (float32, d_model wide) is the largest input of a stage
+        cap = self.settings.max_batch * config.context * max(config.d_model * 4, 8)
+        return {METHOD: payload_cap(cap, METHOD)}
 
     async def _forward(self, frame: Frame) -> Frame:
         return await self.host.handle(frame)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from gossamer.peer.kit.messaging import SignedMessenger
+from gossamer.peer.kit.messaging import SignedMessenger, body_cap
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.checkpoints import BlockCheckpoints, Version
@@ -42,9 +43,10 @@ from gossamer.peer.roles.blocktrain.versions import BlockVersions
 from gossamer.protocols.blocktrain import build_stack, heldout_ce
 from gossamer.protocols.blocktrain.assignment import assign_blocks, coverage
 from gossamer.protocols.text_data import load_text, split_text
-from gossamer.transport.http_server import stream_tensors
+from gossamer.transport.http_server import path_int, stream_tensors
 
 log = logging.getLogger(__name__)
+_DECIMAL = re.compile(r"[0-9]{1,18}")
 MAX_WAIT_S = 1.0
 MAX_POLL_S = 30.0
 
@@ -159,22 +161,19 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
                                   "deadlines_in_s": [round(d - now, 3) for d in self.board.deadlines]})
 
     async def _serve_block(self, request: web.Request) -> web.StreamResponse:
-        k = _block_index(request.match_info["k"], self.board.num_blocks)
+        k = path_int(request, "k", below=self.board.num_blocks)
         block, embedding = self.published[k], self.published_embedding
         metadata = {"run_id": self.ctx.manifest.run_id, "block": str(k), "version": str(block.version),
                     "embedding_version": str(embedding.version)}
         return await stream_tensors(request, pack(block.tensors, embedding.tensors), metadata)
 
     async def _receive_update(self, request: web.Request) -> web.Response:
-        k = _block_index(request.match_info["k"], self.board.num_blocks)
-        base_text = request.match_info["base"]
-        if not base_text.isdigit():
-            raise web.HTTPNotFound(text=f"base version {base_text[:20]!r} is not a number")
-        received = await self.messenger.receive(request)
-        sender, base = received.envelope.sender, int(base_text)
-        live = self.ctx.view.get(sender)
-        if received.envelope.round != base or live is None or names.WORKER not in live.record.roles:
-            raise web.HTTPForbidden(text="envelope refused")
+        k = path_int(request, "k", below=self.board.num_blocks)
+        base = path_int(request, "base")
+        expected = pack(self.board.blocks[k], self.board.embedding)
+        received = await self.messenger.receive(request, sender_role=names.WORKER, round=base,
+                                                max_body_bytes=body_cap(expected))
+        sender = received.envelope.sender
         self.ctx.traffic.add_received("block_update", received.size_bytes)
         try:
             block, embedding = unpack(received.tensors)
@@ -306,7 +305,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
 
 
 def _block_index(text: str, num_blocks: int) -> int:
-    if not text.isdigit() or not 0 <= int(text) < num_blocks:
+    if not _DECIMAL.fullmatch(text) or not 0 <= int(text) < num_blocks:
         raise web.HTTPNotFound(text=f"no block {text[:20]!r} (the run has {num_blocks})")
     return int(text)
 

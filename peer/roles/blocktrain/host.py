@@ -21,13 +21,20 @@ import torch
 from gossamer.peer.route.host import RouteHost, Tensors
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import Hop, expect_tensor, result_frame
-from gossamer.protocols.blocktrain import BlockStack, denoise_step
+from gossamer.protocols.blocktrain import BlockStack, BlockTrainConfig, denoise_step
 from gossamer.transport.frames import Frame
 from gossamer.transport.limits import DEFAULT_LIMITS, Limits
 from gossamer.transport.tcp import HandlerError
 
 METHOD = "blocktrain.traverse"
 EMBEDDING_METHOD = "blocktrain.embedding"
+
+
+def max_route_payload_bytes(config: BlockTrainConfig, max_batch: int) -> int:
+    """The largest payload a route frame can need: z (float32) and the context (int64) of
+    ``max_batch`` sequences of ``config.context`` positions. The TCP gate refuses bigger ones
+    before a byte of them is read."""
+    return max_batch * config.context * (config.d_model * 4 + 8)
 
 
 class BlockHost(RouteHost):

@@ -19,10 +19,10 @@ import logging
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.role import ProtocolRole, RoleContext, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, TcpGate, TcpMethod, payload_cap
 from gossamer.peer.roles.blocktrain import names
 from gossamer.peer.roles.blocktrain.fetch import fetch_block, find_coordinator, live_coordinator
-from gossamer.peer.roles.blocktrain.host import EMBEDDING_METHOD, METHOD, BlockHost
+from gossamer.peer.roles.blocktrain.host import EMBEDDING_METHOD, METHOD, BlockHost, max_route_payload_bytes
 from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.roles.blocktrain.stack import partial_stack
 from gossamer.peer.route.policy import live_hop_policy
@@ -55,6 +55,10 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return {METHOD: self._denoise_pass, EMBEDDING_METHOD: self._embedding}
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        cap = max_route_payload_bytes(self.settings.model, self.settings.max_batch)
+        return {METHOD: payload_cap(cap, METHOD), EMBEDDING_METHOD: payload_cap(0, EMBEDDING_METHOD)}
 
     async def start(self) -> None:
         self.spawn(self._serve(), name="serving")

@@ -3,6 +3,7 @@ on its shard for H inner steps, mixes parameters with its peers in the backgroun
 pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
 private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
 ``learner`` (the role), ``aggregate`` (the W1 and W2 mixes), ``ledger`` (a round's ledger),
+``steering`` (which learners steer one: its median round, its state donors, its inbox's room),
 ``commands`` (``gossamer sample``) and ``sampling`` (running a learner's checkpoint locally).
 """
 

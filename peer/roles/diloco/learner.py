@@ -37,9 +37,9 @@ import torch
 from aiohttp import web
 
 from gossamer.peer.kit.checkpoint import Checkpoints
-from gossamer.peer.kit.inbox import Inbox
+from gossamer.peer.kit.inbox import Inbox, size_bytes
 from gossamer.peer.kit.ledger import Exchange, History
-from gossamer.peer.kit.messaging import SignedMessenger
+from gossamer.peer.kit.messaging import SignedMessenger, body_cap
 from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.kit.statesync import StateSyncError
@@ -48,12 +48,14 @@ from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
 from gossamer.peer.roles.diloco.ledger import RoundLedger
 from gossamer.peer.roles.diloco.settings import DilocoSettings
+from gossamer.peer.roles.diloco.steering import inbox_budget
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica, Params
 from gossamer.protocols.mixing import neighbours
 from gossamer.protocols.models import build_model, flat_parameters, generate
 from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
 from gossamer.transport.errors import TransportError
+from gossamer.transport.http_server import path_int
 
 log = logging.getLogger(__name__)
 KINDS = ("params", "pgrad")
@@ -101,6 +103,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         return [web.put("/diloco/{kind}/{round}", self._receive)]
 
     async def start(self) -> None:
+        self._advance_inbox(self.replica.round)  # sized before anything arrives
         if not self.resumed_from:
             await self._join_mid_run()
         self.spawn(self._run(), name="rounds")
@@ -198,33 +201,45 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         log.info("%s at round %d with state from %d donor(s)", why, version, len(report.shards_served))
 
     def _other_learners(self) -> list[LivePeer]:
-        return self.peers_with(names.LEARNER)
+        """The other learners that may steer this one: the tenured ones, or all (``steering``)."""
+        return self.steering_peers_with(names.LEARNER)
+
+    def _advance_inbox(self, round: int) -> None:
+        self.inbox.advance(round)
+        self.inbox.max_bytes = inbox_budget(size_bytes(self._snapshot[1]), window_rounds=self.inbox.window_rounds,
+                                            steering_learners=len(self._other_learners()))
 
     # -- receiving ------------------------------------------------------------------------------
 
     async def _receive(self, request: web.Request) -> web.Response:
-        kind, round_text = request.match_info["kind"], request.match_info["round"]
-        if kind not in KINDS or not round_text.isdigit():
-            raise web.HTTPNotFound(text="unknown contribution kind or round")
-        received = await self.messenger.receive(request)
-        sender, round = received.envelope.sender, int(round_text)
-        if received.envelope.round != round or self.live_with(sender, names.LEARNER) is None:
-            raise web.HTTPForbidden(text="envelope refused")
-        reason = self._shape_problem(kind, round, received.tensors) or await self.inbox.put(kind, round, sender,
-                                                                                              received.tensors)
+        kind, round = request.match_info["kind"], path_int(request, "round")
+        if kind not in KINDS:
+            raise web.HTTPNotFound(text="unknown contribution kind")
+        expected = self._expected(kind, round)
+        received = await self.messenger.receive(request, sender_role=names.LEARNER, round=round,
+                                                max_body_bytes=body_cap(expected))
+        sender = received.envelope.sender
+        reason = self._shape_problem(kind, expected, received.tensors) or await self.inbox.put(
+            kind, round, sender, received.tensors,
+            priority=any(p.record.peer_id == sender for p in self._other_learners()))
         self.ctx.traffic.add_received(kind, received.size_bytes)
         if reason is not None:
             self._late_rejections.setdefault((kind, round), {})[sender] = reason
             return web.json_response({"accepted": False, "reason": reason}, status=409)
         return web.json_response({"accepted": True})
 
-    def _shape_problem(self, kind: str, round: int, tensors: Mapping[str, torch.Tensor]) -> str | None:
+    def _expected(self, kind: str, round: int) -> Mapping[str, torch.Tensor]:
+        """What a message of ``kind`` for ``round`` carries: the model's parameters (and their
+        momentum in a round that mixes it), or their W2 subset."""
         params = self._snapshot[1]
         if kind == "params":
             momentum = self.settings.mixing.mixes_momentum(round)
-            expected = {**params, **({MOMENTUM + name: t for name, t in params.items()} if momentum else {})}
-        else:
-            expected = self.aggregator.subset_of(params, round=round)
+            return {**params, **({MOMENTUM + name: t for name, t in params.items()} if momentum else {})}
+        return self.aggregator.subset_of(params, round=round)
+
+    @staticmethod
+    def _shape_problem(kind: str, expected: Mapping[str, torch.Tensor],
+                       tensors: Mapping[str, torch.Tensor]) -> str | None:
         if tensors.keys() != expected.keys():
             return f"{kind} names do not match the model"
         for name, tensor in tensors.items():
@@ -258,7 +273,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
 
     async def _one_round(self) -> RoundLedger:
         started, t = time.monotonic(), self.replica.round
-        self.inbox.advance(t)
+        self._advance_inbox(t)
         learners = self._learners()
         me = learners.index(self.ctx.identity.peer_id)
         plan, seed = self.settings.mixing, self.settings.seed

@@ -188,7 +188,7 @@ class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
             except ExpertMessageRefused as exc:
                 reason = str(exc)
             else:
-                reason = await self.inbox.put(kind, round, sender, item)
+                reason = await self.inbox.put(kind, round, sender, item, size=received.size_bytes)
         if reason is not None:
             self.inbox.note_refusal(kind, round, sender, reason)
             return web.json_response({"accepted": False, "reason": reason}, status=409)

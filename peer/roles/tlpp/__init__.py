@@ -27,7 +27,7 @@ EVENTS = {
     "normalized": EventSchema("the input normalisation pooled from the nodes' per-channel counts and sums",
                               ("nodes", "samples", "mean", "std")),
     "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
-                        STEP_FIELDS),
+                        (*STEP_FIELDS, "balance_problems")),
     "eval": EventSchema("an evaluation on the orchestrator's held-out split",
                         ("step", "steps", "loss", "accuracy", "samples")),
     "finished": EventSchema("training reached its steps; final evaluation and checkpoint",

@@ -34,7 +34,7 @@ from torch import nn
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkServer
-from gossamer.peer.role import ProtocolRole, RoleContext, RoleHealth, TcpMethod
+from gossamer.peer.role import ProtocolRole, RoleContext, RoleHealth, TcpGate, TcpMethod
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.node import run_over
 from gossamer.peer.roles.tlpp.secure import (
@@ -148,6 +148,9 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return self._server.tcp_methods()
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        return self._server.tcp_gates()
 
     @property
     def round(self) -> int:

@@ -43,7 +43,7 @@ from gossamer.peer.kit.secure_link import (
     SecureLinks,
     SecureLinkServer,
 )
-from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth, TcpMethod
+from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth, TcpGate, TcpMethod
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import default_node_source, load_run_data
 from gossamer.peer.roles.tlpp.secure import node_gradient_shares, node_share_activations
@@ -104,6 +104,9 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
 
     def tcp_methods(self) -> dict[str, TcpMethod]:
         return self._server.tcp_methods()
+
+    def tcp_gates(self) -> dict[str, TcpGate]:
+        return self._server.tcp_gates()
 
     async def aclose(self) -> None:
         await super().aclose()

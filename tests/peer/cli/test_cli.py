@@ -1,20 +1,24 @@
 """The ``gossamer`` command before any daemon starts: ``--help`` answers without importing torch or
 hivemind; each command shows only the flags that apply to it; the swarm lists its presets, takes
 its peers' roles from the protocol when the config names none, and refuses a swarm that would do
-nothing, in one line."""
+nothing, in one line; ``gossamer token`` binds every token to a key."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from gossamer.peer.cli.main import build_parser
+from gossamer.crypto.identity import Identity
+from gossamer.crypto.tokens import verify_join_token
+from gossamer.peer.cli.main import build_parser, main
 from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.roles import PLUGINS
+from gossamer.peer.run.manifest import make_run_id
 
 HEAVY = ("torch", "hivemind", "aiohttp")
 
@@ -74,3 +78,24 @@ def test_a_swarm_that_would_do_nothing_is_refused_in_one_line(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="--peers 0: a diloco swarm needs peers with role learner"):
         Swarm(SwarmOptions(config=tmp_path / "idle.toml", peers=0, workdir=tmp_path / "w"), PLUGINS)
     assert not (tmp_path / "w").exists()
+
+
+def test_a_token_is_always_bound_to_a_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run.toml").write_text('[run]\nname = "r"\n[admission]\npolicy = "allowlist"\n')
+    owner = tmp_path / "owner.pem"
+    Identity.create(owner)
+    common = ["token", "-c", str(tmp_path / "run.toml"), "--identity_path", str(owner)]
+    with pytest.raises(SystemExit) as unbound:
+        main(common)
+    assert unbound.value.code == 2 and "--peer_public_key" in capsys.readouterr().err
+
+    assert main([*common, "--peer_public_key", "abc"]) == 2
+    assert "must be 64 hex digits" in capsys.readouterr().err
+
+    peer = Identity.generate()
+    assert main([*common, "--peer_public_key", peer.public_key.hex()]) == 0
+    token = capsys.readouterr().out.strip()
+    parsed = verify_join_token(token, owner_public_key=Identity.load(owner).public_key,
+                               run_id=make_run_id("r", Identity.load(owner).public_key), now=time.time(),
+                               peer_public_key=peer.public_key)
+    assert parsed.peer_public_key == peer.public_key

@@ -1,16 +1,21 @@
 """Encrypted request/response links over real loopback TCP: the handshake authenticates the right
 keys only; tampered, replayed and reordered frames are refused and end the session; a refused
-request leaves the link usable; a timed-out or failed link is closed, never reused."""
+request leaves the link usable; a timed-out or failed link is closed, never reused; a frame that
+names no live session, or an oversized hello, is refused before its payload is read (the TCP
+server runs the link's gate, as the daemon does); fuzzed hellos are refused one by one and leave
+the live session alone."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from gossamer.crypto.channel import ChannelHandshake
 from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.secure_link import (
     LinkMessage,
@@ -26,6 +31,7 @@ from gossamer.transport.errors import DecodeError, RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.limits import DEFAULT_LIMITS
 from gossamer.transport.tcp import TcpServer, tcp_connect
+from tests.transport.support import RawClient, frame_head
 
 RUN = "tl@00112233aabbccdd"
 METHOD = "test-link"
@@ -79,7 +85,7 @@ async def harness() -> AsyncIterator[Harness]:
         reply = await link_server.serve(frame)
         return box[0].wrap_reply(reply)
 
-    tcp = await TcpServer.create(dispatch)
+    tcp = await TcpServer.create(dispatch, gate=lambda kind, header, size: link_server.admit(header, size))
     box.append(Harness(client, server_identity, link_server, tcp, traffic))
     yield box[0]
     await tcp.aclose()
@@ -244,3 +250,65 @@ def test_non_finite_tensors_are_refused_at_decoding() -> None:
     body = pack_body(LinkMessage("x", 0, tensors={"a": torch.tensor([1.0, float("nan")])}))
     with pytest.raises(DecodeError, match="NaN"):
         unpack_body("x", 0, body, limits=DEFAULT_LIMITS)
+
+
+@pytest.mark.parametrize("header", [{"op": "echo", "sid": "0" * 32, "step": 1}, {"op": "hello", "peer": "x"}],
+                         ids=["no-session", "hello"])
+async def test_a_frame_without_a_live_session_is_refused_before_its_payload_is_read(
+        harness: Harness, header: dict) -> None:
+    link = await harness.connect()
+    raw = await RawClient.connect(harness.tcp.address)
+    try:
+        await raw.send(frame_head({"method": METHOD, "rid": 1, **header}, 1 << 30) + bytes(4096))
+        refused = await raw.read_frame()
+        leftover = await raw.read_until_eof()
+        still = await link.request(message(1), timeout_s=5.0)
+    finally:
+        await raw.aclose()
+        await link.aclose()
+
+    assert refused.type is FrameType.ERROR and refused.header["code"] == "refused" and leftover == b""
+    assert "unknown or closed session" in refused.header["message"] or "a hello of" in refused.header["message"]
+    assert still.step == 1 and harness.tcp.budget.peak_bytes < 1 << 20
+
+
+def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes) -> list[tuple[dict, bytes]]:
+    """(header, payload) pairs a hostile peer might send as a hello: the genuine hello with bytes
+    flipped, cut short or extended (seeded), hellos that verify but for another run or role, the
+    server's own hello reflected, and headers naming no, a non-string or an unknown peer."""
+    rng = random.Random(0)
+    header = {"method": METHOD, "op": "hello", "peer": client.peer_id}
+    payloads = []
+    for _ in range(40):
+        flipped = bytearray(genuine)
+        flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+        payloads.append(bytes(flipped))
+    payloads += [genuine[:rng.randrange(len(genuine))] for _ in range(10)]
+    payloads += [genuine + rng.randbytes(rng.randint(1, 64)) for _ in range(5)]
+    payloads += [ChannelHandshake(client, peer_public_key=server_key, run_id="other@00112233aabbccdd",
+                                  initiator=True).hello(),
+                 ChannelHandshake(client, peer_public_key=server_key, run_id=RUN, initiator=False).hello(),
+                 b"", rng.randbytes(200)]
+    frames = [(header, payload) for payload in payloads]
+    frames += [({**header, "peer": peer}, genuine) for peer in (None, 7, "", Identity.generate().peer_id)]
+    return frames
+
+
+async def test_fuzzed_hellos_are_refused_without_touching_the_live_session(harness: Harness) -> None:
+    live = await harness.connect()
+    genuine = ChannelHandshake(harness.client, peer_public_key=harness.server_identity.public_key, run_id=RUN,
+                               initiator=True).hello()
+    conn = await tcp_connect(*harness.tcp.address)
+    refusals = []
+    try:
+        for header, payload in fuzzed_hellos(genuine, harness.client, harness.server_identity.public_key):
+            with pytest.raises(RemoteError) as refused:
+                await conn.request(Frame(FrameType.REQUEST, dict(header), payload), timeout_s=5.0)
+            refusals.append(str(refused.value))
+        still = await live.request(message(2), timeout_s=5.0)
+    finally:
+        await conn.aclose()
+        await live.aclose()
+
+    assert all("secure link:" in text for text in refusals), [t for t in refusals if "secure link:" not in t]
+    assert harness.link_server.sessions == 1 and still.step == 2

@@ -9,7 +9,7 @@ import pytest
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.signed import sign_object
 from gossamer.crypto.tokens import issue_join_token
-from gossamer.peer.errors import RecordRejected
+from gossamer.peer.errors import ConfigError, RecordRejected
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.manifest import RunConfig, build_manifest
 from gossamer.peer.run.records import PeerRecord, open_record, seal_record
@@ -89,6 +89,46 @@ def test_expired_join_token_is_not_admitted() -> None:
     with pytest.raises(RecordRejected) as info:
         admission.check(make_record(late, join_token=token), now=NOW)
     assert info.value.reason == "policy"
+
+
+def tokens_for(owner: Identity, admission: Admission, peer: Identity) -> tuple[str, str]:
+    """A token of the run bound to ``peer``'s key, and one bound to no key."""
+    run_id = admission._manifest.run_id
+    bound = issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=peer.public_key,
+                             nonce=b"b" * 16)
+    return bound, issue_join_token(owner, run_id=run_id, expires_at=NOW + 60, peer_public_key=None, nonce=b"u" * 16)
+
+
+def test_a_token_read_from_a_public_record_admits_nobody_else() -> None:
+    """Issue 10: a token lifted from a peer's public record admitted the attacker's key. A bound
+    token copied into another record is refused, and a record carrying an unbound token is refused
+    even for its holder (published, it is everyone's)."""
+    owner, alice, mallory = Identity.generate(), Identity.generate(), Identity.generate()
+    admission = allowlist_admission(owner, owner)
+    bound, unbound = tokens_for(owner, admission, alice)
+
+    admission.check(make_record(alice, join_token=bound), now=NOW)  # its holder is admitted
+    refusals = []
+    for record in (make_record(mallory, join_token=bound), make_record(alice, join_token=unbound),
+                   make_record(mallory, join_token=unbound)):
+        with pytest.raises(RecordRejected) as info:
+            admission.check(record, now=NOW)
+        refusals.append(info.value.reason)
+
+    assert refusals == ["policy"] * 3
+
+
+def test_a_daemon_refuses_to_publish_a_token_that_would_admit_whoever_reads_it() -> None:
+    owner, alice, listed = Identity.generate(), Identity.generate(), Identity.generate()
+    admission = allowlist_admission(owner, listed)
+    bound, unbound = tokens_for(owner, admission, alice)
+
+    admission.check_own_token(bound, public_key=alice.public_key, now=NOW)
+    admission.check_own_token("", public_key=listed.public_key, now=NOW)  # admitted without one
+    with pytest.raises(ConfigError, match="bound to no key.*--peer_public_key " + alice.public_key.hex()):
+        admission.check_own_token(unbound, public_key=alice.public_key, now=NOW)
+    with pytest.raises(ConfigError, match="not a valid token"):
+        admission.check_own_token(bound, public_key=Identity.generate().public_key, now=NOW)
 
 
 def test_a_partial_read_does_not_drop_unexpired_peers_but_a_withdrawal_or_expiry_does() -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from gossamer.peer.kit.messaging import ENVELOPE_HEADER
+from gossamer.crypto.envelope import payload_digest, seal
+from gossamer.peer.kit.messaging import ENVELOPE_HEADER, request_target
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.blocktrain.coordinator import BlockCoordinatorRole
 from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block
@@ -29,7 +31,7 @@ from gossamer.peer.testing.localnet import LocalNet
 from gossamer.protocols.text_data import load_text
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.http_client import HttpClient
-from gossamer.transport.safetensors_stream import load_file
+from gossamer.transport.safetensors_stream import encode_safetensors, load_file
 
 MODEL = {"d_model": 16, "n_heads": 2, "context": 16, "num_blocks": 2}
 
@@ -279,3 +281,51 @@ async def test_a_long_poll_answers_when_the_blocks_version_closes(net: Net) -> N
     with pytest.raises(RemoteError) as bad:
         await net.client.get_json(f"{base}?block={block}&after=x")
     assert bad.value.status == 400
+
+
+def signed_by(worker: BlockWorkerRole, coordinator: LivePeer, *, url: str, round: int,
+              chunks: list) -> dict[str, str]:
+    """The envelope header a worker's messenger would send for ``url`` (to replay it elsewhere)."""
+    blob = seal(worker.ctx.identity, recipient=coordinator.record.peer_id, run_id=worker.ctx.manifest.run_id,
+                round=round, method="PUT", target=request_target(url), payload_digest=payload_digest(*chunks),
+                now=worker.ctx.now(), nonce=secrets.token_bytes(16))
+    return {ENVELOPE_HEADER: base64.b64encode(blob).decode()}
+
+
+async def test_an_update_moved_to_another_block_in_transit_is_refused_and_the_genuine_one_filed(
+        net: Net) -> None:
+    coordinator = await net.start_coordinator()
+    worker = await net.add_worker("a")
+    await net.publish()
+    await coordinator.step()
+    block = net.block_of("a")
+    fetched = await worker.fetch(net.peer, block)
+    loss = await asyncio.to_thread(worker.train, block)
+    size, chunks = encode_safetensors(worker.difference(fetched), update_metadata(loss, 2))
+    genuine = update_url(net.peer, fetched)
+    headers = signed_by(worker, net.peer, url=genuine, round=fetched.version, chunks=chunks)
+    moved = genuine.replace(f"/update/{block}/", f"/update/{1 - block}/")  # both blocks have the same shapes
+
+    with pytest.raises(RemoteError) as refused:
+        await net.client.put_body(moved, size, chunks, extra_headers=headers)
+    answer = await net.client.put_body(genuine, size, chunks, extra_headers=headers)
+
+    assert refused.value.status == 403 and answer["accepted"]
+    assert coordinator.board.current(1 - block).arrived == []
+    assert coordinator.board.current(block).arrived == [worker.ctx.identity.peer_id]
+
+
+async def test_a_5000_digit_base_version_is_404_not_500(net: Net) -> None:
+    coordinator = await net.start_coordinator()
+    worker = await net.add_worker("a")
+    await net.publish()
+    await coordinator.step()
+    fetched = await worker.fetch(net.peer, 0)
+    size, chunks = encode_safetensors(worker.difference(fetched), update_metadata(1.0, 2))
+    headers = signed_by(worker, net.peer, url=update_url(net.peer, fetched), round=0, chunks=chunks)
+
+    with pytest.raises(RemoteError) as refused:
+        await net.client.put_body(f"http://{net.peer.record.http_addr}/blocktrain/update/0/{'9' * 5000}", size,
+                                  chunks, extra_headers=headers)
+
+    assert refused.value.status == 404 and coordinator.board.current(0).arrived == []

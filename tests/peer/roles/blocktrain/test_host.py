@@ -7,7 +7,6 @@ pipeline's stages compose to the whole causal LM."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,6 @@ from gossamer.protocols.blocktrain import (
 from gossamer.protocols.models import build_model
 from gossamer.protocols.models import generate as ar_generate
 from gossamer.transport.codec import encode_tensors
-from gossamer.transport.dht.config import DhtConfig
 from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
@@ -96,8 +94,8 @@ class Hosts:
         record = PeerRecord(peer_id=identity.peer_id, public_key=identity.public_key, name=name, http_addr="",
                             tcp_addr=self.addr(name), roles=(role,), version="test", round=0, timestamp=now,
                             assignment={key: list(host.units)})
-        await self.membership.store(peers_key(self.manifest.run_id), identity.peer_id,
-                                    seal_record(identity, record), expiration_time=now + 60.0)
+        await self.membership.store(peers_key(self.manifest.run_id), seal_record(identity, record), signer=identity,
+                                    expiration_time=now + 60.0)
         await self.refresh()
         return self.addr(name)
 
@@ -128,17 +126,6 @@ class Hosts:
         for name in self.servers:
             await self.kill(name)
         await self.pool.aclose()
-
-
-@pytest.fixture
-async def hosts(tmp_path: Path) -> AsyncIterator[Hosts]:
-    membership = await DhtMembership.create(DhtConfig(new_swarm=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",)))
-    network = Hosts(tmp_path, membership)
-    try:
-        yield network
-    finally:
-        await network.aclose()
-        await membership.aclose()
 
 
 async def three_hosts(hosts: Hosts) -> None:
@@ -277,8 +264,8 @@ async def test_a_hung_host_is_reported_by_the_host_before_it_within_the_budget(h
         record = PeerRecord(peer_id=identity.peer_id, public_key=identity.public_key, name="hung",
                             http_addr="", tcp_addr=hung, roles=("block-server",), version="test",
                             round=0, timestamp=now, assignment={"blocks": [1]})
-        await hosts.membership.store(peers_key(hosts.manifest.run_id), identity.peer_id,
-                                     seal_record(identity, record), expiration_time=now + 60.0)
+        await hosts.membership.store(peers_key(hosts.manifest.run_id), seal_record(identity, record),
+                                     signer=identity, expiration_time=now + 60.0)
         await hosts.refresh()
         remote = client(hosts, budget_s=2.0)
         started = time.monotonic()

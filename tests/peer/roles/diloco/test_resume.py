@@ -49,7 +49,9 @@ async def test_a_stopped_learner_resumes_the_same_trajectory_bit_for_bit(tmp_pat
     net, first_life = await learner(tmp_path / "stopped", owner, me)
     try:
         await net.start()
-        await net["learner"].ctx.until_view(lambda: first_life.round >= 2, timeout_s=240)
+        # two rounds KEPT (the series grows in the same step as the kept state), not just stepped:
+        # replica.round moves at the outer step, before the held-out evaluation and the keeping
+        await net["learner"].ctx.until_view(lambda: len(first_life.series["heldout_loss"]) >= 2, timeout_s=240)
         written = await net.stop("learner")
     finally:
         await net.aclose()

@@ -1,0 +1,19 @@
+"""Who steers a learner (issue 10: free identities in open runs).
+
+A learner's choices follow the learners that may steer it (``ProtocolRole.steering_peers_with``:
+the tenured ones, or all when none is; ``run.tenure``): the median round it keeps in step with
+(``out_of_step``), the donors of a state it adopts (when it joins or falls behind), and which
+senders its inbox keeps room for. New identities, however many, can then neither pull the median
+nor offer the state a learner adopts, and full-size contributions from them fill at most half of
+an inbox sized for the steering learners.
+"""
+
+from __future__ import annotations
+
+CONTRIBUTION_KINDS = 2  # params and pseudo-gradients, each at most the model's size
+
+
+def inbox_budget(model_bytes: int, *, window_rounds: int, steering_learners: int) -> int:
+    """Bytes an inbox may hold: twice what the steering learners (this one aside) can send in the
+    inbox's window of rounds, so the half that new senders may fill never takes their room."""
+    return 2 * CONTRIBUTION_KINDS * (window_rounds + 1) * max(steering_learners, 1) * model_bytes
