@@ -175,10 +175,10 @@ class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
         kind, round_text = request.match_info["kind"], request.match_info["round"]
         if kind not in KINDS or not round_text.isdigit():
             raise web.HTTPNotFound(text="unknown message kind or round")
-        received = await self.messenger.receive(request)
-        sender, round = received.envelope.sender, int(round_text)
-        if received.envelope.round != round or self.live_with(sender, names.EXPERT_HOST) is None:
-            raise web.HTTPForbidden(text="envelope refused")
+        round = int(round_text)
+        received = await self.messenger.receive(request, sender_role=names.EXPERT_HOST, round=round,
+                                                max_body_bytes=self.shape.max_message_bytes)
+        sender = received.envelope.sender
         self.ctx.traffic.add_received(kind, received.size_bytes)
         self._received_bytes[round] = self._received_bytes.get(round, 0) + received.size_bytes
         reason = self.inbox.refusal(kind, round, sender)
