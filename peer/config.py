@@ -35,6 +35,9 @@ class PeerConfig:
         host: address the HTTP and TCP servers bind to.
         announce_host: address written in this peer's record (default: derived from host/maddrs).
         http_port / tcp_port: 0 lets the OS choose.
+        announce_http_port / announce_tcp_port: port written in this peer's record when others reach
+            it through another one (a port forward, or a WAN-emulating proxy in a benchmark);
+            0: the port it listens on.
         device: ``auto`` (CUDA if present, else CPU) or a torch device name.
         data: dataset for data-holding roles (``builtin:pydoc`` or a local path).
         join_token: owner-signed token for runs with an allowlist.
@@ -69,6 +72,8 @@ class PeerConfig:
     announce_host: str = ""
     http_port: int = 0
     tcp_port: int = 0
+    announce_http_port: int = 0
+    announce_tcp_port: int = 0
     device: str = "auto"
     data: str = ""
     join_token: str = ""
@@ -84,7 +89,7 @@ class PeerConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        for name in ("http_port", "tcp_port"):
+        for name in ("http_port", "tcp_port", "announce_http_port", "announce_tcp_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be an integer in 0..65535, got {port!r}")

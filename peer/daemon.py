@@ -174,13 +174,18 @@ class Daemon:
     # -- heartbeat and view -------------------------------------------------------------------
 
     def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
-        host, now = self.config.advertised_host, self.membership.now()
+        host, config, now = self.config.advertised_host, self.config, self.membership.now()
         owner = self.identity.public_key == self.manifest.owner_public_key
         tenured = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s) if owner else ()
-        return peer_record(identity=self.identity, config=self.config, roles=self.roles,
-                           http_addr=f"{host}:{self.http.address[1]}" if self.http else "",
-                           tcp_addr=f"{host}:{self.tcp.address[1]}" if self.tcp else "",
+        return peer_record(identity=self.identity, config=config, roles=self.roles,
+                           http_addr=f"{host}:{config.announce_http_port or self.http.address[1]}" if self.http else "",
+                           tcp_addr=f"{host}:{config.announce_tcp_port or self.tcp.address[1]}" if self.tcp else "",
                            now=now, capacity=self.device_info, state=state, tenured=tenured)
+
+    def listening(self) -> dict[str, str]:
+        """Where the HTTP and TCP servers listen ("host:port"; the record may announce other ports)."""
+        return {name: f"{server.address[0]}:{server.address[1]}" if server else ""
+                for name, server in (("http", self.http), ("tcp", self.tcp))}
 
     async def publish_record(self) -> bool:
         """Sign and store this peer's record; False (and the alarm raised) when no DHT node took it."""
@@ -287,6 +292,7 @@ class Daemon:
             "roles": list(dict.fromkeys(self.config.roles)), "round": self.round,
             "uptime_s": round(time.monotonic() - self._started, 3), "device": self.device_info,
             "addresses": {"http": record.http_addr, "tcp": record.tcp_addr, "dht": self.membership.visible_maddrs()},
+            "listening": self.listening(),
             "bytes_sent": sum(sent.values()), "bytes_received": sum(received.values()),
             "live_peers": [peer_row(p.record, now) for p in live],
             "records_rejected": dict(self.view.rejected),

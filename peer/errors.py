@@ -14,6 +14,9 @@
      ├── RouteFailed        (route.client) no live host is left for a unit of the route
      ├── ExpertMessageRefused  (roles.fomoe.wire) a FoMoE message that does not fit the run's model
      │                      or placement (a commit, an update, an expert's state)
+     ├── FrameRefused       (roles.context.wire) a ring frame refused, with a code; the shard serves on
+     ├── StepAborted        (roles.context.attempt) a context-parallel step's attempt was abandoned
+     ├── StateMismatch      (roles.context.replica) a downloaded state does not fit the run's model
      └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
           └── HelperFailed  the TL++ helper failed a request (secure mode stops with this)
 

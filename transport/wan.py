@@ -11,6 +11,15 @@ internet link between two loopback endpoints::
 ``up`` shapes bytes from the connecting client to the target, ``down`` the way back (default: the
 same profile). Each accepted connection gets one ``Pipe`` per direction (see ``wan_link``).
 
+When the proxy's port must be known before its target exists (a peer that announces the proxy's
+port as its own from its first record), open the listening socket first and hand it over later::
+
+    listener = listen_socket("127.0.0.1", 0)       # its port goes into the peer's --announce_http_port
+    ...                                            # start the peer, learn where it listens
+    proxy = await WanProxy.create("127.0.0.1", peer_port, up=..., listener=listener)
+
+Connections that arrive in between wait in the listen backlog and are served once the proxy runs.
+
 Connection semantics: EOF from one side is forwarded (after the link's latency) as
 ``shutdown(SHUT_WR)`` to the other, so half-closed request/response exchanges work; the proxy
 closes both sockets once both directions have reached EOF. Any socket error (a reset, a write to a
@@ -32,7 +41,7 @@ from dataclasses import dataclass
 from gossamer.transport.errors import TransportError
 from gossamer.transport.wan_link import DirectionCounters, InjectedReset, LinkProfile, Pipe
 
-__all__ = ["DirectionStats", "LinkProfile", "ProxyOptions", "WanProxy", "WanStats"]
+__all__ = ["DirectionStats", "LinkProfile", "ProxyOptions", "WanProxy", "WanStats", "listen_socket"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +116,15 @@ def _abort(sock: socket.socket) -> None:
     sock.close()
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket listening on (host, port) (port 0: chosen by the OS), for
+    ``WanProxy.create(..., listener=...)``; TransportError if it cannot be opened."""
+    try:
+        return _listen(host, port)
+    except OSError as exc:
+        raise TransportError(f"cannot listen on {host}:{port}: {exc}") from exc
+
+
 def _listen(host: str, port: int) -> socket.socket:
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -141,8 +159,9 @@ class WanProxy:
     async def create(cls, target_host: str, target_port: int, *, up: LinkProfile,
                      down: LinkProfile | None = None, listen_host: str = "127.0.0.1", listen_port: int = 0,
                      max_connections: int = 64, queue_chunks: int = 4096, queue_bytes: int | None = None,
-                     connect_timeout_s: float = 5.0) -> WanProxy:
-        """Listen on (listen_host, listen_port) and forward every connection to the target."""
+                     connect_timeout_s: float = 5.0, listener: socket.socket | None = None) -> WanProxy:
+        """Listen on (listen_host, listen_port), or serve ``listener`` (a ``listen_socket``; the
+        proxy owns it from now on), and forward every connection to the target."""
         options = ProxyOptions(max_connections=max_connections, queue_chunks=queue_chunks,
                                queue_bytes=queue_bytes, connect_timeout_s=connect_timeout_s)
         for name, profile in (("up", up), ("down", down)):
@@ -151,8 +170,10 @@ class WanProxy:
         loop = asyncio.get_running_loop()
         try:
             infos = await loop.getaddrinfo(target_host, target_port, type=socket.SOCK_STREAM)
-            listener = _listen(listen_host, listen_port)
+            listener = listener if listener is not None else _listen(listen_host, listen_port)
         except OSError as exc:
+            if listener is not None:
+                listener.close()
             raise TransportError(f"WAN proxy to {target_host}:{target_port} cannot start: {exc}") from exc
         target = (infos[0][0], infos[0][4])
         proxy = cls(listener, target, up=up, down=up if down is None else down, options=options)

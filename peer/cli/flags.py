@@ -22,6 +22,9 @@ _HELP = {
     "announce_host": "address written in this peer's record for HTTP/TCP (default: derived)",
     "http_port": "HTTP port (0: chosen by the OS)",
     "tcp_port": "TCP port (0: chosen by the OS)",
+    "announce_http_port": "HTTP port written in this peer's record, when others reach it through another one "
+                          "(port forwarding; default: the port it listens on)",
+    "announce_tcp_port": "TCP port written in this peer's record (as --announce_http_port)",
     "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:N",
     "data": "dataset: builtin:pydoc or a local file; TL++ nodes: builtin:digits[:shard=K/N|:class=C] or FILE.npz",
     "join_token": "owner-signed join token for allowlist runs",

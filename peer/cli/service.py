@@ -111,7 +111,8 @@ def _announce(daemon: Daemon) -> None:
           file=sys.stderr, flush=True)
     daemon.events.emit("ready", wall_time=time.time(), peer_id=daemon.identity.peer_id,
          run_id=daemon.manifest.run_id, maddrs=maddrs,
-         http=status["addresses"]["http"], tcp=status["addresses"]["tcp"], roles=status["roles"])
+         http=status["addresses"]["http"], tcp=status["addresses"]["tcp"], roles=status["roles"],
+         listening=status["listening"])
 
 
 def force_exit(code: int) -> None:

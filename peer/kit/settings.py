@@ -16,7 +16,8 @@ protocol what each one used to do by hand, the same way:
 Every refusal is a ``ConfigError`` that names the field as the run config spells it
 (``hyper.rounds must be an integer, got 2.7``). A nested dataclass from ``protocols/`` (a model
 config, say) is read the same way, field by field, and its own checks' errors are prefixed with
-its table.
+its table. A table read whole may hold a nested table that another field reads (``[model]`` as
+a model config beside ``[model.subspace]`` as the subspace config): that one is the other field's.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def read_settings(cls: type[S], config: RunConfig) -> S:
     whole: set[str] = set()  # tables read as a whole by a nested dataclass (it checks their keys)
     kwargs: dict[str, Any] = {}
     hints = typing.get_type_hints(cls)
+    subtables = {spec.table for spec in specs.values()}
     for field in dataclasses.fields(cls):
         spec = specs[field.name]
         table = _table(tables, spec.table)
@@ -79,7 +81,8 @@ def read_settings(cls: type[S], config: RunConfig) -> S:
         if key == "*":
             _claim_path(claimed, spec.table)
             whole.add(spec.table)
-            kwargs[field.name] = read_table(hints[field.name], table, path=spec.table)
+            own = {k: v for k, v in table.items() if f"{spec.table}.{k}" not in subtables}
+            kwargs[field.name] = read_table(hints[field.name], own, path=spec.table)
             continue
         claimed.setdefault(spec.table, set()).add(key)
         _claim_path(claimed, spec.table)

@@ -19,18 +19,21 @@ LOOPBACK = ["--host", "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0"]
 
 
 class GossamerProcess:
-    """One ``python -m peer.cli ...`` process; stderr goes to ``log_path``, events are read from stdout.
-    ``env`` replaces the environment (e.g. a ``PYTHONPATH`` that runs another version of gossamer)."""
+    """One ``python -m peer.cli ...`` process (or ``program`` + args: any process that prints JSON
+    event lines); stderr goes to ``log_path``, events are read from stdout. ``env`` replaces the
+    environment (e.g. a ``PYTHONPATH`` that runs another version of gossamer)."""
 
     def __init__(self, args: list[str], *, log_path: Path, env: dict[str, str] | None = None,
-                 wrapper: tuple[str, ...] = ()) -> None:
-        """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark)."""
+                 wrapper: tuple[str, ...] = (), program: list[str] | None = None, stdin: int | None = None) -> None:
+        """``wrapper`` runs the process under a command (e.g. ``("taskset", "-c", "1")`` in a benchmark);
+        ``program`` replaces ``python -m gossamer.peer.cli``; ``stdin`` (e.g. subprocess.PIPE) its input."""
         self.log_path = log_path
         self.started_at = time.monotonic()
         self.started_wall_time = time.time()
         self._log = open(log_path, "wb")  # closed in stop()
-        self.proc = subprocess.Popen([*wrapper, sys.executable, "-m", "gossamer.peer.cli", *args], stdout=subprocess.PIPE,
-                                     stderr=self._log, start_new_session=True, env=env)
+        program = program or [sys.executable, "-m", "gossamer.peer.cli"]
+        self.proc = subprocess.Popen([*wrapper, *program, *args], stdout=subprocess.PIPE, stderr=self._log,
+                                     stdin=stdin, start_new_session=True, env=env)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
         self._eof = False
@@ -65,6 +68,13 @@ class GossamerProcess:
             self._pending.append(event)
             self.latest[event.get("event", "")] = event
 
+    def drain(self) -> list[dict[str, Any]]:
+        """Every event that has arrived so far, without waiting (they are not returned again)."""
+        self.pump()
+        events = list(self._pending)
+        self._pending.clear()
+        return events
+
     def wait_event(self, predicate, *, timeout_s: float) -> dict[str, Any]:
         """The first event satisfying ``predicate``; AssertionError (with the log) otherwise."""
         deadline = time.monotonic() + timeout_s
@@ -87,10 +97,17 @@ class GossamerProcess:
     def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
         return self.wait_event(lambda e: e["event"] == "ready", timeout_s=timeout_s)
 
+    def pump(self) -> None:
+        """Read the events that have arrived, without waiting: they stay queued for ``wait_event``
+        and ``latest`` is current. A test that waits on another process calls this now and then,
+        so this one never blocks writing to a full stdout pipe."""
+        assert self.proc.stdout is not None
+        while not self._eof and select.select([self.proc.stdout], [], [], 0.0)[0]:
+            self._absorb(os.read(self.proc.stdout.fileno(), 1 << 16))
+
     def wait_peer_count(self, count: int, timeout_s: float) -> dict[str, Any]:
         """Wait until the process's live peer table has ``count`` peers (now, or by a later event)."""
-        while self._next_event(0.0) is not None and not self._eof:
-            pass  # drain what has already arrived, so ``latest`` is current
+        self.drain()  # what has already arrived: ``latest`` is current, older events are not waited on
         latest = self.latest.get("peers")
         if latest is not None and latest["count"] == count:
             return latest
@@ -111,8 +128,9 @@ class GossamerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             code = self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        for pipe in (self.proc.stdout, self.proc.stdin):
+            if pipe is not None:
+                pipe.close()
         self._log.close()
         return code
 

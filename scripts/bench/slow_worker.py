@@ -14,7 +14,7 @@ Measured per run: wall-clock from the moment all three workers are assigned to `
 held-out CE at the end (both arms must reach a similar one: adaptive must not buy speed with a
 worse model), the updates used per version, and which workers the coordinator flagged.
 
-    .venv/bin/python scripts/bench/slow_worker.py [--versions 10] [--repeats 2] [--json PATH]
+    .venv/bin/python scripts/bench/slow_worker.py [--versions 30] [--local_steps 40] [--repeats 2] [--quota 0.2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -88,13 +88,16 @@ def one_run(pacing: str, args: argparse.Namespace, work: Path, quota: CpuQuota) 
                                 str(work / "ckpt")], log_path=work / "orch.log")
         procs.append(orch)
         ready = orch.wait_ready()
-        ids = {}
-        for name in ("fast0", "fast1", "slow"):
+        ids, workers = {}, {}
+        for name in ("slow", "fast0", "fast1"):  # the slow one first: it must be in the run from version 0
             ids[name] = Identity.create(work / f"{name}.pem").peer_id
-            procs.append(GossamerProcess(
+            workers[name] = GossamerProcess(
                 ["peer", "--roles", "block-worker", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"],
                  "--events", *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"{name}.pem")],
-                log_path=work / f"{name}.log", wrapper=quota.wrapper if name == "slow" else ()))
+                log_path=work / f"{name}.log", wrapper=quota.wrapper if name == "slow" else ())
+            procs.append(workers[name])
+            if name == "slow":
+                workers[name].wait_ready(timeout_s=300)
         everyone = set(ids.values())
         orch.wait_event(lambda e: e["event"] == "blocktrain.assignment" and everyone <= set(e["assignment"]),
                         timeout_s=120)
@@ -131,8 +134,8 @@ def interleaved(args: argparse.Namespace, tmp: Path, quota: CpuQuota) -> list[di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", type=int, default=10)
-    parser.add_argument("--local_steps", type=int, default=10)
+    parser.add_argument("--versions", type=int, default=30)
+    parser.add_argument("--local_steps", type=int, default=40)
     parser.add_argument("--deadline_s", type=float, default=60.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quota", type=float, default=0.2, help="the slow worker's share of one CPU")

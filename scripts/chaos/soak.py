@@ -113,6 +113,8 @@ def main() -> None:
                                                timeout_s=300)
                 if event["event"] == "diloco.finished":
                     break
+                for other in learners[1:]:
+                    other.drain()  # their events are not needed; read them so no stdout pipe fills
                 now = time.monotonic()
                 if last is not None:
                     round_times.append(now - last)

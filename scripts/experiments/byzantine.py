@@ -78,12 +78,7 @@ def run_jobs(jobs: dict[str, tuple], *, workers: int, device: str, checkpoint: P
     """Every job, the clean ones first (they train all learners: the longest), then seed by seed
     (a first look at every cell early), in ``workers`` processes. With a ``checkpoint`` file each finished cell is appended to it as a JSON line, and
     cells already there are not run again (a long grid survives an interruption)."""
-    cells: dict[str, dict] = {}
-    if checkpoint is not None and checkpoint.exists():
-        for line in checkpoint.read_text().splitlines():
-            record = json.loads(line)
-            if record["key"] in jobs:
-                cells[record["key"]] = record["cell"]
+    cells = finished(jobs, checkpoint)
     keys = sorted((key for key in jobs if key not in cells), key=lambda key: ("|clean|" not in key, key.split("|")[-1]))
     payloads = [(*jobs[key], device) for key in keys]
     start = time.perf_counter()
@@ -101,6 +96,17 @@ def run_jobs(jobs: dict[str, tuple], *, workers: int, device: str, checkpoint: P
     return cells
 
 
+def finished(jobs: dict[str, tuple], checkpoint: Path | None) -> dict[str, dict]:
+    """The cells of ``jobs`` that the ``checkpoint`` file already holds."""
+    cells: dict[str, dict] = {}
+    if checkpoint is not None and checkpoint.exists():
+        for line in checkpoint.read_text().splitlines():
+            record = json.loads(line)
+            if record["key"] in jobs:
+                cells[record["key"]] = record["cell"]
+    return cells
+
+
 def unigram_cross_entropy(task: TextTask) -> float:
     """Held-out cross-entropy (nats/byte) of the training bytes' frequencies (add-one smoothed):
     what a model that learned only byte frequencies reaches."""
@@ -113,8 +119,10 @@ def delta(cells: dict, aggregator: str, f: int, attack: str, seeds: int) -> tupl
     """Per seed: attacked loss minus the clean loss of the same seed; non-ok outcomes by name."""
     values, outcomes = [], []
     for seed in range(seeds):
-        cell = cells[f"{aggregator}|{f}|{attack}|{seed}"]
-        clean = cells[f"{aggregator}|{clean_f(aggregator, f)}|clean|{seed}"]
+        cell = cells.get(f"{aggregator}|{f}|{attack}|{seed}")
+        clean = cells.get(f"{aggregator}|{clean_f(aggregator, f)}|clean|{seed}")
+        if cell is None or clean is None:  # --report_only: not run (yet)
+            continue
         if cell["outcome"] != "ok" or clean["outcome"] != "ok":
             outcomes.append(cell["outcome"] if cell["outcome"] != "ok" else "clean " + clean["outcome"])
         else:
@@ -122,11 +130,19 @@ def delta(cells: dict, aggregator: str, f: int, attack: str, seeds: int) -> tupl
     return values, outcomes
 
 
-def cell_text(values: list[float], outcomes: list[str]) -> str:
+def cell_text(values: list[float], outcomes: list[str], seeds: int) -> str:
     if outcomes:
         return "/".join(sorted(set(outcomes))) + f" ({len(outcomes)} of {len(values) + len(outcomes)})"
-    text = f"{statistics.mean(values):+.3f}"
-    return text + (f" ({max(values) - min(values):.3f})" if len(values) > 1 else "")
+    return spread_text(values, seeds, signed=True)
+
+
+def spread_text(values: list[float], seeds: int, *, signed: bool) -> str:
+    """Mean (spread max - min) over the seeds run; fewer than ``seeds`` say how many ('not run': none)."""
+    if not values:
+        return "not run"
+    text = f"{statistics.mean(values):{'+' if signed else ''}.3f}"
+    text += f" ({max(values) - min(values):.3f})" if len(values) > 1 else ""
+    return text + (f" [{len(values)} seed{'s' if len(values) > 1 else ''}]" if len(values) < seeds else "")
 
 
 def render(cells: dict, refused: dict, s: Settings, *, aggregators: list[str], attacks: list[str],
@@ -147,11 +163,12 @@ def render(cells: dict, refused: dict, s: Settings, *, aggregators: list[str], a
             if f"{a}|{f}" in refused:
                 clean_row.append("refused")
                 continue
-            losses = [cells[f"{a}|{clean_f(a, f)}|clean|{seed}"].get("loss", math.nan) for seed in range(seeds)]
-            clean_row.append(f"{statistics.mean(losses):.3f}" + (f" ({max(losses) - min(losses):.3f})" if seeds > 1 else ""))
+            losses = [cells[key].get("loss", math.nan) for seed in range(seeds)
+                      if (key := f"{a}|{clean_f(a, f)}|clean|{seed}") in cells]
+            clean_row.append(spread_text(losses, seeds, signed=False))
         rows = [clean_row]
         for attack in attacks:
-            rows.append([attack] + ["refused" if f"{a}|{f}" in refused else cell_text(*delta(cells, a, f, attack, seeds))
+            rows.append([attack] + ["refused" if f"{a}|{f}" in refused else cell_text(*delta(cells, a, f, attack, seeds), seeds)
                                     for a in aggregators])
         parts += [f"f = {f} Byzantine of {s.learners}:", markdown_table(["attack", *aggregators], rows)]
     return "\n\n".join(parts)
@@ -169,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="JSON-lines file of finished cells: appended to, and cells in it are not rerun")
+    parser.add_argument("--report_only", action="store_true",
+                        help="run nothing: tabulate the cells --checkpoint holds (a cell with fewer seeds says so)")
     args = parser.parse_args(argv)
+    if args.report_only and args.checkpoint is None:
+        parser.error("--report_only needs --checkpoint")
     device = set_up(args.device)
     s = QUICK if args.quick else Settings()
     fs = [int(x) for x in (args.fs or ("2" if args.quick else "1,2,3")).split(",")]
@@ -186,17 +207,24 @@ def main(argv: list[str] | None = None) -> int:
     jobs, refused = plan(s, aggregators=aggregators, attacks=attacks, fs=fs, seeds=seeds)
     if "mean" not in aggregators:  # the clean mean is the baseline every table states
         jobs.update({f"mean|-1|clean|{seed}": ("mean", None, 0, replace(s, seed=seed)) for seed in range(seeds)})
-    cells = run_jobs(jobs, workers=args.workers, device=args.device, checkpoint=args.checkpoint)
+    cells = (finished(jobs, args.checkpoint) if args.report_only
+             else run_jobs(jobs, workers=args.workers, device=args.device, checkpoint=args.checkpoint))
     initial = build_model(model_config(d_model=s.d_model, n_layers=s.n_layers, context=s.context), seed=0,
                           device=device)
     context = {"initial_loss": task.heldout_loss(initial, context=s.context, device=device),
                "unigram": unigram_cross_entropy(task), "parameters": sum(p.numel() for p in initial.parameters()),
-               "clean_mean_losses": [cells[f"mean|-1|clean|{seed}"].get("loss", math.nan) for seed in range(seeds)],
+               "clean_mean_losses": [cells[key].get("loss", math.nan) for seed in range(seeds)
+                                     if (key := f"mean|-1|clean|{seed}") in cells],
                "wall_s": time.perf_counter() - start, "workers": args.workers, "load_average_before": load_before,
                "load_average_after": os.getloadavg()}
     markdown = render(cells, refused, s, aggregators=aggregators, attacks=attacks, fs=fs, seeds=seeds, context=context)
-    markdown += (f"\n\nWall time {context['wall_s'] / 60:.1f} min with {args.workers} worker process(es); load average "
-                 f"{load_before[0]:.1f} before, {context['load_average_after'][0]:.1f} after.")
+    if args.report_only:
+        run_s = sum(cell.get("seconds", 0.0) for cell in cells.values())
+        markdown += (f"\n\nReport of the cells in {args.checkpoint.name} ({len(cells)} of {len(jobs)} planned; "
+                     f"{run_s / 3600:.1f} h of cell run time in all, each cell's in the JSON).")
+    else:
+        markdown += (f"\n\nWall time {context['wall_s'] / 60:.1f} min with {args.workers} worker process(es); "
+                     f"load average {load_before[0]:.1f} before, {context['load_average_after'][0]:.1f} after.")
     print(markdown)
     name = args.name or ("byzantine_quick" if args.quick else "byzantine")
     write_results(name, {"settings": asdict(s), **context, "fs": fs, "attacks": attacks, "aggregators": aggregators,

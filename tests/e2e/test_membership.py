@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import signal
 from pathlib import Path
 
@@ -19,16 +20,20 @@ from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, alive, gossamer
 from gossamer.transport.dht.config import DhtConfig
 from gossamer.transport.dht.membership import DhtMembership
+from gossamer.transport.http import HttpConfig
+from gossamer.transport.http_client import HttpClient
+from gossamer.transport.wan import LinkProfile, WanProxy, listen_socket
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    """An allowlist run: the orchestrator plus two admitted peers, all started through the CLI, and two
-    spare admitted identities for the test that stops peers (so the others see three in any order)."""
+    """An allowlist run: the orchestrator plus two admitted peers, all started through the CLI, two
+    spare admitted identities for the test that stops peers (so the others see three in any order)
+    and one for the peer behind a port forward."""
     work = tmp_path_factory.mktemp("swarm")
-    admitted = [Identity.create(work / f"peer-{i}.pem") for i in range(4)]
+    admitted = [Identity.create(work / f"peer-{i}.pem") for i in range(5)]
     allow = ", ".join(f'"{p.public_key.hex()}"' for p in admitted)
     (work / "run.toml").write_text(f'[run]\nname = "e2e"\nheartbeat_s = 1.0\n[admission]\npolicy = "allowlist"\nallow = [{allow}]\n')
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
@@ -42,7 +47,8 @@ def swarm(tmp_path_factory):
                 ["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--events", *LOOPBACK,
                  "--identity_path", str(work / f"peer-{i}.pem"), "--public_name", f"peer-{i}"],
                 log_path=work / f"peer-{i}.log"))
-        yield {"work": work, "ready": ready, "procs": procs, "spares": (work / "peer-2.pem", work / "peer-3.pem")}
+        yield {"work": work, "ready": ready, "procs": procs, "spares": (work / "peer-2.pem", work / "peer-3.pem"),
+               "spare_forwarded": work / "peer-4.pem"}
     finally:
         for proc in procs:
             proc.stop()
@@ -59,7 +65,6 @@ def test_status_command_lists_live_peers(swarm) -> None:
     ready = swarm["ready"]
     result = gossamer(["status", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--json"])
     assert result.returncode == 0, result.stderr
-    import json
     names = sorted(p["name"] for p in json.loads(result.stdout)["peers"])
     assert names == ["owner", "peer-0", "peer-1"]
 
@@ -98,8 +103,6 @@ async def test_forged_and_unadmitted_records_never_appear(swarm) -> None:
 
 
 async def _status_after_refresh(http_addr: str) -> dict:
-    from gossamer.transport.http import HttpConfig
-    from gossamer.transport.http_client import HttpClient
     client = await HttpClient.create(config=HttpConfig())
     try:
         for _ in range(100):  # the view refreshes every 0.5 s; wait for one that saw the bad records
@@ -132,6 +135,39 @@ def test_sigkilled_peer_disappears_within_ttl_and_sigterm_leaves_no_p2pd(swarm) 
     assert leaver.stop(signal.SIGTERM) == 0
     assert not [pid for pid in p2pd if alive(pid)], "p2pd outlived its daemon"
     orch.wait_peer_count(3, timeout_s=30)  # a clean exit withdraws the record at once
+
+
+async def test_a_peer_behind_a_port_forward_announces_the_forward_and_is_reached_through_it(swarm) -> None:
+    """--announce_http_port/--announce_tcp_port: the record carries the forward's ports, the ready
+    event says where the servers listen; a request to the announced port reaches the peer."""
+    ready = swarm["ready"]
+    http_forward, tcp_forward = listen_socket("127.0.0.1", 0), listen_socket("127.0.0.1", 0)
+    ports = [sock.getsockname()[1] for sock in (http_forward, tcp_forward)]
+    peer = GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--events",
+                            *LOOPBACK, "--identity_path", str(swarm["spare_forwarded"]), "--announce_http_port",
+                            str(ports[0]), "--announce-tcp-port", str(ports[1])], log_path=swarm["work"] / "fwd.log")
+    try:
+        up = await asyncio.to_thread(peer.wait_ready)
+        assert (up["http"], up["tcp"]) == (f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}")
+        listening = int(up["listening"]["http"].rsplit(":", 1)[1])
+        assert listening not in ports
+        async with await WanProxy.create("127.0.0.1", listening, up=LinkProfile(), listener=http_forward):
+            client = await HttpClient.create(config=HttpConfig())
+            try:
+                status = await client.get_json(f"http://{up['http']}/status")  # through the forward
+            finally:
+                await client.aclose()
+            assert status["peer_id"] == up["peer_id"] and status["listening"]["http"] == up["listening"]["http"]
+            orch = swarm["procs"][0]
+            await asyncio.to_thread(orch.wait_event, lambda e: e["event"] == "peers" and up["peer_id"] in e["peer_ids"],
+                                    timeout_s=30)
+            table = await asyncio.to_thread(gossamer, ["status", "--run", ready["run_id"], "--initial_peers",
+                                                       *ready["maddrs"], "--json"])
+            rows = [row for row in json.loads(table.stdout)["peers"] if row["peer_id"] == up["peer_id"]]
+            assert rows and rows[0]["http_addr"] == up["http"], table.stdout
+    finally:
+        tcp_forward.close()
+        peer.stop()
 
 
 def test_wrong_manifest_signature_refuses_to_join(swarm, tmp_path: Path) -> None:

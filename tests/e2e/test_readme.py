@@ -35,8 +35,10 @@ BIN = Path(sys.executable).parent
 WALKED = {"Identity", "Host a run (orchestrator)", "Join a run (volunteer)", "Train a model together (gossip DiLoCo)",
           "Split learning on private data (TL++)", "TL++ on your own data: declare a model, bring an .npz",
           "BlockTrain: train blocks apart, serve them across hosts",
+          "Long sequences over slow links (compressed context parallelism)",
           "Partial-expert replicas of an MoE LM (FoMoE)", "A local swarm"}
 ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py",
+             "gossamer swarm --preset context": "tests/e2e/test_context.py",
              "gossamer swarm --preset fomoe": "tests/e2e/test_expert_hosts.py"}
 
 
@@ -278,6 +280,27 @@ def test_fomoe_expert_hosts_and_their_coverage(walk_of) -> None:
     rows = re.findall(r"^(\d)\s+([0-9a-f]{12}),([0-9a-f]{12})\s+(\d+)\s*$", shown.stdout, flags=re.M)
     assert [int(row[0]) for row in rows] == list(range(8)) and all(int(row[3]) > 0 for row in rows), shown.stdout
     assert [walk.stop(proc) for proc, _log in hosts] == [0, 0, 0, 0]
+
+
+def test_context_parallel_ring_status_stop_and_resume(walk_of) -> None:
+    walk, commands = walk_of("Long sequences over slow links (compressed context parallelism)")
+    orchestrator, shard, status, preset = commands
+    assert preset in ELSEWHERE
+    walk.owner_started(orchestrator)
+    homes = [walk.home(False) for _ in range(3)]
+    procs = [walk.start(shard, home=home) for home in homes]
+    first, first_log = procs[0]
+    walk.wait_for(first_log, r"step \d+: loss [\d.]+  chunk \d of 3 \(192-token context\)", first, timeout_s=300)
+    shown = walk.run(status)
+    assert shown.returncode == 0 and "ring of 3 chunk(s), 192-token context" in shown.stdout, shown.stdout + shown.stderr
+
+    second, second_log = procs[1]
+    assert walk.stop(second) == 0
+    walk.wait_for(second_log, r"cp-shard: checkpoint written to \S+-state\.safetensors", second)
+    again, again_log = walk.start(shard, home=homes[1])
+    resumed = int(walk.wait_for(again_log, r"resumed from \S+ at step (\d+)", again).group(1))
+    assert resumed >= 1
+    walk.wait_for(again_log, r"step \d+: loss [\d.]+  chunk \d of 3", again)
 
 
 def test_a_local_swarm(walk_of, tmp_path: Path) -> None:

@@ -22,6 +22,11 @@ def test_underscore_and_kebab_flags_are_the_same() -> None:
     assert a == b and a.initial_peers == ("/ip4/1.2.3.4/tcp/5",) and a.http_port == 81
 
 
+def test_announced_ports_are_flags() -> None:
+    config = build_peer_config(None, parse_peer(["--announce-http-port", "8080", "--announce_tcp_port", "9090"]))
+    assert (config.announce_http_port, config.announce_tcp_port, config.http_port) == (8080, 9090, 0)
+
+
 def test_command_line_overrides_toml(tmp_path: Path) -> None:
     path = tmp_path / "peer.toml"
     path.write_text('public-name = "from-file"\njoin_timeout_s = 2.0\nroles = ["learner"]\n')
@@ -35,6 +40,7 @@ def test_roles_accept_commas() -> None:
 
 @pytest.mark.parametrize("options, field", [
     ({"http_port": 70000}, "http_port"),
+    ({"announce_tcp_port": -1}, "announce_tcp_port"),
     ({"join_timeout_s": 0}, "join_timeout_s"),
     ({"device": "tpu"}, "device"),
     ({"host": "not-an-ip"}, "host"),

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from gossamer.transport.errors import TransportError
-from gossamer.transport.wan import LinkProfile, WanProxy
+from gossamer.transport.wan import LinkProfile, WanProxy, listen_socket
 
 TIMEOUT_S = 20.0
 
@@ -99,6 +99,30 @@ async def test_bulk_both_ways_intact_and_half_close_forwarded(echo: EchoServer, 
     assert await asyncio.wait_for(echo.outcomes.get(), TIMEOUT_S) == "eof"
     assert (stats.up.bytes_forwarded, stats.down.bytes_forwarded) == (len(payload), len(payload))
     assert (stats.connections_accepted, stats.connections_reset) == (1, 0)
+
+
+async def test_a_connection_made_before_the_proxy_runs_waits_on_its_listener_and_is_served(echo: EchoServer) -> None:
+    listener = listen_socket("127.0.0.1", 0)  # its port is known (and announced) before the target is
+    payload = random.Random(1).randbytes(100_000)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(*listener.getsockname()[:2]), TIMEOUT_S)
+    writer.write(payload)  # connected (in the backlog) and sent before any proxy exists
+    writer.write_eof()
+
+    async with await WanProxy.create("127.0.0.1", echo.port, up=LinkProfile(), listener=listener) as proxy:
+        received, outcome = await read_all(reader)
+        assert proxy.address == listener.getsockname()[:2]
+        assert proxy.stats.up.bytes_forwarded == len(payload)
+    writer.close()
+
+    assert (received, outcome) == (payload, "eof")
+    assert listener.fileno() == -1  # the proxy owned it and closed it
+
+
+async def test_a_listener_is_closed_when_the_proxy_cannot_start() -> None:
+    listener = listen_socket("127.0.0.1", 0)
+    with pytest.raises(TransportError):
+        await WanProxy.create("no-such-host.invalid", 1, up=LinkProfile(), listener=listener)
+    assert listener.fileno() == -1
 
 
 async def test_round_trip_takes_at_least_twice_the_latency(echo: EchoServer) -> None:

@@ -24,9 +24,14 @@ EVENTS = {
                          ("round", "median", "wait_s")),
     "adopted": EventSchema("the learner downloaded the swarm's state and jumped to its round",
                            ("round", "donors", "why")),
-    "round": EventSchema("one outer round done; its ledger in short",
+    "round": EventSchema("one outer round done; its ledger in short, with its time split (seconds: compute_s "
+                         "inner steps, w1_wait_s / w2_wait_s the waits for parameters / pseudo-gradients, "
+                         "eval_s held-out evaluation, wall_s the whole round), partial (a contribution went "
+                         "unused or a send failed) and problems (the ledger's balance problems; [] when it "
+                         "balances)",
                          ("round", "train_loss", "heldout_loss", "params_from", "pgrads_used", "timed_out",
-                          "rejected", "bytes_sent", "bytes_received", "note", "rounds")),
+                          "rejected", "bytes_sent", "bytes_received", "note", "rounds", "compute_s", "wall_s",
+                          "w1_wait_s", "w2_wait_s", "eval_s", "partial", "problems")),
     "finished": EventSchema("the learner reached hyper.rounds and wrote its checkpoint",
                             ("round", "checkpoint", "sample", "heldout_loss")),
 }

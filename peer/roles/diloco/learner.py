@@ -91,6 +91,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
         self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
+        self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
         self.finished = False
         self.checkpoint_path = ""
         self.series: dict[str, list[list[float]]] = {"train_loss": [], "heldout_loss": []}
@@ -226,6 +227,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         if reason is not None:
             self._late_rejections.setdefault((kind, round), {})[sender] = reason
             return web.json_response({"accepted": False, "reason": reason}, status=409)
+        self._received_bytes[round] = self._received_bytes.get(round, 0) + received.size_bytes
         return web.json_response({"accepted": True})
 
     def _expected(self, kind: str, round: int) -> Mapping[str, torch.Tensor]:
@@ -264,7 +266,10 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                  heldout_loss=ledger.heldout_loss, params_from=len(ledger.params.arrived),
                  pgrads_used=len(ledger.pseudo_gradients.used), timed_out=ledger.pseudo_gradients.timed_out,
                  rejected=ledger.pseudo_gradients.rejected, bytes_sent=ledger.bytes_sent,
-                 bytes_received=ledger.bytes_received, note=ledger.note, rounds=self.settings.rounds)
+                 bytes_received=ledger.bytes_received, note=ledger.note, rounds=self.settings.rounds,
+                 compute_s=ledger.compute_s, wall_s=ledger.wall_s, w1_wait_s=ledger.w1_wait_s,
+                 w2_wait_s=ledger.w2_wait_s, eval_s=ledger.eval_s, partial=ledger.partial(),
+                 problems=ledger.balance_problems())
             await self._round_done(ledger)
         await self._finish()
 
@@ -292,7 +297,9 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.train_loss = await asyncio.to_thread(self._inner_phase)
         ledger.compute_s = time.monotonic() - compute_started
         d = self.replica.end_inner()
+        waited = time.monotonic()
         arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
+        ledger.w1_wait_s = time.monotonic() - waited
         self._settle(ledger.params, "params", t, arrived)
         ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
         m, u_mixed = self._mix1(x, u, arrived, weights=w1, me=me, learners=learners)
@@ -300,14 +307,21 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         if sent_d is not None:  # None: a Byzantine learner (--attack withhold) that never sends
             sending.append(asyncio.create_task(self._send_all(
                 "pgrad", t, self.aggregator.subset_of(sent_d, round=t), n2, ledger.pseudo_gradients, ledger)))
+        waited = time.monotonic()
         arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
+        ledger.w2_wait_s = time.monotonic() - waited
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
                                             ledger=ledger.pseudo_gradients, round=t)
         ledger.note = self.aggregator.note
         self.replica.finish_round(m, d_mixed, u_mixed)
         await self._drain(sending)
+        evaluated = time.monotonic()
         ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
+        ledger.eval_s = time.monotonic() - evaluated
+        ledger.bytes_received = self._received_bytes.pop(t, 0)
+        for old in [r for r in self._received_bytes if r < t]:
+            del self._received_bytes[old]
         ledger.wall_s = time.monotonic() - started
         return ledger
 

@@ -33,7 +33,7 @@ from gossamer.peer.kit.settings import setting
 from gossamer.protocols.diloco import DilocoConfig
 from gossamer.protocols.mixing import MixingPlan
 from gossamer.protocols.models import ModelConfig
-from gossamer.protocols.robust import AGGREGATORS
+from gossamer.protocols.robust import AGGREGATORS, DEFAULT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +43,7 @@ class DilocoSettings:
     model: ModelConfig = setting(table="model", key="*", default_factory=ModelConfig)
     diloco: DilocoConfig = setting(table="hyper.diloco", key="*", default_factory=DilocoConfig)
     mixing: MixingPlan = setting(table="hyper.mixing", key="*", default_factory=MixingPlan)
-    aggregator: str = setting("centered_clipping", table="hyper.aggregator", key="name", choices=tuple(AGGREGATORS))
+    aggregator: str = setting(DEFAULT, table="hyper.aggregator", key="name", choices=tuple(AGGREGATORS))
     aggregator_params: dict[str, Any] = setting(table="hyper.aggregator", rest=True, default_factory=dict)
     data_source: str = setting("builtin:pydoc", table="data", key="source")
     heldout_fraction: float = setting(0.05, table="data", above=0.0, below=1.0)

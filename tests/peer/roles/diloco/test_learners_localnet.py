@@ -52,6 +52,13 @@ async def test_three_learners_mix_in_every_round_and_stay_identical(tmp_path: Pa
                 assert ledger.params.balance_problems() == [] and ledger.pseudo_gradients.balance_problems() == []
             losses = [ledger.heldout_loss for ledger in role.history]
             assert losses[-1] < losses[0], losses
+        for t in range(ROUNDS):  # nothing lost on the wire: what all sent for round t is what all accepted
+            ledgers = [role.history.get(t) for role in roles]
+            assert sum(lg.bytes_sent for lg in ledgers) == sum(lg.bytes_received for lg in ledgers) > 0
+            for lg in ledgers:
+                parts = (lg.compute_s, lg.w1_wait_s, lg.w2_wait_s, lg.eval_s)
+                assert all(part >= 0 for part in parts) and lg.compute_s > 0 and sum(parts) <= lg.wall_s, lg
+                assert not lg.partial() and lg.balance_problems() == []
         first = flat_parameters(roles[0].replica.module)
         for role in roles[1:]:
             other = flat_parameters(role.replica.module)
@@ -71,9 +78,11 @@ async def test_a_learner_whose_inbox_fails_for_a_round_times_out_there_and_goes_
         round1 = roles[2].history.get(1)
         assert round1 is not None
         assert round1.pseudo_gradients.used == [] and round1.pseudo_gradients.timed_out == others
+        assert round1.partial()
         for role in roles[:2]:
             sent = role.history.get(1).pseudo_gradients  # type: ignore[union-attr]
             assert roles[2].peer_id in sent.send_failures, sent.to_json()
+            assert role.history.get(1).partial() and not role.history.get(0).partial()  # type: ignore[union-attr]
         for role in roles:
             assert role.finished and role.round == ROUNDS
             for ledger in role.history:

@@ -1,0 +1,89 @@
+"""The emulated links of ``wan_training.py``: ``WanProxy`` instances on one asyncio loop in a
+background thread of the benchmark process, created and read from the (synchronous) coordinator.
+
+Every peer's listening ports (gossamer's HTTP, TCP and DHT; hivemind's p2pd) sit behind a proxy
+whose port the peer announces instead of its own, so every connection any peer opens to another
+crosses exactly one emulated link, in both directions. A proxy's listener is opened before its
+peer starts (``reserve``: the port goes into the peer's flags) and handed to the proxy once the
+peer says where it listens (``connect``); connections made in between wait in the backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from dataclasses import dataclass
+
+from gossamer.transport.wan import LinkProfile, WanProxy, listen_socket
+
+CALL_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for p2pd, which needs its port up front)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Reserved:
+    """A listener opened for a proxy whose target is not known yet."""
+
+    listener: socket.socket
+
+    @property
+    def port(self) -> int:
+        return self.listener.getsockname()[1]
+
+
+class Links:
+    """Proxies shaped by ``profile`` (both directions), each in front of one peer's port."""
+
+    def __init__(self, profile: LinkProfile) -> None:
+        self.profile = profile
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="wan-links", daemon=True)
+        self._thread.start()
+        self._proxies: list[WanProxy] = []
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(CALL_TIMEOUT_S)
+
+    def reserve(self) -> Reserved:
+        return Reserved(listen_socket("127.0.0.1", 0))
+
+    def connect(self, reserved: Reserved, target_port: int) -> WanProxy:
+        """Start forwarding ``reserved``'s connections to 127.0.0.1:target_port through the link."""
+        proxy = self._call(WanProxy.create("127.0.0.1", target_port, up=self.profile, listener=reserved.listener,
+                                           max_connections=256))
+        self._proxies.append(proxy)
+        return proxy
+
+    def wire_bytes(self) -> int:
+        """Bytes forwarded by every proxy so far, both directions."""
+        async def total() -> int:
+            return sum(p.stats.up.bytes_forwarded + p.stats.down.bytes_forwarded for p in self._proxies)
+        return self._call(total())
+
+    def stats(self) -> dict[str, int]:
+        """Connections accepted, reset, refused and failed (target unreachable) over every proxy."""
+        async def collect() -> dict[str, int]:
+            fields = ("connections_accepted", "connections_reset", "connections_refused", "connections_failed")
+            return {name: sum(getattr(p.stats, name) for p in self._proxies) for name in fields}
+        return self._call(collect())
+
+    def close_proxies(self) -> None:
+        """Close every proxy made so far (the loop keeps running for the next arm's)."""
+        proxies, self._proxies = self._proxies, []
+
+        async def close() -> None:
+            await asyncio.gather(*(p.aclose() for p in proxies))
+        self._call(close())
+
+    def close(self) -> None:
+        self.close_proxies()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(CALL_TIMEOUT_S)
+        self._loop.close()

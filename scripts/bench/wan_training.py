@@ -1,0 +1,366 @@
+#!/usr/bin/env python3
+"""Training over emulated WAN links, measured end to end: gossamer learners vs hivemind.Optimizer.
+
+Every arm trains the same ByteTransformer (same initialisation seed) on ``builtin:pydoc`` with
+``--peers`` peer processes, one torch thread each, for ``--budget_s`` seconds of wall-clock time
+after every peer of the arm is up. Each peer keeps its own shard and batch stream in every arm
+(shard index and sampler seed come from the peer's gossamer identity, made once and reused), and
+the same inner AdamW (lr, betas, weight decay, gradient clipping). Arms, one after the other:
+
+- ``gossamer_diloco``: real ``gossamer peer --roles learner`` daemons of one run (an orchestrator
+  publishes the manifest), DiLoCo: W1 = W2 = global, H inner steps per round, mean aggregator,
+  the manifest's defaults otherwise (heartbeat 5 s, W1 grace 2 s, W2 deadline 15 s);
+- ``gossamer_gossip``: the same daemons, gossip DiLoCo with EXPERIMENTS.md's best variant (g):
+  W1 ring, W2 ring on the embeddings + first layer + head;
+- ``hivemind_sync``: hivemind 1.1.12 ``Optimizer``, synchronous large batch (gradients accumulated
+  to ``peers x batch x --sync_accumulate`` samples, then all-reduced);
+- ``hivemind_local``: ``Optimizer(use_local_updates=True)``, parameters averaged in the
+  background every ``peers x batch x H`` samples (DiLoCo's communication period).
+
+Links: every port a peer listens on (gossamer's HTTP, TCP and DHT; hivemind's p2pd) is behind its
+own ``WanProxy`` in this process (``--mbit`` each direction, ``--latency_ms`` one way), and the
+peer announces the proxy's port instead of its own (gossamer: ``--announce_http_port``,
+``--announce_tcp_port``, ``--announce_maddrs``; hivemind: ``announce_maddrs``). So every
+connection between two peers crosses one emulated link, and each connection is shaped on its own
+(a mesh of pair links, not a shared access link). The orchestrator's DHT is not behind a proxy.
+
+Measured per peer: held-out loss samples against wall-clock time (gossamer: every round;
+hivemind: after a new epoch, at most every ``--eval_every_s``), compute utilisation = time in
+inner steps / (wall - evaluation) over the rounds or steps completed, the blocking share (W1/W2
+waits; hivemind's epoch-starting ``opt.step``), rounds that ended partial and ledger balance
+problems (gossamer; hivemind: failure lines in its log), and the bytes every proxy forwarded.
+Writes JSON with every sample and a PNG of loss against wall-clock time::
+
+    nice -n 10 .venv/bin/python scripts/bench/wan_training.py [--peers 3] [--budget_s 120] [--mbit 100]
+        [--latency_ms 50] [--arms gossamer_diloco gossamer_gossip hivemind_sync hivemind_local]
+        [--json scripts/bench/results/wan_training.json] [--report_only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import machine_info, write_json
+from _wan_links import Links, free_port
+from _wan_training_report import plot, render, summarise
+
+from gossamer.crypto.identity import Identity
+from gossamer.peer.testing.localproc import GossamerProcess
+from gossamer.protocols.diloco import DilocoConfig
+from gossamer.protocols.models import ModelConfig, build_model
+from gossamer.protocols.text_data import evaluate, load_text, split_text
+from gossamer.transport.wan import LinkProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ARMS = ("gossamer_diloco", "gossamer_gossip", "hivemind_sync", "hivemind_local")
+W2_SUBSET = ["embed", "pos", "blocks.0", "norm_f", "head"]  # EXPERIMENTS.md's subset: embeddings + layer0 + head
+FAILURE_WORDS = {"gossamer": ("ERROR", "Traceback"),
+                 "hivemind": ("failed", "Failed", "timed out", "TimeoutError", "Traceback", "Exception")}
+START_TIMEOUT_S = 240.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    peers: int
+    budget_s: float
+    mbit: float
+    latency_ms: float
+    d_model: int
+    n_layers: int
+    n_heads: int
+    context: int
+    batch_size: int
+    inner_steps: int
+    sync_accumulate: int
+    eval_batches: int
+    eval_every_s: float
+    seed: int
+
+    @property
+    def model(self) -> dict[str, int]:
+        return {"d_model": self.d_model, "n_layers": self.n_layers, "n_heads": self.n_heads, "context": self.context}
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    path: Path
+    peer_id: str
+    shard: int
+    sampler_seed: int
+
+
+def make_identities(work: Path, count: int) -> list[PeerIdentity]:
+    """``count`` identities whose shard indices (peer id mod count, as a learner computes it) differ."""
+    made: list[PeerIdentity] = []
+    attempt = 0
+    while len(made) < count:
+        path = work / f"peer{attempt}.pem"
+        peer_id = Identity.create(path).peer_id
+        attempt += 1
+        shard_index = int(peer_id[:8], 16) % count
+        if shard_index not in {p.shard for p in made}:
+            made.append(PeerIdentity(path, peer_id, shard_index, int(peer_id[:15], 16)))
+    return made
+
+
+# --- gossamer arms --------------------------------------------------------------------------------
+
+
+RUN_TOML = """
+[run]
+name = "wan-{arm}"
+protocol = "diloco"
+[model]
+{model}
+[data]
+source = "builtin:pydoc"
+[hyper]
+rounds = 0
+batch_size = {batch_size}
+seed = {seed}
+num_shards = {peers}
+eval_batches = {eval_batches}
+min_learners = {peers}
+[hyper.diloco]
+inner_steps = {inner_steps}
+[hyper.mixing]
+{mixing}
+[hyper.aggregator]
+name = "mean"
+"""
+MIXING = {"gossamer_diloco": 'w1 = "global"\nw2 = "global"',
+          "gossamer_gossip": f'w1 = "ring"\nw2 = "ring"\nw2_subset = {json.dumps(W2_SUBSET)}'}
+
+
+def run_gossamer(arm: str, s: Settings, work: Path, links: Links, ids: list[PeerIdentity]) -> dict[str, Any]:
+    model = "\n".join(f"{k} = {v}" for k, v in s.model.items())
+    (work / "run.toml").write_text(RUN_TOML.format(arm=arm, model=model, batch_size=s.batch_size, seed=s.seed,
+                                                   peers=s.peers, eval_batches=s.eval_batches,
+                                                   inner_steps=s.inner_steps, mixing=MIXING[arm]))
+    orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", "--host",
+                            "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--identity_path",
+                            str(work / "owner.pem")], log_path=work / "orchestrator.log")
+    procs: list[GossamerProcess] = []
+    try:
+        ready = orch.wait_ready(timeout_s=START_TIMEOUT_S)
+        fronts = []
+        for i, ident in enumerate(ids):
+            http, tcp, dht = links.reserve(), links.reserve(), links.reserve()
+            dht_port = free_port()
+            links.connect(dht, dht_port)
+            procs.append(GossamerProcess(
+                ["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--roles", "learner",
+                 "--events", "--host", "127.0.0.1", "--host_maddrs", f"/ip4/127.0.0.1/tcp/{dht_port}",
+                 "--announce_maddrs", f"/ip4/127.0.0.1/tcp/{dht.port}", "--announce_http_port", str(http.port),
+                 "--announce_tcp_port", str(tcp.port), "--threads", "1", "--identity_path", str(ident.path),
+                 "--checkpoint_dir", str(work / "checkpoints"), "--checkpoint_every", "0"],
+                log_path=work / f"learner{i}.log"))
+            fronts.append((http, tcp))
+        for proc, (http, tcp) in zip(procs, fronts, strict=True):
+            listening = proc.wait_ready(timeout_s=START_TIMEOUT_S)["listening"]
+            links.connect(http, int(listening["http"].rsplit(":", 1)[1]))
+            links.connect(tcp, int(listening["tcp"].rsplit(":", 1)[1]))
+        t0 = time.time()
+        events = collect(procs, until=t0 + s.budget_s, stop_when=lambda _events: False)
+    finally:
+        codes = [proc.stop() for proc in procs]
+        orch.stop()
+    peers = []
+    for i, (ident, proc_events, code) in enumerate(zip(ids, events, codes, strict=True)):
+        rounds = [e for e in proc_events if e["event"] == "diloco.round"]
+        peers.append({
+            "peer_id": ident.peer_id, "shard": ident.shard, "exit_code": code,
+            "samples": [[e["read_wall_time"] - t0, e["heldout_loss"]] for e in rounds],
+            "rounds": [{k: e[k] for k in ("round", "heldout_loss", "train_loss", "compute_s", "wall_s", "w1_wait_s",
+                                          "w2_wait_s", "eval_s", "bytes_sent", "bytes_received", "partial",
+                                          "problems", "params_from", "pgrads_used", "timed_out")}
+                       | {"t": e["read_wall_time"] - t0} for e in rounds],
+            "compute_s": sum(e["compute_s"] for e in rounds),
+            "blocking_s": sum(e["w1_wait_s"] + e["w2_wait_s"] for e in rounds),
+            "eval_s": sum(e["eval_s"] for e in rounds), "wall_s": sum(e["wall_s"] for e in rounds),
+            "first_round_at_s": rounds[0]["read_wall_time"] - t0 - rounds[0]["wall_s"] if rounds else None,
+            "partial_rounds": sum(bool(e["partial"]) for e in rounds),
+            "unbalanced_rounds": sum(bool(e["problems"]) for e in rounds),
+            "app_bytes_sent": sum(e["bytes_sent"] for e in rounds),
+            "other_events": [e for e in proc_events if e["event"] not in ("diloco.round", "peers")][:50],
+            **failure_lines(work / f"learner{i}.log", FAILURE_WORDS["gossamer"]),
+        })
+    return {"t0": t0, "peers": peers}
+
+
+# --- hivemind arms --------------------------------------------------------------------------------
+
+
+def run_hivemind(arm: str, s: Settings, work: Path, links: Links, ids: list[PeerIdentity]) -> dict[str, Any]:
+    mode = arm.removeprefix("hivemind_")
+    per_epoch = s.sync_accumulate if mode == "sync" else s.inner_steps
+    inner = DilocoConfig()  # the learners' inner AdamW: the gossamer arms use its defaults too
+    common = ["--mode", mode, "--run_id", f"wan_{arm}", "--model", json.dumps(s.model), "--seed", str(s.seed),
+              "--num_shards", str(s.peers), "--batch_size", str(s.batch_size),
+              "--target_batch_size", str(s.peers * s.batch_size * per_epoch), "--inner_lr", str(inner.inner_lr),
+              "--weight_decay", str(inner.inner_weight_decay), "--betas", *map(str, inner.inner_betas),
+              "--grad_clip", str(inner.grad_clip), "--heldout_fraction", "0.05",
+              "--eval_batches", str(s.eval_batches), "--eval_every_s", str(s.eval_every_s),
+              "--matchmaking_time_s", "5.0", "--averaging_timeout_s", "60.0"]
+    procs: list[GossamerProcess] = []
+    initial: list[str] = []
+    try:
+        for i, ident in enumerate(ids):
+            front, host_port = links.reserve(), free_port()
+            links.connect(front, host_port)
+            procs.append(GossamerProcess(
+                [*common, "--host_port", str(host_port), "--announce_port", str(front.port), "--shard",
+                 str(ident.shard), "--sampler_seed", str(ident.sampler_seed), "--initial_peers", *initial],
+                program=[sys.executable, str(HERE / "_wan_hivemind_peer.py")], log_path=work / f"hivemind{i}.log",
+                stdin=subprocess.PIPE))
+            if i == 0:  # the others join the first one's DHT (through its link)
+                initial = procs[0].wait_ready(timeout_s=START_TIMEOUT_S)["maddrs"]
+        for proc in procs[1:]:
+            proc.wait_ready(timeout_s=START_TIMEOUT_S)
+        t0 = time.time()
+        for proc in procs:
+            assert proc.proc.stdin is not None
+            proc.proc.stdin.write(f"{s.budget_s}\n".encode())
+            proc.proc.stdin.flush()
+        events = collect(procs, until=t0 + s.budget_s + 120.0,
+                         stop_when=lambda evs: all(any(e["event"] == "done" for e in pe) for pe in evs))
+    finally:
+        codes = [stop_after_exit(proc) for proc in procs]
+    peers = []
+    for i, (ident, proc_events, code) in enumerate(zip(ids, events, codes, strict=True)):
+        evals = [e for e in proc_events if e["event"] == "eval"]
+        done = next((e for e in proc_events if e["event"] == "done"), None)
+        peers.append({
+            "peer_id": ident.peer_id, "shard": ident.shard, "exit_code": code,
+            "samples": [[e["wall_time"] - t0, e["heldout_loss"]] for e in evals],
+            "evals": evals, "done": done,
+            "compute_s": done["compute_s"] if done else 0.0, "blocking_s": done["blocking_s"] if done else 0.0,
+            "eval_s": done["eval_s"] if done else 0.0, "wall_s": done["wall_s"] if done else 0.0,
+            "epochs": done["epochs"] if done else 0, "steps": done["steps"] if done else 0,
+            **failure_lines(work / f"hivemind{i}.log", FAILURE_WORDS["hivemind"]),
+        })
+    return {"t0": t0, "peers": peers}
+
+
+# --- driving --------------------------------------------------------------------------------------
+
+
+def collect(procs: list[GossamerProcess], *, until: float, stop_when) -> list[list[dict[str, Any]]]:
+    """Every event of every process until the wall-clock time ``until`` or ``stop_when(events)``."""
+    events: list[list[dict[str, Any]]] = [[] for _ in procs]
+    while time.time() < until and not stop_when(events):
+        open_pipes = [p.proc.stdout for p in procs if p.proc.stdout is not None and p.proc.poll() is None]
+        if open_pipes:
+            select.select(open_pipes, [], [], max(0.0, min(0.5, until - time.time())))
+        else:
+            time.sleep(max(0.0, min(0.5, until - time.time())))  # all exited: nothing to wait on but the clock
+        for proc, proc_events in zip(procs, events, strict=True):
+            proc_events.extend(proc.drain())
+    for proc, proc_events in zip(procs, events, strict=True):
+        proc_events.extend(proc.drain())
+    return events
+
+
+def stop_after_exit(proc: GossamerProcess, grace_s: float = 30.0) -> int:
+    """Give a process that printed ``done`` time to shut its DHT and averager down, then stop it."""
+    try:
+        proc.proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    return proc.stop()
+
+
+def failure_lines(log: Path, words: tuple[str, ...]) -> dict[str, Any]:
+    """How many lines of a peer's log report a failure, and the first few."""
+    lines = [line[:300] for line in log.read_text(errors="replace").splitlines() if any(w in line for w in words)]
+    return {"failure_log_lines": len(lines), "failure_examples": lines[:5]}
+
+
+def untrained_loss(s: Settings) -> float:
+    """Held-out loss of the shared initialisation (every arm's start), the trivial baseline."""
+    config = ModelConfig.from_dict(s.model)
+    split = split_text(load_text("builtin:pydoc"), heldout_fraction=0.05)
+    return evaluate(build_model(config, seed=s.seed), split.heldout, context=config.context,
+                    max_batches=s.eval_batches, device="cpu")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--peers", type=int, default=3)
+    parser.add_argument("--budget_s", type=float, default=120.0)
+    parser.add_argument("--mbit", type=float, default=100.0)
+    parser.add_argument("--latency_ms", type=float, default=50.0)
+    parser.add_argument("--d_model", type=int, default=256)
+    parser.add_argument("--n_layers", type=int, default=4)
+    parser.add_argument("--n_heads", type=int, default=4)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--inner_steps", type=int, default=8, help="H (DiLoCo) and the local-updates period")
+    parser.add_argument("--sync_accumulate", type=int, default=0,
+                        help="hivemind sync: micro-batches per peer per global step (0: H, DiLoCo's period)")
+    parser.add_argument("--eval_batches", type=int, default=1)
+    parser.add_argument("--eval_every_s", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, default=None, help="folder for logs (default: a temporary one)")
+    parser.add_argument("--json", type=Path, default=ROOT / "scripts/bench/results/wan_training.json")
+    parser.add_argument("--report_only", action="store_true",
+                        help="re-summarise and re-plot --json from its samples, without running anything")
+    args = parser.parse_args()
+    if args.report_only:
+        report = json.loads(args.json.read_text())
+        report["summary"] = summarise(report)
+        write_json(args.json, report)
+        plot(report, args.json.with_suffix(".png"))
+        print(render(report))
+        return 0
+    args.sync_accumulate = args.sync_accumulate or args.inner_steps
+    s = Settings(**{k: getattr(args, k) for k in Settings.__dataclass_fields__})
+    torch.set_num_threads(1)
+    work = args.work or Path(tempfile.mkdtemp(prefix="wan_training_"))
+    work.mkdir(parents=True, exist_ok=True)
+    ids = make_identities(work, s.peers)
+    baseline = untrained_loss(s)
+    n_params = sum(p.numel() for p in build_model(ModelConfig.from_dict(s.model), seed=s.seed).parameters())
+    links = Links(LinkProfile.from_mbit(s.mbit, s.latency_ms))
+    arms: dict[str, Any] = {}
+    try:
+        for arm in args.arms:
+            arm_work = work / arm
+            arm_work.mkdir(exist_ok=True)
+            load_before = os.getloadavg()
+            print(f"[{arm}] starting ({s.peers} peers, {s.budget_s:.0f} s)", file=sys.stderr, flush=True)
+            run = run_gossamer if arm.startswith("gossamer") else run_hivemind
+            result = run(arm, s, arm_work, links, ids)
+            result.update(wire_bytes=links.wire_bytes(), proxy=links.stats(),
+                          load_before=load_before, load_after=os.getloadavg())
+            links.close_proxies()
+            arms[arm] = result
+            print(f"[{arm}] done; logs in {arm_work}", file=sys.stderr, flush=True)
+    finally:
+        links.close()
+    report = {"settings": asdict(s), "parameters": n_params, "model_mb_fp32": n_params * 4 / 1e6,
+              "untrained_loss": baseline, "machine": machine_info(), "arms": arms}
+    report["summary"] = summarise(report)
+    write_json(args.json, report)
+    png = args.json.with_suffix(".png")
+    plot(report, png)
+    print(render(report))
+    print(f"\nJSON: {args.json}\nPNG: {png}\nlogs: {work}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Context parallelism through the CLI on 127.0.0.1: ``gossamer orchestrator`` and four ``gossamer
+peer --roles cp-shard`` processes form a ring (shards that start later join it at a step
+boundary) of four and train (the loss falls); one shard is
+SIGKILLed mid-run: the leader's ledger names it (an aborted step, or a plan or update it could not
+deliver), no process hangs, and the three survivors go on as a ring of three with a shorter
+context to the end of the run, each exiting by itself. And the ``context`` preset, run as README.md
+shows it."""
+
+from __future__ import annotations
+
+import re
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+STEPS = 40
+CHUNK = 32
+RUN = f"""
+[run]
+name = "ring"
+protocol = "context"
+heartbeat_s = 1.0
+[model]
+d_model = 32
+n_layers = 2
+n_heads = 2
+context = 128
+[model.subspace]
+rank = 2
+[hyper]
+chunk_tokens = {CHUNK}
+batch_size = 4
+min_shards = 2
+steps = {STEPS}
+lr = 0.01
+step_timeout_s = 15.0
+plan_timeout_s = 15.0
+"""
+
+
+def start(work: Path, name: str, args: list[str]) -> GossamerProcess:
+    return GossamerProcess([*args, "--events", *LOOPBACK, "--threads", "1", "--identity_path", str(work / f"{name}.pem"),
+                            "--checkpoint_dir", str(work / "ckpt")], log_path=work / f"{name}.log")
+
+
+def named(ledger: dict, peer_id: str) -> bool:
+    return peer_id in ledger["suspects"] or peer_id in ledger["reduce"]["send_failures"]
+
+
+def next_event(leader: GossamerProcess, others: list[GossamerProcess], *kinds: str, timeout_s: float) -> dict:
+    """The leader's next event of ``kinds``; the other shards' events are read meanwhile (they
+    are queued, so no shard ever blocks on a full stdout pipe)."""
+    for shard in others:
+        shard.pump()
+    return leader.wait_event(lambda e: e["event"] in kinds, timeout_s=timeout_s)
+
+
+def test_four_shards_train_and_the_survivors_of_a_kill_go_on_shorter(tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(RUN)
+    orch = start(tmp_path, "orch", ["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm"])
+    shards: list[GossamerProcess] = []
+    try:
+        ready = orch.wait_ready()
+        join = ["--run", ready["run_id"], "--initial_peers", *ready["maddrs"]]
+        shards = [start(tmp_path, f"shard{i}", ["peer", *join, "--roles", "cp-shard"]) for i in range(4)]
+        ids = [shard.wait_ready()["peer_id"] for shard in shards]
+        leader = shards[ids.index(min(ids))]
+        others = [shard for shard in shards if shard is not leader]
+        early = [next_event(leader, others, "context.step", timeout_s=120)]
+        while len([e for e in early if e["chunks"] == 4]) < 5:  # the others join at step boundaries
+            early.append(next_event(leader, others, "context.step", timeout_s=60))
+        assert early[-1]["members"] == sorted(ids) and early[-1]["context"] == 4 * CHUNK
+
+        dead = sorted(ids)[2]
+        victim = shards[ids.index(dead)]
+        victim.stop(signal.SIGKILL)
+        survivors = [shard for shard in others if shard is not victim]
+        after = [next_event(leader, survivors, "context.step", "context.aborted", "context.finished", timeout_s=120)]
+        while after[-1]["event"] != "context.finished":
+            after.append(next_event(leader, survivors, "context.step", "context.aborted", "context.finished",
+                                    timeout_s=120))
+        finished = after.pop()
+
+        assert any(named(ledger, dead) for ledger in after), [e["event"] for e in after]
+        assert all(e["applied"] is False and e["aborted"] for e in after if e["event"] == "context.aborted")
+        applied = [e for e in after if e["event"] == "context.step"]
+        assert [e["step"] for e in early + applied] == list(range(early[0]["step"], STEPS))  # it may have joined late
+        last = applied[-1]
+        assert last["chunks"] == 3 and last["context"] == 3 * CHUNK and dead not in last["members"]
+        losses = [e["loss"] for e in early + applied]
+        assert statistics.mean(losses[-5:]) < statistics.mean(losses[:5]) - 0.5, losses
+        assert finished["step"] == STEPS and Path(finished["checkpoint"]).is_file()
+        for shard in [leader, *survivors]:
+            if shard is not leader:
+                assert shard.wait_event(lambda e: e["event"] == "context.finished", timeout_s=120)["step"] == STEPS
+            assert shard.proc.wait(timeout=60) == 0, "a shard exits by itself once it finished"
+    finally:
+        for proc in [*shards, orch]:
+            proc.stop()
+
+
+def test_the_context_preset_trains_a_ring_of_four_and_exits_cleanly(tmp_path: Path) -> None:
+    """``gossamer swarm --preset context``, as README.md shows it."""
+    result = subprocess.run([sys.executable, "-m", "gossamer.peer.cli", "swarm", "--preset", "context", "--workdir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 0, out[-5000:] + result.stderr[-3000:]
+    assert "the run is finished (all 4 peers)" in out and "stopped 5 process(es) cleanly" in out
+    steps = [(int(step), float(loss), int(chunks)) for step, loss, chunks in
+             re.findall(r"step (\d+): loss (\d+\.\d+)  chunk \d of (\d) \(\d+-token context\).*\(leader\)", out)]
+    assert [step for step, _, _ in steps] == list(range(steps[0][0], 60)) and steps[-1][2] == 4, steps
+    losses = [loss for _, loss, _ in steps]
+    assert statistics.mean(losses[-5:]) < statistics.mean(losses[:5]) - 1.0, losses
+    heldout = [float(x) for x in re.findall(r"finished at step 60: held-out loss (\d+\.\d+) at 256 tokens", out)]
+    assert len(heldout) == 4 and len(set(heldout)) == 1, heldout  # one model on every shard
+    assert len(list((tmp_path / "checkpoints").glob("context-demo-*-step60.safetensors"))) == 4
