@@ -123,18 +123,21 @@ def test_sigkilled_peer_disappears_within_ttl_and_sigterm_leaves_no_p2pd(swarm) 
                                        "--events", *LOOPBACK, "--identity_path", str(spare), "--public_name", name],
                                       log_path=swarm["work"] / f"{name}.log")
                       for name, spare in zip(("killed", "leaver"), swarm["spares"], strict=True))
-    swarm["procs"].extend((killed, leaver))
-    killed.wait_ready()
-    leaver.wait_ready()
-    orch.wait_peer_count(5, timeout_s=30)
-    killed.stop(signal.SIGKILL)
-    orch.wait_peer_count(4, timeout_s=3 * 1.0 + 20)  # TTL = 3 heartbeats, plus refreshes and DHT slack
+    try:
+        killed.wait_ready()
+        leaver.wait_ready()
+        orch.wait_peer_count(5, timeout_s=30)
+        killed.stop(signal.SIGKILL)
+        orch.wait_peer_count(4, timeout_s=3 * 1.0 + 20)  # TTL = 3 heartbeats, plus refreshes and DHT slack
 
-    p2pd = leaver.children()
-    assert p2pd, "a running daemon has its p2pd child"
-    assert leaver.stop(signal.SIGTERM) == 0
-    assert not [pid for pid in p2pd if alive(pid)], "p2pd outlived its daemon"
-    orch.wait_peer_count(3, timeout_s=30)  # a clean exit withdraws the record at once
+        p2pd = leaver.children()
+        assert p2pd, "a running daemon has its p2pd child"
+        assert leaver.stop(signal.SIGTERM) == 0
+        assert not [pid for pid in p2pd if alive(pid)], "p2pd outlived its daemon"
+        orch.wait_peer_count(3, timeout_s=30)  # a clean exit withdraws the record at once
+    finally:  # the other tests of the module see the three peers of the fixture
+        killed.stop(signal.SIGKILL)
+        leaver.stop()
 
 
 async def test_a_peer_behind_a_port_forward_announces_the_forward_and_is_reached_through_it(swarm) -> None:

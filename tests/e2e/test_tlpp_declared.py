@@ -77,16 +77,21 @@ def test_a_declared_model_trains_on_28x28_npz_files_brought_by_the_data_owners(t
     assert normalized["mean"] == pytest.approx([union.mean()], abs=1e-6)
     assert normalized["std"] == pytest.approx([union.std()], abs=1e-6)
     assert [e["step"] for e in steps] == list(range(STEPS)) and all(e["mode"] == mode for e in steps)
-    for e in steps:  # every step applies a gradient, and accounts for each node it planned
-        assert e["applied"] and sorted([*e["used"], *e["rejected"]]) == node_ids, e
+    for e in steps:  # a step applies a gradient when it used a node, and accounts for each node it planned
+        # (a node dropped from a step leaves the schedule until the epoch ends: a later step may plan one)
+        assert e["applied"] == bool(e["used"]) and sorted([*e["used"], *e["rejected"]]) == sorted(e["expected"]), e
+        assert set(e["expected"]) <= set(node_ids), e
     if mode == "base":
         assert all(e["used"] == node_ids for e in steps), steps
     else:  # a node whose share 1 lost the race with the helper's wait (e.g. at step 0, before it saw the
         # helper) is left out of that step, never half-used; both nodes train
         assert all("the helper holds no matching activation share" in r for e in steps for r in e["rejected"].values())
         assert set().union(*(e["used"] for e in steps)) == set(node_ids), steps
-    assert finished["step"] == STEPS and finished["applied_steps"] == STEPS
-    assert finished["test_loss"] < steps[0]["loss"], (steps[0]["loss"], finished["test_loss"])
+    applied = [e for e in steps if e["applied"]]
+    assert finished["step"] == STEPS and finished["applied_steps"] == len(applied)
+    if mode == "base":
+        assert len(applied) == STEPS
+    assert finished["test_loss"] < applied[0]["loss"], (applied[0]["loss"], finished["test_loss"])
     checkpoint = load_file(finished["checkpoint"])
     assert checkpoint["0.0.std"].flatten().tolist() == pytest.approx([union.std()], rel=1e-6)
     assert checkpoint["1.0.weight"].shape == (16, 8, 3, 3) and checkpoint["2.1.weight"].shape == (32, 16 * 7 * 7)

@@ -22,8 +22,8 @@ STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_fai
                "mode", "planned", "samples", "loss", "accuracy", "applied", "note", "bytes_sent", "bytes_received",
                "wall_s")  # a StepLedger's fields (a test checks they are)
 EVENTS = {
-    "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper)",
-                           ("nodes", "wanted", "helpers")),
+    "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper that sees them live: "
+                           "helper_sees, null until a helper was asked)", ("nodes", "wanted", "helpers", "helper_sees")),
     "normalized": EventSchema("the input normalisation pooled from the nodes' per-channel counts and sums",
                               ("nodes", "samples", "mean", "std")),
     "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
@@ -48,7 +48,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
         return (f"finished after {e['step']} steps: test loss {e['test_loss']:.3f}, accuracy "
                 f"{e['test_accuracy']:.3f}; checkpoint {e['checkpoint']}")
     if event == "waiting":
-        return f"waiting for nodes: {e['nodes']} of {e['wanted']} live, {e['helpers']} helper(s)"
+        seen = "" if e["helper_sees"] is None else f", the helper sees {e['helper_sees']}"
+        return f"waiting for nodes: {e['nodes']} of {e['wanted']} live, {e['helpers']} helper(s){seen}"
     if event == "normalized":
         return f"input normalisation from {len(e['nodes'])} node(s), {e['samples']} samples"
     if event == "error":

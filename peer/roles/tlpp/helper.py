@@ -14,7 +14,9 @@ manifest owner) with what is computed share-wise on them:
   waiting likewise and answering which nodes it summed (a node whose push failed is left out);
   only the orchestrator can add its own summed share and reconstruct the sum, never a single
   node's part.
-- ``ping``: is the helper there (an empty round trip).
+- ``ping`` {nodes}: which of the named nodes the helper sees as live data nodes of the run,
+  waiting up to ``helper_wait_s`` for those it does not see yet. The orchestrator asks before a
+  node's first step with this helper: a node the helper cannot see could not push it a share.
 
 It accepts share 1 (``party`` = 1) only, from live peers with the ``node`` role, each tensor once
 per step, for at most ``MAX_STEPS_HELD`` steps; shares of steps before the orchestrator's latest
@@ -181,7 +183,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         if message.op in (LOGITS, SUM, PING) and from_orchestrator:
             self.last_step = max(self.last_step, message.step)
             if message.op == PING:
-                return LinkMessage(PING, message.step)
+                return await self._ping(message)
             return await (self._logits(message) if message.op == LOGITS else self._sum(message))
         raise RequestRefused(f"the helper does not take {message.op!r} from peer {peer_id[:12]}")
 
@@ -205,6 +207,15 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         self.shares_received += len(logged)
         self.share_log.record(step=message.step, node=node, tensors=logged, share_index=HELPER)
         return LinkMessage(SHARE, message.step)
+
+    async def _ping(self, message: LinkMessage) -> LinkMessage:
+        nodes = node_list(message.fields.get("nodes"), "ping: nodes")
+
+        def seen() -> list[str]:
+            return [n for n in nodes if self.live_with(n, names.NODE) is not None]
+
+        await self.ctx.until_view(lambda: len(seen()) == len(nodes), timeout_s=self.settings.helper_wait_s)
+        return LinkMessage(PING, message.step, {"nodes": seen()})
 
     async def _logits(self, message: LinkMessage) -> LinkMessage:
         nodes = node_list(message.fields.get("nodes"), "logits: nodes")

@@ -11,7 +11,9 @@ many samples it holds (``assignment.tlpp_samples`` in its signed record; with ``
   it does not hold refuses with code "stale"), run the node side on the named samples and answer
   the cut activations and labels. Secure mode: check |A| <= max_abs, split A into two additive
   shares (``peer.tlpp_secure.node_share_activations``), start pushing share 1 to the helper the
-  request names and answer share 0 to the orchestrator at once.
+  request names and answer share 0 to the orchestrator at once. A node that does not see the named
+  helper live (waiting up to ``helper_wait_s``) refuses with code "helper" instead of answering a
+  share it could not complete.
 - ``backward`` {step}: for the step of the last forward, recompute the forward and
   backpropagate. Base mode: the cut-gradient slice in, the node-side gradients out. Secure mode:
   its own logit-gradient slice g_i in; the node-side and server-weight gradients, scaled by the
@@ -144,7 +146,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
         if fields.get("mode") != self.settings.mode:
             raise RequestRefused(f"mode {fields.get('mode')!r} does not match the run's {self.settings.mode!r}")
         indices = check_indices(fields.get("indices"), len(self.data))
-        helper = _helper_named(fields) if self.settings.secure else ""
+        helper = await self._helper_seen(fields) if self.settings.secure else ""
         self._load_weights(fields.get("version"), message.tensors)
         self._pending = None
         x, y = self.data.x[indices].to(self.ctx.device), self.data.y[indices]
@@ -162,6 +164,16 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
         self._pending = (message.step, x)
         self.last_step = message.step
         return reply
+
+    async def _helper_seen(self, fields: dict[str, object]) -> str:
+        """The helper a secure forward names, once this node sees it live (waiting up to
+        ``helper_wait_s``): the node answers only when it can push its share 1."""
+        helper = _helper_named(fields)
+        if not await self.ctx.until_view(lambda: self.live_with(helper, names.HELPER) is not None,
+                                         timeout_s=self.settings.helper_wait_s):
+            raise RequestRefused(f"helper {helper[:12]} is not a live helper of this run as this node sees it",
+                                 code="helper")
+        return helper
 
     def _load_weights(self, version: object, tensors: dict[str, torch.Tensor]) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
@@ -213,13 +225,16 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
 
     def _push(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         """Start pushing share 1 to ``helper`` beside the answer (see the module docstring)."""
-        task = self.spawn(self._to_helper(helper, step, kind, tensors), name=f"push {kind} {step}")
-        task.add_done_callback(self._pushed)
+        self.spawn(self._push_or_note(helper, step, kind, tensors), name=f"push {kind} {step}")
 
-    def _pushed(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
+    async def _push_or_note(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
+        """A push that fails is counted and logged, never a failure of the node: the helper then
+        answers without this node, and the orchestrator leaves it out of that phase."""
+        try:
+            await self._to_helper(helper, step, kind, tensors)
+        except RequestRefused as exc:
             self.pushes_failed += 1
-            log.warning("TL++ node: %s", task.exception())
+            log.warning("TL++ node: %s", exc)
 
     async def _to_helper(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         """Push share 1 to the named helper; RequestRefused(code="helper") when it cannot be done."""

@@ -155,6 +155,8 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
 
     async def _train(self) -> None:
         scheduler = await self._schedule(self.settings.min_nodes)
+        if self.settings.secure:
+            scheduler = await self._until_helper_sees(scheduler, self.settings.min_nodes)
         if self.settings.normalize == "nodes" and not self.resumed_from:  # a resumed model keeps its own
             self._normalize()
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
@@ -226,12 +228,25 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
             nodes, helpers = len(self._node_counts()), len(self._live(names.HELPER))
             log.info("waiting for TL++ nodes: %d of %d live%s", nodes, wanted,
                      f", {helpers} helper(s)" if self.settings.secure else "")
-            self.emit("waiting", nodes=nodes, wanted=wanted, helpers=helpers)
+            self.emit("waiting", nodes=nodes, wanted=wanted, helpers=helpers, helper_sees=None)
             await self.ctx.until_view(ready, timeout_s=WAIT_POLL_S)
         self._scheduled = self._nodes()
         return VirtualBatchScheduler({n: samples for n, (samples, _) in self._scheduled.items()},
                                      batch_size=self.settings.batch_size, seed=self.settings.seed,
                                      drop_last=self.settings.drop_last)
+
+    async def _until_helper_sees(self, scheduler: VirtualBatchScheduler, wanted: int) -> VirtualBatchScheduler:
+        """Secure mode, before the first step: a schedule of which the helper sees at least
+        ``wanted`` nodes live, so that step 0 does not race the helper's view of the nodes (a
+        node it cannot see could not push it a share)."""
+        while True:
+            helper = await self._helper()
+            seen = await self.driver.confirm(helper, scheduler.counts, step=self.step)
+            if len(seen) >= wanted:
+                return scheduler
+            log.info("waiting for the helper to see the TL++ nodes: %d of %d", len(seen), wanted)
+            self.emit("waiting", nodes=len(scheduler.counts), wanted=wanted, helpers=1, helper_sees=len(seen))
+            scheduler = await self._schedule(wanted)
 
     async def _until_nodes_change(self, failed: set[str]) -> None:
         """Every scheduled node failed: give their records up to a TTL to expire (or others to
@@ -241,7 +256,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     async def _helper(self) -> str:
         helpers = self._live(names.HELPER)
         while not helpers:
-            self.emit("waiting", nodes=len(self._node_counts()), wanted=1, helpers=0)
+            self.emit("waiting", nodes=len(self._node_counts()), wanted=1, helpers=0, helper_sees=None)
             await self.ctx.until_view(lambda: bool(self._live(names.HELPER)), timeout_s=WAIT_POLL_S)
             helpers = self._live(names.HELPER)
         return sorted(helpers)[0]
@@ -251,6 +266,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         leaving = {n for n in scheduler.counts if n in ledger.rejected}
         if not leaving:
             return scheduler
+        self.driver.forget(leaving)
         if leaving >= set(scheduler.counts):
             return None
         log.info("taking %d node(s) out of the schedule: %s", len(leaving), sorted(n[:12] for n in leaving))

@@ -27,9 +27,9 @@ Manifest layout (run config TOML)::
               the premise of the truncation guard), max_failure (secure: the truncation failure
               bound per virtual batch the guard allows), min_nodes (training starts once this
               many nodes are live), node_timeout_s (deadline of one request to a node),
-              helper_timeout_s (deadline of one request to the helper; also how long a node
-              waits to see the named helper), helper_wait_s (how long the helper waits for the
-              nodes' shares a request names), eval_every (steps between evaluations on the
+              helper_timeout_s (deadline of one request to the helper), helper_wait_s (how
+              long the helper waits for the nodes' shares a request names, and how long the
+              helper and a node wait to see each other live before a step), eval_every (steps between evaluations on the
               held-out split; 0: only at the end)
 """
 

@@ -11,6 +11,10 @@ Base mode (the traversal-learning step of ``protocols.tlpp``):
 
 Secure mode (``peer.roles.tlpp.secure``; the helper is party 1):
 
+0. ``ping`` to the helper with the batch's nodes it has not yet confirmed: it answers which of
+   them it sees live (waiting, bounded, for the others); a node it does not see could not push
+   it a share and is dropped before its forward. Confirmed nodes are remembered per helper, so
+   this costs one round trip when a node is new to the helper, not one per step;
 1. ``forward``: each node pushes share 1 of A_i to the helper and, without waiting for that
    push, answers share 0 and y_i;
 2. ``logits`` to the helper with W: its logit share over the nodes that answered whose share it
@@ -45,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +80,7 @@ from gossamer.peer.roles.tlpp.wire import (
     HELPER_METHOD,
     LOGITS,
     NODE_METHOD,
+    PING,
     SUM,
     ShareLog,
     check_party,
@@ -143,6 +148,7 @@ class StepDriver:
         self.device = device
         self.version = 0
         self._cached: dict[str, int] = {}
+        self._confirmed: tuple[str, set[str]] = ("", set())  # (helper, the nodes it said it sees)
         self._weights: tuple[int, dict[str, Tensor]] | None = None
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self._node_params = {name: p.detach() for name, p in node_side.named_parameters()}
@@ -159,6 +165,12 @@ class StepDriver:
         plan = batch.by_node()
         ledger.planned = batch.sizes()
         ledger.expect(ledger.planned)
+        if self.settings.secure:
+            assert helper is not None
+            plan = await self._seen_by_helper(ledger, plan, helper)
+            if not plan:
+                ledger.note = "the helper sees none of the step's nodes"
+                return None
         forwarded = await self._forward_all(ledger.step, plan, ledger, helper)
         if not forwarded:
             ledger.note = "no node answered the forward pass"
@@ -167,6 +179,32 @@ class StepDriver:
             assert helper is not None
             return await self._secure(ledger, forwarded, helper)
         return await self._base(ledger, forwarded)
+
+    # -- phase 0 (secure) -------------------------------------------------------------------------
+
+    async def _seen_by_helper(self, ledger: StepLedger, plan: dict[str, list[int]],
+                              helper: str) -> dict[str, list[int]]:
+        """``plan`` without the nodes the helper does not see live (dropped from the ledger)."""
+        confirmed = await self.confirm(helper, plan, step=ledger.step)
+        for node in sorted(set(plan) - confirmed):
+            ledger.drop(node, "helper", "the helper does not see this node as a live data node of the run")
+        return {n: indices for n, indices in plan.items() if n in confirmed}
+
+    async def confirm(self, helper: str, nodes: Iterable[str], *, step: int) -> set[str]:
+        """Which of ``nodes`` the helper sees live: those it confirmed before, and the others
+        asked with one ``ping`` (HelperFailed if the helper fails it)."""
+        if self._confirmed[0] != helper:
+            self._confirmed = (helper, set())
+        confirmed = self._confirmed[1]
+        unknown = sorted(set(nodes) - confirmed)
+        if unknown:
+            reply = await self._helper(helper, LinkMessage(PING, step, {"nodes": unknown}))
+            confirmed.update(_used(reply, dict.fromkeys(unknown)))
+        return confirmed & set(nodes)
+
+    def forget(self, nodes: set[str]) -> None:
+        """These nodes left the schedule: confirm them with the helper again if they come back."""
+        self._confirmed[1].difference_update(nodes)
 
     # -- phase 1 --------------------------------------------------------------------------------
 

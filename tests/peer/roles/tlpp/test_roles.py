@@ -20,7 +20,7 @@ from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLin
 from gossamer.peer.roles.tlpp.data import load_data
 from gossamer.peer.roles.tlpp.secure import gradient_layout, layout_numel
 from gossamer.peer.roles.tlpp.steps import StepLedger
-from gossamer.peer.roles.tlpp.wire import GRADS, HELPER_METHOD, NODE_METHOD, SHARE, SUM, ShareLog
+from gossamer.peer.roles.tlpp.wire import GRADS, HELPER_METHOD, NODE_METHOD, PING, SHARE, SUM, ShareLog
 from gossamer.protocols.tlpp import VirtualBatch, VirtualBatchScheduler, digits_cnn
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.tcp import tcp_connect
@@ -277,4 +277,69 @@ async def test_the_helper_sums_only_the_gradient_shares_it_holds_and_says_which(
     finally:
         for links in (as_node, as_owner):
             await links.aclose()
+        await net.aclose()
+
+
+async def test_a_node_the_helper_does_not_see_is_left_out_before_its_forward_and_the_others_train(
+        tmp_path: Path) -> None:
+    """Secure mode: before a node's first step with a helper the orchestrator asks the helper
+    whether it sees the node live (``ping``). A node it does not see could not push it a share:
+    it is dropped before its forward (phase "helper"), never half-used, and the others train."""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
+                            helper=True)
+    driver, helper = net.orchestrator.driver, net.id_of("helper")
+    nodes = sorted(net.id_of(name) for name in ALL)
+    unseen = net.id_of("node0")
+    batch = VirtualBatch(epoch=0, index=0, order=tuple((n, i) for n in nodes for i in range(4)))
+    net.forget("node0")
+    try:
+        ledger = StepLedger(step=0, epoch=0, index=0, mode="secure")
+        assert await driver.run(batch, ledger, helper) is not None
+        assert ledger.rejected == {unseen: "helper: the helper does not see this node as a live data node of the run"}
+        assert ledger.used == sorted(set(nodes) - {unseen}) and ledger.samples == 8
+        assert net.peers["node0"].role.last_step == -1  # type: ignore[attr-defined]  # never asked to forward
+    finally:
+        await net.aclose()
+
+
+async def test_the_helper_waits_for_a_node_it_does_not_see_yet(tmp_path: Path) -> None:
+    """The helper's ``ping`` answers a node that becomes live while it waits (``helper_wait_s``)."""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 4.0}, sources=SOURCES,
+                            helper=True)
+    as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)
+    helper = net.peers["helper"].role
+    asked = sorted([net.id_of("node0"), net.id_of("node1")])
+    net.forget("node0")
+    try:
+        ping = asyncio.create_task(as_owner.request(net.id_of("helper"), HELPER_METHOD,
+                                                    LinkMessage(PING, 7, {"nodes": asked}), timeout_s=10.0))
+        while helper.last_step != 7:  # type: ignore[attr-defined]  # the helper has the ping and waits
+            await asyncio.sleep(0.01)
+        net.peers["node0"].alive = True
+        await net.publish()
+        assert (await ping).fields["nodes"] == asked
+        net.forget("node1")
+        alone = await as_owner.request(net.id_of("helper"), HELPER_METHOD,
+                                       LinkMessage(PING, 8, {"nodes": asked}), timeout_s=10.0)
+        assert alone.fields["nodes"] == [net.id_of("node0")]
+    finally:
+        await as_owner.aclose()
+        await net.aclose()
+
+
+async def test_a_node_refuses_a_secure_forward_naming_a_peer_it_does_not_see_as_the_helper(tmp_path: Path) -> None:
+    """A node answers a secure forward only when it sees the named helper live (it could not push
+    its share 1 otherwise): naming another peer is refused with code "helper", nothing computed."""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "secure", "helper_wait_s": 0.5}, sources=SOURCES,
+                            helper=True)
+    as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)
+    fields = {"indices": [0, 1], "version": 0, "mode": "secure", "helper": net.id_of("node1")}
+    try:
+        with pytest.raises(RequestRefused, match="is not a live helper of this run") as refused:
+            await as_owner.request(net.id_of("node0"), NODE_METHOD, LinkMessage("forward", 0, fields,
+                                                                                 net.orchestrator.driver.weights()),
+                                   timeout_s=10.0)
+        assert refused.value.code == "helper" and net.peers["node0"].role.last_step == -1  # type: ignore[attr-defined]
+    finally:
+        await as_owner.aclose()
         await net.aclose()
