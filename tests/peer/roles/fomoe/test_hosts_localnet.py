@@ -1,7 +1,7 @@
 """Expert hosts in one process (``peer.testing.localnet``): real HTTP between them, signed messages,
 one view of signed records. Four hosts, four experts, r = 2: every round every update is used,
 the dense part stays identical on every host and each expert identical on its holders, and the
-update bytes are exactly the all-to-all formula. A host whose update inbox fails for a round is
+update bytes are exactly the all-to-all formula; each writes its part at the end. A host whose update inbox fails for a round is
 left out of that round by everyone (and joins again); a host that dies is re-placed with no expert
 lost; when both holders of an expert die at once the two hosts left agree, restart it from the
 freshest copy and flag it; a host that starts late joins with the dense state from several donors
@@ -19,6 +19,7 @@ from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.fomoe.host import ExpertHostRole
 from gossamer.peer.testing.localnet import LocalNet
 from gossamer.protocols.fomoe import all_to_all_bytes
+from gossamer.transport.safetensors_stream import load_file
 
 pytestmark = pytest.mark.timeout(300)
 RUN = {
@@ -93,12 +94,17 @@ async def test_four_hosts_use_every_update_stay_in_sync_and_move_the_all_to_all_
         expected = all_to_all_bytes(roles[0].replica.layout, placement)
         assert sent == expected.up_bytes + expected.counts_bytes
         assert [sum(r.history.get(2).tokens) > 0 for r in roles] == [True] * 4  # type: ignore[union-attr]
+        for role in roles:  # each wrote its part at the end: dense layers, routers and its experts
+            tensors, metadata = load_file(role.checkpoint_path)
+            assert metadata["round"] == "3" and metadata["experts"] == ",".join(map(str, sorted(role.replica.resident)))
+            assert set(tensors) == set(role.replica.layout.names_held(role.replica.resident))
+            assert "embed.weight" in tensors and torch.equal(tensors["embed.weight"], parameters(role)["embed.weight"])
     finally:
         await net.aclose()
 
 
 async def test_a_host_whose_update_inbox_fails_is_left_out_by_everyone_and_joins_again(tmp_path: Path) -> None:
-    net, roles = await hosts(tmp_path, run_with(rounds=5, update_deadline_s=20.0))  # h3 waits it out once
+    net, roles = await hosts(tmp_path, run_with(rounds=5, update_deadline_s=6.0))  # h3 waits it out once
     net.fail("h3", 1, "update")  # h3 refuses every update sent to it in round 1
     try:
         await net.start()
