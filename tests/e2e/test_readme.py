@@ -144,18 +144,23 @@ class Walk:
     def stop(self, proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60) -> int:
         if proc.poll() is None:
             proc.send_signal(sig)
+        return self._wait(proc, timeout_s)
+
+    def stop_all(self, procs: list[subprocess.Popen], timeout_s: float = 60) -> list[int]:
+        """One Ctrl+C to every process at once (they shut down side by side), then their exit codes
+        (a second Ctrl+C would force the exit, or land after the daemon's handler is gone)."""
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        return [self._wait(proc, timeout_s) for proc in procs]
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             return proc.wait()
-
-    def stop_all(self, procs: list[subprocess.Popen], timeout_s: float = 60) -> list[int]:
-        """Ctrl+C to every process at once (they shut down side by side), then their exit codes."""
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        return [self.stop(proc, timeout_s=timeout_s) for proc in procs]
 
     def close(self) -> None:
         for proc, _log in reversed(self.procs):
