@@ -5,6 +5,8 @@
 - ``secure_link``  encrypted request/response links over TCP (TL++ traffic).
 - ``inbox``        contributions other peers sent, per (kind, round, sender), bounded.
 - ``ledger``       the one ledger (``Exchange``) and its bounded ``History``.
+- ``rounds``       what a round-based role does on the network: sending to several peers with the
+                   failures in the ledger, waiting only for senders that are still live.
 - ``checkpoint``   atomic safetensors checkpoints, read back only for the same run and format.
 - ``state_tree``   a role's resumable state (optimizer, generators, counters) as checkpoint tensors.
 - ``statesync``    serving and downloading a replicated state in shards from several donors.

@@ -1,4 +1,4 @@
-"""Contributions that other learners sent us, kept per (kind, round, sender), bounded.
+"""Contributions that other peers sent us, kept per (kind, round, sender), bounded.
 
 Only rounds in ``[current, current + window_rounds]`` are accepted (older ones are stale, newer
 ones too far ahead); one contribution per sender per (kind, round); at most ``max_senders`` per
@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 import torch
 
 Tensors = dict[str, torch.Tensor]
+T = TypeVar("T")
 
 
 def size_bytes(tensors: Tensors) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
 
 
-class Inbox:
-    """Bounded store of received contributions with deadline-bounded waiting."""
+class Inbox(Generic[T]):
+    """Bounded store of received contributions (tensors, or whatever a role stores per message,
+    with its size given) with deadline-bounded waiting."""
 
     def __init__(self, *, window_rounds: int = 2, max_senders: int = 256, max_bytes: int | None = None,
                  reserved_fraction: float = 0.5) -> None:
@@ -35,7 +38,8 @@ class Inbox:
         self.max_bytes = max_bytes
         self._reserved_fraction = reserved_fraction
         self._current = 0
-        self._items: dict[tuple[str, int], dict[str, Tensors]] = {}
+        self._items: dict[tuple[str, int], dict[str, T]] = {}
+        self._refused: dict[tuple[str, int], dict[str, str]] = {}
         self._sizes: dict[tuple[str, int, str], tuple[int, bool]] = {}  # (kind, round, sender) -> (bytes, priority)
         self._changed = asyncio.Condition()
 
@@ -65,9 +69,11 @@ class Inbox:
                 return f"inbox full ({held} of {limit} bytes held{'' if priority else ' for new senders'})"
         return None
 
-    async def put(self, kind: str, round: int, sender: str, tensors: Tensors, *, priority: bool = True) -> str | None:
+    async def put(self, kind: str, round: int, sender: str, tensors: T, *, priority: bool = True,
+                  size: int | None = None) -> str | None:
         """Store a contribution; returns the refusal reason instead when it is not accepted."""
-        size = size_bytes(tensors)
+        if size is None:  # a dict of tensors by default; a role storing something else gives its size
+            size = size_bytes(tensors) if isinstance(tensors, dict) else 0
         reason = self.refusal(kind, round, sender, size=size, priority=priority)
         if reason is not None:
             return reason
@@ -77,7 +83,24 @@ class Inbox:
             self._changed.notify_all()
         return None
 
-    async def collect(self, kind: str, round: int, senders: Iterable[str], *, timeout_s: float) -> dict[str, Tensors]:
+    def note_refusal(self, kind: str, round: int, sender: str, reason: str) -> None:
+        """Remember why ``sender``'s contribution for (kind, round) was turned away (by ``put``
+        or by the role's own checks), for the round's ledger; one reason per sender is kept."""
+        if not self._current <= round <= self._current + self._window:
+            return  # a round nobody will settle: nothing to remember
+        box = self._refused.setdefault((kind, round), {})
+        if sender in box or len(box) < self._max_senders:
+            box[sender] = reason[:200]
+
+    def refused(self, kind: str, round: int) -> dict[str, str]:
+        """Sender -> why, for the contributions to (kind, round) that were turned away."""
+        return dict(self._refused.get((kind, round), {}))
+
+    def senders(self, kind: str, round: int) -> frozenset[str]:
+        """Who has sent for (kind, round) so far."""
+        return frozenset(self._items.get((kind, round), {}))
+
+    async def collect(self, kind: str, round: int, senders: Iterable[str], *, timeout_s: float) -> dict[str, T]:
         """What ``senders`` sent for (kind, round), waiting until all arrived or ``timeout_s`` passed."""
         wanted = set(senders)
 
@@ -96,7 +119,8 @@ class Inbox:
     def advance(self, current_round: int) -> None:
         """Move to ``current_round`` and forget everything older."""
         self._current = current_round
-        for key in [key for key in self._items if key[1] < current_round]:
-            del self._items[key]
+        for store in (self._items, self._refused):
+            for key in [key for key in store if key[1] < current_round]:
+                del store[key]
         for key in [key for key in self._sizes if key[1] < current_round]:
             del self._sizes[key]

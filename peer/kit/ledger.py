@@ -12,7 +12,7 @@ breaks these rules (the tests check every ledger they see).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -44,13 +44,17 @@ class Exchange:
     def use(self, peers: Iterable[str]) -> None:
         self.used = sorted(set(peers) - set(self.rejected))
 
-    def settle(self, arrived: Iterable[str] | None = None) -> None:
-        """Close the exchange: ``arrived`` (if given) is what came in time; every expected peer
-        neither heard from nor refused timed out."""
+    def settle(self, arrived: Iterable[str] | None = None, *, refused: Mapping[str, str] | None = None) -> None:
+        """Close the exchange: ``arrived`` (if given) is what came in time; ``refused`` (peer -> why)
+        the contributions of expected peers that were turned away when they came (e.g. by an
+        inbox); every expected peer neither heard from nor refused timed out."""
         if arrived is not None:
             self.arrived = sorted(set(arrived))
+        expected = set(self.expected)
+        self.rejected.update({peer: why for peer, why in (refused or {}).items()
+                              if peer in expected and peer not in self.arrived})
         heard = set(self.arrived) | set(self.rejected)
-        self.timed_out = sorted(set(self.expected) - heard)
+        self.timed_out = sorted(expected - heard)
 
     def balance_problems(self) -> list[str]:
         """What breaks the ledger's rules (see the module docstring); empty when it balances."""

@@ -2,7 +2,7 @@
 
 Each protocol is a folder here whose ``__init__.py`` defines its ``PLUGIN``: ``none``
 (membership only), ``diloco`` (gossip DiLoCo), ``blocktrain`` (BlockTrain), ``tlpp`` (TL++),
-``context`` (compressed context parallelism).
+``context`` (compressed context parallelism), ``fomoe`` (FoMoE partial-expert replicas).
 ``orchestrator`` is the one generic role every run has. To add a protocol, write its folder and
 add one line below (docs/ARCHITECTURE.md, "Adding a protocol").
 """
@@ -10,7 +10,7 @@ add one line below (docs/ARCHITECTURE.md, "Adding a protocol").
 from __future__ import annotations
 
 from gossamer.peer.plugin import PluginRegistry
-from gossamer.peer.roles import blocktrain, context, diloco, none, tlpp
+from gossamer.peer.roles import blocktrain, context, diloco, fomoe, none, tlpp
 
 GENERIC_COMMANDS = ("identity", "peer", "orchestrator", "token", "status", "swarm")
 
@@ -20,6 +20,7 @@ PLUGINS = PluginRegistry(
     blocktrain.PLUGIN,
     tlpp.PLUGIN,
     context.PLUGIN,
+    fomoe.PLUGIN,
     generic_roles={"orchestrator": "gossamer.peer.roles.orchestrator:OrchestratorRole"},
     reserved_commands=GENERIC_COMMANDS,
 )

@@ -20,7 +20,8 @@ Map of the package (a network role needs only what ``__all__`` names):
                   deterministic from the sorted live peer ids and the round; ``from_assignments``
                   (back from published resident sets), ``coverage`` (per expert, for status).
 - ``sync``        ``FomoeUpdate``, ``mix_round`` (dense over all, experts over holders, robust
-                  aggregators pluggable), ``sync_bytes`` (exact traffic per round).
+                  aggregators pluggable), ``update_problem`` (an update checked on arrival),
+                  ``sync_bytes`` / ``all_to_all_bytes`` (exact traffic per round).
 - ``replica``     ``FomoeReplica``: one peer's round (wraps ``protocols.diloco.DilocoReplica``).
 - ``simulation``  several peers in one process: ``simulate_round``, ``global_parameters``.
 
@@ -54,19 +55,21 @@ from gossamer.protocols.fomoe.sync import (
     MixedRound,
     SyncBytes,
     addressed_to,
+    all_to_all_bytes,
     data_parallel_bytes,
     mix_round,
     plain_mean,
     sync_bytes,
     token_weighted_mean,
     update_bytes,
+    update_problem,
 )
 
 __all__ = [
     "ExpertCoverage", "ExpertKey", "ExpertState", "FomoeConfig", "FomoeReplica", "FomoeUpdate",
     "MixedRound", "MoEConfig", "MoETransformer", "ParamLayout", "Placement", "RoundReport", "Routing",
-    "StepReport", "SyncBytes", "Transfer", "addressed_to", "build_moe_model", "coverage",
+    "StepReport", "SyncBytes", "Transfer", "addressed_to", "all_to_all_bytes", "build_moe_model", "coverage",
     "data_parallel_bytes", "expert_of", "from_assignments", "global_parameters", "mix_round",
     "place_experts", "plain_mean", "replace_experts", "simulate_round", "sync_bytes", "token_weighted_mean",
-    "transfers", "update_bytes",
+    "transfers", "update_bytes", "update_problem",
 ]

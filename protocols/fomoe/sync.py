@@ -21,7 +21,8 @@ Traffic (``sync_bytes``): each peer sends its pseudo-gradients once and receives
 each part it holds, so a round moves W |dense| + sum_e r_e |expert e| up and the same down (less
 r_e |unit| for an idle unit, which has no aggregate), plus the routing counts (W x L x E int64).
 That is what a reduce through one aggregator per part moves; a ring all-reduce moves 2(n-1)/n of
-it per part.
+it per part; ``all_to_all_bytes`` is what peers that send their updates straight to each other
+move.
 """
 
 from __future__ import annotations
@@ -150,6 +151,12 @@ def _screen(updates: Sequence[FomoeUpdate], placement: Placement,
     return valid, rejected
 
 
+def update_problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> str | None:
+    """Why ``mix_round`` would refuse ``update`` whole under ``placement`` (None: it would not):
+    a network peer checks each update when it arrives, before it says the update counts."""
+    return _problem(update, placement, layout)
+
+
 def _problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> str | None:
     if update.sender not in placement.peers:
         return "sender is not in the placement"
@@ -205,6 +212,18 @@ def sync_bytes(layout: ParamLayout, placement: Placement, *, idle: Collection[Ex
     up = len(placement.peers) * layout.dense_bytes + experts
     down = up - sum(replication[e] * layout.unit_bytes((b, e)) for b, e in set(idle))
     return SyncBytes(up, down, len(placement.peers) * layout.n_layers * layout.n_experts * 8)
+
+
+def all_to_all_bytes(layout: ParamLayout, placement: Placement) -> SyncBytes:
+    """The same accounting when there is no aggregator and every peer sends its update straight to
+    every other peer, cut to what both hold (``addressed_to``; the network's expert hosts do
+    this): W (W - 1) |dense| + sum_e r_e (r_e - 1) |expert e| up, as much down (every message sent
+    is received), and the counts with each of the W (W - 1) messages. Up to W - 1 times the
+    aggregator's dense traffic, with no peer that sees every update."""
+    w = len(placement.peers)
+    experts = sum(r * (r - 1) * layout.expert_bytes(e) for e, r in enumerate(placement.replications()))
+    up = w * (w - 1) * layout.dense_bytes + experts
+    return SyncBytes(up, up, w * (w - 1) * layout.n_layers * layout.n_experts * 8)
 
 
 def data_parallel_bytes(layout: ParamLayout, *, num_peers: int, steps: int) -> SyncBytes:

@@ -8,7 +8,7 @@ runs with its own home folder (a volunteer is another host), except the run owne
 
 Each README section with commands is walked by one test here; ``test_every_readme_command_is_walked``
 fails when a section or a command appears that no walk runs. ``swarm --preset demo`` is
-tests/e2e/test_swarm.py's.
+tests/e2e/test_swarm.py's, ``swarm --preset fomoe`` scripts/chaos/fomoe_hosts.py's (too long for the suite).
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ BIN = Path(sys.executable).parent
 WALKED = {"Identity", "Host a run (orchestrator)", "Join a run (volunteer)", "Train a model together (gossip DiLoCo)",
           "Split learning on private data (TL++)", "TL++ on your own data: declare a model, bring an .npz",
           "BlockTrain: train blocks apart, serve them across hosts",
-          "Long sequences over slow links (compressed context parallelism)", "A local swarm"}
+          "Long sequences over slow links (compressed context parallelism)",
+          "Partial-expert replicas of an MoE LM (FoMoE)", "A local swarm"}
 ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py",
-             "gossamer swarm --preset context": "tests/e2e/test_context.py"}
+             "gossamer swarm --preset context": "tests/e2e/test_context.py",
+             "gossamer swarm --preset fomoe": "scripts/chaos/fomoe_hosts.py"}
 
 
 def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -150,6 +152,18 @@ class Walk:
     def stop(self, proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60) -> int:
         if proc.poll() is None:
             proc.send_signal(sig)
+        return self._wait(proc, timeout_s)
+
+    def stop_all(self, procs: list[subprocess.Popen], timeout_s: float = 60) -> list[int]:
+        """One Ctrl+C to every process at once (they shut down side by side), then their exit codes
+        (a second Ctrl+C would force the exit, or land after the daemon's handler is gone)."""
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        return [self._wait(proc, timeout_s) for proc in procs]
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -284,6 +298,22 @@ def test_blocktrain_train_serve_generate(walk_of) -> None:
     generated = walk.run(generate, timeout_s=180)
     assert generated.returncode == 0 and generated.stdout.startswith("The "), generated.stderr[-2000:]
     assert len(generated.stdout.encode()) >= len("The ") + 64
+
+
+def test_fomoe_expert_hosts_and_their_coverage(walk_of) -> None:
+    walk, commands = walk_of("Partial-expert replicas of an MoE LM (FoMoE)")
+    orchestrator, host, status = [line for line in commands if line not in ELSEWHERE]
+    walk.owner_started(orchestrator)
+    hosts = [walk.start(host) for _ in range(4)]  # min_hosts = 4
+    for proc, log in hosts:  # a round of all four (a host cut off by a fault rejoins within a few rounds)
+        walk.wait_for(log, r"round \d+: train loss [\d.]+  held-out [\d.]+  experts \[\d+, \d+, \d+, \d+\]  "
+                      r"skipped [\d.]+  updates used 3 of 3", proc, timeout_s=300)
+    shown = walk.run(status)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"experts: 8 expert\(s\), r = 2, [34] member\(s\)", shown.stdout), shown.stdout
+    rows = re.findall(r"^(\d)\s+([0-9a-f]{12}),([0-9a-f]{12})\s+(\d+)\s*$", shown.stdout, flags=re.M)
+    assert [int(row[0]) for row in rows] == list(range(8)) and all(int(row[3]) > 0 for row in rows), shown.stdout
+    assert walk.stop_all([proc for proc, _log in hosts]) == [0, 0, 0, 0]
 
 
 def test_context_parallel_ring_status_stop_and_resume(walk_of) -> None:

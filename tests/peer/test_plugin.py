@@ -16,7 +16,7 @@ class Dummy(Role):
 
 
 def test_the_registry_lists_every_protocol_and_role_once() -> None:
-    assert set(PLUGINS.protocols) == {"none", "diloco", "blocktrain", "tlpp", "context"}
+    assert set(PLUGINS.protocols) == {"none", "diloco", "blocktrain", "tlpp", "context", "fomoe"}
     assert len(PLUGINS.role_names) == len(set(PLUGINS.role_names))
     assert "orchestrator" in PLUGINS.role_names
     for plugin in PLUGINS:

@@ -50,7 +50,7 @@ def test_each_command_shows_only_the_flags_that_apply() -> None:
 def test_swarm_help_lists_the_presets() -> None:
     result = subprocess.run([sys.executable, "-m", "gossamer.peer.cli", "swarm", "--help"], capture_output=True,
                             text=True, timeout=60)
-    assert "presets: context, demo, quick, tlpp" in result.stdout
+    assert "presets: context, demo, fomoe, quick, tlpp" in result.stdout
 
 
 README_DILOCO = Path(__file__).parents[3] / "README.md"
