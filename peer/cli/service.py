@@ -35,7 +35,25 @@ def run_daemon(config: PeerConfig, *, plugins: PluginRegistry, run_config: RunCo
     """Run one daemon until SIGINT/SIGTERM; returns the process exit code. ``role_options``: extra
     keyword arguments for named roles (``gossamer serve`` passes its ``--blocks`` this way)."""
     logging.getLogger().setLevel(config.log_level.upper())
-    return asyncio.run(_serve(config, plugins, run_config, role_options))
+    code = asyncio.run(_serve(config, plugins, run_config, role_options))
+    _exit_on_late_signal(code)
+    return code
+
+
+def _exit_on_late_signal(code: int) -> None:
+    """The clean shutdown is done (checkpoints written, p2pd gone) and the event loop, with its
+    signal handlers, is closed. A SIGINT/SIGTERM while the interpreter unloads torch and hivemind
+    (seconds on a busy host: ``gossamer swarm`` stops the peers that are exiting by themselves
+    just then) ends the process with its own exit code instead of killing it (-15)."""
+
+    def exit_now(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, exit_now)
 
 
 async def _serve(config: PeerConfig, plugins: PluginRegistry, run_config: RunConfig | None,

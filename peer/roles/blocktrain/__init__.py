@@ -41,6 +41,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
                 f"{len(e['timed_out'])} timed out, {len(e['rejected'])} rejected{ce}")
     if event == "finished":
         ce = f"{e['heldout_ce']:.3f}" if e.get("heldout_ce") is not None else "-"
+        if e.get("initial_heldout_ce") is not None:
+            ce += f" (from {e['initial_heldout_ce']:.3f})"
         line = f"finished: block versions {e['versions']}, held-out CE {ce}; checkpoints {e['checkpoints']}"
         if e.get("sample") is not None:
             line += f"\n  sample (prompt {e['prompt']!r}): {e['sample']!r}"
