@@ -18,6 +18,8 @@ Map of the package:
 - ``run``        who is in the run: manifests, signed records, admission, the live view, joining.
 - ``kit``        what roles share: signed messaging, secure links, state sync, inboxes, ledgers,
                  the settings reader, checkpoints.
+- ``reach``      reachability: the dial-back self-test (public / private) and the relay a
+                 private peer is reached through.
 - ``route``      chained TCP hops through hosts (BlockTrain inference routes).
 - ``roles``      one folder per protocol, and the registry of their plugins (``PLUGINS``).
 - ``cli``        the ``gossamer`` command and its generic subcommands; presets.

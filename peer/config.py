@@ -38,6 +38,10 @@ class PeerConfig:
         announce_http_port / announce_tcp_port: port written in this peer's record when others reach
             it through another one (a port forward, or a WAN-emulating proxy in a benchmark);
             0: the port it listens on.
+        relay: volunteer as a relay for private peers (a public peer only; ``peer.reach``).
+        relay_port: port of the relay service (0: the OS chooses); relayed peers get fresh ports.
+        relay_max_peers: most private peers this relay serves at once.
+        relay_rate_bytes_per_s: bytes per second per relayed peer, both ways together (0: no cap).
         device: ``auto`` (CUDA if present, else CPU) or a torch device name.
         data: dataset for data-holding roles (``builtin:pydoc`` or a local path).
         join_token: owner-signed token for runs with an allowlist.
@@ -74,6 +78,10 @@ class PeerConfig:
     tcp_port: int = 0
     announce_http_port: int = 0
     announce_tcp_port: int = 0
+    relay: bool = False
+    relay_port: int = 0
+    relay_max_peers: int = 16
+    relay_rate_bytes_per_s: int = 0
     device: str = "auto"
     data: str = ""
     join_token: str = ""
@@ -89,7 +97,7 @@ class PeerConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        for name in ("http_port", "tcp_port", "announce_http_port", "announce_tcp_port"):
+        for name in ("http_port", "tcp_port", "announce_http_port", "announce_tcp_port", "relay_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be an integer in 0..65535, got {port!r}")
@@ -104,14 +112,19 @@ class PeerConfig:
             raise ConfigError("pass either --new_swarm (start a new network) or --initial_peers (join one), not both")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every must be a non-negative integer, got {self.checkpoint_every!r}")
+        if not isinstance(self.relay_max_peers, int) or self.relay_max_peers < 1:
+            raise ConfigError(f"relay_max_peers must be a positive integer, got {self.relay_max_peers!r}")
+        if not isinstance(self.relay_rate_bytes_per_s, int) or self.relay_rate_bytes_per_s < 0:
+            raise ConfigError(f"relay_rate_bytes_per_s must be a non-negative integer, got {self.relay_rate_bytes_per_s!r}")
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ConfigError(f"threads must be a non-negative integer, got {self.threads!r}")
         if len(self.public_name) > 64:
             raise ConfigError("public_name must be at most 64 characters")
 
     @property
-    def advertised_host(self) -> str:
-        """The host other peers should connect to for HTTP and TCP."""
+    def configured_host(self) -> str:
+        """The host the flags name for others to connect to ("" when none does: the daemon derives
+        it from the swarm, ``peer.run.addresses``)."""
         if self.announce_host:
             return self.announce_host
         if self.host not in ("0.0.0.0", "::"):
@@ -120,7 +133,12 @@ class PeerConfig:
             parts = maddr.split("/")
             if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0":
                 return parts[2]
-        return "127.0.0.1"
+        return ""
+
+    @property
+    def advertised_host(self) -> str:
+        """The host other peers should connect to for HTTP and TCP, from the flags alone."""
+        return self.configured_host or "127.0.0.1"
 
 
 def _check_ip(name: str, value: str) -> None:

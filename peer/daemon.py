@@ -33,9 +33,11 @@ from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts, process_usage
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
 from gossamer.peer.progress import ProgressPrinter
+from gossamer.peer.reach.service import Reach, Volunteer
 from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
+from gossamer.peer.run.addresses import announced_host, dht_mismatch
 from gossamer.peer.run.admission import Admission
-from gossamer.peer.run.joining import fetch_manifest, start_membership
+from gossamer.peer.run.joining import fetch_manifest, lonely_line, start_membership
 from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest
 from gossamer.peer.run.publisher import Publisher, StoreLog
@@ -56,6 +58,7 @@ from gossamer.transport.errors import TransportError
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
+from gossamer.transport.relay import RelayConfig
 from gossamer.transport.tcp import TcpConfig, TcpServer
 
 log = logging.getLogger(__name__)
@@ -67,8 +70,9 @@ class Daemon:
 
     def __init__(self, *, config: PeerConfig, identity: Identity, manifest: Manifest, plugin: ProtocolPlugin,
                  membership: DhtMembership, http_client: HttpClient, view: PeerView, traffic: Traffic,
-                 resources: contextlib.AsyncExitStack, device_info: dict[str, Any]) -> None:
+                 resources: contextlib.AsyncExitStack, device_info: dict[str, Any], host: str) -> None:
         self.config = config
+        self.host = host  # what the record announces for HTTP and TCP (``run.addresses``)
         self.plugin = plugin
         self.events = EventSink(enabled=config.events, observer=ProgressPrinter(plugin))
         self.identity = identity
@@ -94,6 +98,13 @@ class Daemon:
         self._view_refreshed = asyncio.Condition()
         self._closed = False
         self.checkpoints: dict[str, str] = {}  # role -> the checkpoint it wrote at shutdown
+        volunteer = Volunteer(config.host, config.relay_port, RelayConfig(
+            max_peers=config.relay_max_peers, rate_bytes_per_s=config.relay_rate_bytes_per_s)) if config.relay else None
+        self.reach = Reach(identity=identity, admission=view.admission, ttl_s=manifest.ttl_s, now=membership.now,
+                           http_client=http_client, view=view, view_refreshed=self._view_refreshed,
+                           direct_record=lambda: self.record(direct=True), announce=self._announce.set,
+                           targets=self._local_targets, volunteer_as=volunteer,
+                           notify=lambda fields: self.events.emit("reachability", **fields))
 
     @classmethod
     async def create(cls, config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,
@@ -115,6 +126,9 @@ class Daemon:
             run_keys = RunKeys()
             membership = await start_membership(config, run_keys=run_keys)
             stack.push_async_callback(membership.aclose)
+            host = announced_host(config, dht_maddrs=membership.visible_maddrs())
+            if mismatch := dht_mismatch(host, membership.visible_maddrs()):
+                log.warning("%s", mismatch)
             if identity is not None:
                 manifest = build_manifest(identity, run_config, now=membership.now())
             else:
@@ -132,7 +146,7 @@ class Daemon:
             view = PeerView(admission, ttl_s=manifest.ttl_s)
             daemon = cls(config=config, identity=identity, manifest=manifest, plugin=plugin, membership=membership,
                          http_client=http_client, view=view, traffic=Traffic(), resources=stack.pop_all(),
-                         device_info=describe_device(device))
+                         device_info=describe_device(device), host=host)
         try:
             ctx = RoleContext(identity=identity, config=config, manifest=manifest, plugin=plugin, settings=settings,
                               membership=membership, http_client=http_client, view=view, device=device,
@@ -157,30 +171,42 @@ class Daemon:
                                TcpServer.create(self._tcp_dispatcher(), host=self.config.host,
                                                 port=self.config.tcp_port, config=TcpConfig(),
                                                 gate=role_gate(self.roles)))
+        await _bind("relay", "--relay_port", self.config.relay_port, self.reach.start())
         await self.publish_record()
         await self.refresh_view()
         for role in self.roles:
             await role.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="daemon-heartbeat"))
         self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
+        self._tasks.append(asyncio.create_task(self._lonely_watch(), name="daemon-lonely"))
 
     def _build_app(self) -> web.Application:
-        return role_app(self.roles, self.state_donor, extra=daemon_routes(self.status, self.metrics, self.state,
-                                                                           status_token=self.config.status_token))
+        extra = daemon_routes(self.status, self.metrics, self.state, status_token=self.config.status_token)
+        return role_app(self.roles, self.state_donor, extra=[*extra, *self.reach.routes()])
 
     def _tcp_dispatcher(self) -> TcpDispatch:
-        return role_dispatcher(self.roles)
+        return role_dispatcher(self.roles, extra=self.reach.tcp_methods())
 
     # -- heartbeat and view -------------------------------------------------------------------
 
-    def record(self, state: dict[str, Any] | None = None) -> PeerRecord:
-        host, config, now = self.config.advertised_host, self.config, self.membership.now()
+    def record(self, state: dict[str, Any] | None = None, *, direct: bool = False) -> PeerRecord:
+        """This peer's record; its addresses are a relay's while it is private and has one
+        (``direct``: its own, always, as the reachability self-test and relays need)."""
+        host, config, now = self.host, self.config, self.membership.now()
         owner = self.identity.public_key == self.manifest.owner_public_key
         tenured = tenured_ids(self.view.live(now=now), now=now, tenure_s=self.manifest.tenure_s) if owner else ()
-        return peer_record(identity=self.identity, config=config, roles=self.roles,
-                           http_addr=f"{host}:{config.announce_http_port or self.http.address[1]}" if self.http else "",
-                           tcp_addr=f"{host}:{config.announce_tcp_port or self.tcp.address[1]}" if self.tcp else "",
-                           now=now, capacity=self.device_info, state=state, tenured=tenured)
+        http_addr = f"{host}:{config.announce_http_port or self.http.address[1]}" if self.http else ""
+        tcp_addr = f"{host}:{config.announce_tcp_port or self.tcp.address[1]}" if self.tcp else ""
+        if not direct:
+            http_addr, tcp_addr = self.reach.addresses(http_addr, tcp_addr)
+        return peer_record(identity=self.identity, config=config, roles=self.roles, http_addr=http_addr,
+                           tcp_addr=tcp_addr, now=now, capacity=self.device_info, state=state, tenured=tenured,
+                           reachability=self.reach.reachability, relay=self.reach.relay_addr(host))
+
+    def _local_targets(self) -> list[tuple[str, int]]:
+        """Where a relay's connections go on this host: the HTTP and TCP servers."""
+        local = "127.0.0.1" if self.config.host in ("0.0.0.0", "::") else self.config.host
+        return [(local, server.address[1]) for server in (self.http, self.tcp) if server is not None]
 
     def listening(self) -> dict[str, str]:
         """Where the HTTP and TCP servers listen ("host:port"; the record may announce other ports)."""
@@ -254,6 +280,17 @@ class Daemon:
                 self.events.emit("peers", count=len(live), peer_ids=[p.record.peer_id for p in live])
                 last_count = len(live)
 
+    async def _lonely_watch(self) -> None:
+        """One line when no other peer shows up within ``join_timeout_s``: a network nobody joins,
+        or a second network started next to a live run (two DHTs that never meet)."""
+        me = self.identity.peer_id
+        try:
+            async with asyncio.timeout(self.config.join_timeout_s), self._view_refreshed:
+                await self._view_refreshed.wait_for(
+                    lambda: any(p.record.peer_id != me for p in self.view.live(now=self.membership.now())))
+        except TimeoutError:
+            log.warning("%s", lonely_line(self.config, self.join_command()))
+
     # -- introspection ------------------------------------------------------------------------
 
     @property
@@ -292,7 +329,7 @@ class Daemon:
             "roles": list(dict.fromkeys(self.config.roles)), "round": self.round,
             "uptime_s": round(time.monotonic() - self._started, 3), "device": self.device_info,
             "addresses": {"http": record.http_addr, "tcp": record.tcp_addr, "dht": self.membership.visible_maddrs()},
-            "listening": self.listening(),
+            "listening": self.listening(), "reachability": self.reach.status(),
             "bytes_sent": sum(sent.values()), "bytes_received": sum(received.values()),
             "live_peers": [peer_row(p.record, now) for p in live],
             "records_rejected": dict(self.view.rejected),
@@ -329,6 +366,7 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.reach.aclose()
         for role in reversed(self.roles):
             await role.aclose()
             if checkpoint:
@@ -358,6 +396,7 @@ def peer_row(record: PeerRecord, now: float) -> dict[str, Any]:
     """One row of a live peer table (``/status`` and ``gossamer status``)."""
     return {"peer_id": record.peer_id, "name": record.name, "roles": list(record.roles), "round": record.round,
             "http_addr": record.http_addr, "tcp_addr": record.tcp_addr, "version": record.version,
+            "reachability": record.reachability,
             "device": record.capacity.get("device_name") or record.capacity.get("device", ""),
             "assignment": dict(record.assignment), "last_seen_s": round(max(0.0, now - record.timestamp), 1)}
 

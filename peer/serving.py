@@ -5,7 +5,7 @@ read), the state it donates to joiners, and its signed record.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -15,7 +15,7 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.role import Role
-from gossamer.peer.run.records import PeerRecord
+from gossamer.peer.run.records import UNKNOWN, PeerRecord
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.tcp import FrameGate, HandlerError
 
@@ -43,9 +43,11 @@ def role_app(roles: Sequence[Role], donor: StateDonor | None, *, extra: Sequence
     return app
 
 
-def role_dispatcher(roles: Sequence[Role]) -> TcpDispatch:
-    """TCP requests to the role method their header names; HandlerError for an unknown method."""
-    methods = {name: method for role in roles for name, method in role.tcp_methods().items()}
+def role_dispatcher(roles: Sequence[Role], extra: Mapping[str, Callable[[Frame], Awaitable[Frame | None]]] | None = None
+                    ) -> TcpDispatch:
+    """TCP requests to the role method their header names (or one of ``extra``, the daemon's own
+    payload-free methods); HandlerError for an unknown method."""
+    methods = {**(extra or {}), **{name: method for role in roles for name, method in role.tcp_methods().items()}}
 
     async def dispatch(frame: Frame, info: object) -> Frame | None:
         method = methods.get(str(frame.header.get("method", "")))
@@ -90,7 +92,7 @@ async def donated_state(donor: StateDonor | None) -> dict[str, Any]:
 
 def peer_record(*, identity: Identity, config: PeerConfig, roles: Sequence[Role], http_addr: str, tcp_addr: str,
                 now: float, capacity: dict[str, Any], state: dict[str, Any] | None = None,
-                tenured: tuple[str, ...] = ()) -> PeerRecord:
+                tenured: tuple[str, ...] = (), reachability: str = UNKNOWN, relay: str = "") -> PeerRecord:
     """This peer's record: its addresses, roles, round, assignment and donated state, as of ``now``
     (and, from the run owner, the peers it vouches for: ``run.tenure``)."""
     return PeerRecord(
@@ -98,5 +100,5 @@ def peer_record(*, identity: Identity, config: PeerConfig, roles: Sequence[Role]
         http_addr=http_addr, tcp_addr=tcp_addr, roles=tuple(dict.fromkeys(config.roles)), version=__version__,
         round=max((role.round for role in roles), default=0), timestamp=now, capacity=dict(capacity),
         assignment={k: v for role in roles for k, v in role.status().get("assignment", {}).items()},
-        join_token=config.join_token, state=state or {}, tenured=tenured,
+        join_token=config.join_token, state=state or {}, tenured=tenured, reachability=reachability, relay=relay,
     )

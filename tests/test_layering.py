@@ -87,7 +87,7 @@ def test_layering_walk_finds_modules() -> None:
 
 # -- inside peer/: rooms, and who may import whom ---------------------------------------------------
 
-GENERIC_ROOMS = ("run", "kit", "route", "testing")
+GENERIC_ROOMS = ("run", "kit", "route", "testing", "reach")
 
 
 def peer_room(path: Path) -> tuple[str, ...]:

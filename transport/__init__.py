@@ -26,6 +26,9 @@ Map of the package:
                 slowloris, connection cap, tensor helpers) and ``http_client``.
 - ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
                 (``wan_link`` holds the per-link profile and pacing).
+- ``relay``     a relayed data plane for private peers (TURN-style): ``RelayServer`` on a public
+                peer, ``RelayClient`` on the private one (a subpackage: ``wire``, ``server``,
+                ``client``).
 - ``dht``       membership over a hivemind DHTNode: signed entries under ``gossamer/`` keys,
                 validated by every node (a subpackage: ``membership``, ``config``, ``startup``,
                 ``entries``, ``validation``, ``records``).
@@ -42,6 +45,7 @@ Exceptions::
      ├── TransportTimeout      a deadline passed (connect, read, request)
      ├── Overloaded            a connection cap or bounded queue is full
      ├── RemoteError           the peer answered with an error frame or HTTP error status
+     ├── RelayRefused          (relay.server) a relay refused an allocation (not authorized, full)
      ├── BootstrapFailed       (dht.startup) no initial peer answered; the message says what to check
      └── DhtStartFailed        (dht.startup) the DHT node (p2pd) could not start; the message says why
 

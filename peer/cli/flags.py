@@ -25,6 +25,10 @@ _HELP = {
     "announce_http_port": "HTTP port written in this peer's record, when others reach it through another one "
                           "(port forwarding; default: the port it listens on)",
     "announce_tcp_port": "TCP port written in this peer's record (as --announce_http_port)",
+    "relay": "volunteer as a relay for peers behind NAT (a public peer only)",
+    "relay_port": "port of the relay service (0: chosen by the OS; relayed peers get fresh ports)",
+    "relay_max_peers": "most private peers this relay serves at once (default 16)",
+    "relay_rate_bytes_per_s": "bytes per second per relayed peer, both ways together (default 0: no cap)",
     "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:N",
     "data": "dataset: builtin:pydoc or a local file; TL++ nodes: builtin:digits[:shard=K/N|:class=C] or FILE.npz",
     "join_token": "owner-signed join token for allowlist runs",

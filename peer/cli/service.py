@@ -72,10 +72,11 @@ async def _serve(config: PeerConfig, plugins: PluginRegistry, run_config: RunCon
                                                  role_options=role_options))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({creating, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if not creating.done():
+    if not creating.done():  # a requested stop during start-up (a role still joining): nothing to keep yet
         creating.cancel()
         await asyncio.gather(creating, return_exceptions=True)
-        return 130
+        log.info("stopped during start-up")
+        return 0
     stopping.cancel()
     daemon = creating.result()  # re-raises a start-up error for the CLI to print
     _announce(daemon)

@@ -14,7 +14,7 @@ from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.view import PeerView
 
 COLUMNS = (("peer_id", "PEER ID", 14), ("name", "NAME", 14), ("roles", "ROLES", 22), ("round", "ROUND", 6),
-           ("http_addr", "ADDRESS", 22), ("last_seen_s", "LAST SEEN", 9))
+           ("http_addr", "ADDRESS", 22), ("reachability", "REACH", 8), ("last_seen_s", "LAST SEEN", 9))
 
 
 def run_status(*, run: str, initial_peers: tuple[str, ...], timeout_s: float, as_json: bool,

@@ -19,9 +19,10 @@ from gossamer.transport.http_client import HttpClient
 
 
 def choose_donors(live: list[LivePeer], *, exclude: str = "") -> tuple[int, str, list[Donor]]:
-    """(version, digest, donors) to download from; StateSyncError when nobody offers state."""
+    """(version, digest, donors) to download from; StateSyncError when nobody offers state. A
+    private peer that no relay reaches is never a donor (``PeerRecord.reachable``)."""
     offers = [(p.record.state.get("version"), p.record.state.get("digest"), p.record) for p in live
-              if p.record.peer_id != exclude and p.record.http_addr]
+              if p.record.peer_id != exclude and p.record.http_addr and p.record.reachable]
     offers = [(v, d, r) for v, d, r in offers if isinstance(v, int) and isinstance(d, str) and len(d) == 64]
     if not offers:
         raise StateSyncError("no live peer offers the run's state to download", failures=())

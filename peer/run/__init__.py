@@ -11,5 +11,8 @@
                  verified per read; each peer's tenure as seen here).
 - ``tenure``     which peers may steer a choice: the tenured ones (seen live long enough, or
                  vouched for by the run owner), so free new identities cannot.
-- ``joining``    starting the DHT node with actionable errors; finding and verifying a manifest.
+- ``joining``    starting the DHT node with actionable errors; finding and verifying a manifest;
+                 the line for a network nobody else joins (two DHTs that never meet).
+- ``addresses``  address hygiene: the host a peer announces (never 0.0.0.0, port 0, or loopback
+                 to a remote swarm) and the DHT / data-plane disagreement line.
 """

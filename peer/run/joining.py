@@ -65,8 +65,23 @@ async def fetch_manifest(membership: DhtMembership, config: PeerConfig) -> Manif
         delay_s = min(2 * delay_s, 2.0)
     if isinstance(last_error, ManifestError):
         raise last_error
+    if config.new_swarm or not config.initial_peers:
+        raise StartupError(f"run {config.run} was not found within {config.join_timeout_s:.0f}s because this peer "
+                           "started a new, empty network (--new_swarm, or no --initial_peers): pass --initial_peers "
+                           "with the address a peer of the run prints (its `join` line) instead")
     raise StartupError(f"run {config.run} was not found in the DHT within {config.join_timeout_s:.0f}s: is its "
                        "orchestrator running, and do --initial_peers point at a peer of the same network?")
+
+
+def lonely_line(config: PeerConfig, join_command: str) -> str:
+    """What to do when no other peer has appeared within ``join_timeout_s``."""
+    waited = f"no other peer has appeared in {config.join_timeout_s:.0f} s"
+    if config.new_swarm or not config.initial_peers:
+        return (f"{waited}. This peer started a new network; others join it with: {join_command}. If this run is "
+                "already live elsewhere, this is a second network that will never meet it: stop this peer and "
+                "start it with --initial_peers set to a peer of the live run")
+    return (f"{waited} although --initial_peers answered: are they peers of this run (the same run id), and is "
+            "this peer's record accepted (see records_rejected in /status)?")
 
 
 def _manifest_from_file(path: str, run_id: str) -> Manifest:

@@ -2,7 +2,8 @@
 
 A record is a plain map signed with the peer's Ed25519 key (``crypto.signed``). Readers verify it
 before use and drop anything unsigned, mis-signed, published under someone else's subkey, expired,
-or too far in the future. Admission (open / allowlist / join token) is checked separately by
+or too far in the future, and one that announces an address nobody can dial (``0.0.0.0``, port 0:
+``run.addresses``). Admission (open / allowlist / join token) is checked separately by
 ``peer.run.admission`` because it needs the run's manifest.
 
 ``join_token`` carries only a token bound to the record's own key (a token bound to no key is a
@@ -20,12 +21,17 @@ from gossamer.crypto.errors import VerificationError
 from gossamer.crypto.identity import Identity, peer_id_of
 from gossamer.crypto.signed import open_signed, sign_object
 from gossamer.peer.errors import RecordRejected
+from gossamer.peer.run.addresses import unusable_address
 
 MAX_RECORD_BYTES = 16 * 1024
 MAX_CLOCK_SKEW_S = 30.0
 MAX_TENURED = 128
 TENURED_ID_HEX = 16
 _TENURED_ID = re.compile(rf"[0-9a-f]{{{TENURED_ID_HEX}}}")
+UNKNOWN, PUBLIC, PRIVATE, RELAYED = "unknown", "public", "private", "relayed"
+REACHABILITY = (UNKNOWN, PUBLIC, PRIVATE, RELAYED)
+"""What a record's ``reachability`` says (``peer.reach``): not checked yet; others dialled its
+addresses back; they could not; private, and its addresses are a relay's that forwards to it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +52,13 @@ class PeerRecord:
     join_token: str = ""
     state: dict[str, Any] = field(default_factory=dict)  # {"version": int, "digest": hex} for state donors
     tenured: tuple[str, ...] = ()  # the run owner's: peer id prefixes it has seen live for the run's tenure
+    reachability: str = UNKNOWN  # one of REACHABILITY
+    relay: str = ""  # "host:port" of the relay service this peer volunteers ("" if none)
+
+    @property
+    def reachable(self) -> bool:
+        """Whether others can dial this peer's addresses (directly, or through its relay)."""
+        return self.reachability != PRIVATE
 
     def body(self) -> dict[str, Any]:
         body = asdict(self)
@@ -72,6 +85,9 @@ def open_record(blob: bytes, *, subkey: str, now: float, ttl_s: float) -> PeerRe
         raise RecordRejected("record's peer id does not match the key that signed it", reason="identity")
     if subkey != record.peer_id:
         raise RecordRejected(f"record for {record.peer_id[:12]} was published under subkey {subkey[:12]!r}", reason="identity")
+    for addr in (record.http_addr, record.tcp_addr, record.relay):
+        if problem := unusable_address(addr):
+            raise RecordRejected(f"record of {record.peer_id[:12]}: {problem}", reason="address")
     if now - record.timestamp > ttl_s:
         raise RecordRejected(f"record of {record.peer_id[:12]} expired {now - record.timestamp - ttl_s:.1f}s ago", reason="expired")
     if record.timestamp - now > MAX_CLOCK_SKEW_S:
@@ -83,8 +99,9 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "peer_id": str, "public_key": bytes, "name": str, "http_addr": str, "tcp_addr": str,
     "roles": list, "version": str, "round": int, "timestamp": (int, float),
     "assignment": dict, "capacity": dict, "join_token": str, "state": dict, "tenured": list,
+    "reachability": str, "relay": str,
 }
-_OPTIONAL = {"tenured": []}  # fields records of earlier versions lack
+_OPTIONAL = {"tenured": [], "reachability": UNKNOWN, "relay": ""}  # fields records of earlier versions lack
 
 
 def _record_from_body(body: dict[str, Any]) -> PeerRecord:
@@ -101,6 +118,8 @@ def _record_from_body(body: dict[str, Any]) -> PeerRecord:
     if len(tenured) > MAX_TENURED or not all(isinstance(t, str) and _TENURED_ID.fullmatch(t) for t in tenured):
         raise RecordRejected(f"record field 'tenured' must be at most {MAX_TENURED} peer id prefixes",
                              reason="malformed")
+    if body["reachability"] not in REACHABILITY:
+        raise RecordRejected(f"record field 'reachability' must be one of {REACHABILITY}", reason="malformed")
     fields = {name: body[name] for name in _FIELD_TYPES}
     fields["roles"] = tuple(body["roles"])
     fields["tenured"] = tuple(tenured)

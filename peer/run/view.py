@@ -50,6 +50,11 @@ class PeerView:
         self.last_rejections: dict[str, str] = {}
         self.deferred = 0  # records left unverified by the last read (over ``max_verify``)
 
+    @property
+    def admission(self) -> Admission:
+        """The run's admission policy the view applies."""
+        return self._admission
+
     def update(self, entries: dict[str, tuple[bytes, float]], *, now: float,
                withdrawn: Iterable[str] | None = None) -> None:
         """Rebuild the table from the records in ``entries`` that verify and are admitted.

@@ -40,11 +40,13 @@ class VirtualBatchScheduler:
     """Cuts each epoch's shuffle of the global (node, index) list into virtual batches.
 
     The shuffle depends only on (seed, epoch) and the counts, so the orchestrator can replay any
-    epoch and every node could check the schedule it is asked to follow.
+    epoch and every node could check the schedule it is asked to follow. ``min_size``: an epoch's
+    short tail batch is dropped when it holds fewer samples (secure mode's minimum batch;
+    ``drop_last`` drops any short tail).
     """
 
     def __init__(self, counts: Mapping[str, int], *, batch_size: int, seed: int,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, min_size: int = 1) -> None:
         if not isinstance(counts, Mapping) or not counts:
             raise TraversalError("counts: need at least one node with samples")
         for node, count in counts.items():
@@ -55,15 +57,18 @@ class VirtualBatchScheduler:
         self.batch_size = check_count("batch_size", batch_size, low=1)
         self.seed = check_count("seed", seed, low=0)
         self.drop_last = bool(drop_last)
+        self.min_size = check_count("min_size", min_size, low=1)
         self.total = sum(self.counts.values())
         if self.drop_last and self.total < self.batch_size:
             raise TraversalError(f"batch_size: {batch_size} > {self.total} samples: drop_last leaves "
                                  "no batch")
+        if self.total < self.min_size:
+            raise TraversalError(f"min_size: {min_size} > {self.total} samples: no batch is large enough")
 
     @property
     def steps_per_epoch(self) -> int:
         whole, rest = divmod(self.total, self.batch_size)
-        return whole + (1 if rest and not self.drop_last else 0)
+        return whole + (1 if rest >= self.min_size and not self.drop_last else 0)
 
     def epoch(self, epoch: int) -> list[VirtualBatch]:
         """The epoch's virtual batches: every sample exactly once (but a dropped short tail)."""
@@ -81,7 +86,7 @@ class VirtualBatchScheduler:
         return batches
 
     def without(self, node_ids: Iterable[str]) -> VirtualBatchScheduler:
-        """The schedule after ``node_ids`` left (same batch size, seed and drop_last)."""
+        """The schedule after ``node_ids`` left (same batch size, seed, drop_last and min_size)."""
         leaving = set(node_ids)
         unknown = sorted(leaving - set(self.counts))
         if unknown:
@@ -90,4 +95,4 @@ class VirtualBatchScheduler:
         if not remaining:
             raise TraversalError("node_ids: every node would leave; a schedule needs at least one")
         return VirtualBatchScheduler(remaining, batch_size=self.batch_size, seed=self.seed,
-                                     drop_last=self.drop_last)
+                                     drop_last=self.drop_last, min_size=self.min_size)

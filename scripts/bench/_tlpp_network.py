@@ -120,12 +120,13 @@ def request_log(net: LocalNet) -> RequestLog:
 
 
 async def ping_rtt(net: LocalNet, count: int) -> float:
-    """Median round trip of an empty request over the orchestrator's encrypted link to the helper."""
+    """Median round trip of a ``ping`` (one node the helper sees) over the orchestrator's encrypted link to the helper."""
     seconds = []
     for _ in range(count):
         start = time.perf_counter()
         await orchestrator(net).links.request(net["helper"].peer_id, HELPER_METHOD,
-                                             LinkMessage(PING, orchestrator(net).step), timeout_s=30.0)
+                                             LinkMessage(PING, orchestrator(net).step, {"nodes": [net["node0"].peer_id]}),
+                                             timeout_s=30.0)
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
 
@@ -194,10 +195,17 @@ async def tlpp_network(workdir: Path, *, hyper: dict[str, Any], sources: list[st
                        identities: dict[str, Identity]) -> LocalNet:
     """A TL++ run in one process: nodes ``node0..`` reading ``sources``, a helper if asked, and the
     orchestrator's server role (not started: the benchmark drives its steps)."""
-    doc = {"run": {"name": "bench", "protocol": "tlpp", "heartbeat_s": 30.0}, "hyper": hyper}
+    doc: dict[str, Any] = {"run": {"name": "bench", "protocol": "tlpp", "heartbeat_s": 30.0}, "hyper": hyper}
+    pin: dict[str, Any] = {}
+    if helper:  # secure mode: the helper pinned in the manifest and by every node; only these peers admitted
+        pin = {"node": {"helper": identities["helper"].peer_id}}
+        doc["hyper"] = {**hyper, "helper": identities["helper"].peer_id}
+        doc["admission"] = {"policy": "allowlist", "allow": [identities[f"node{i}"].public_key.hex()
+                                                             for i in range(len(sources))]
+                            + [identities["helper"].public_key.hex()]}
     net = await LocalNet.create(doc, plugins=PLUGINS, workdir=workdir, owner=identities["orchestrator"])
     for i, source in enumerate(sources):
-        await net.add(f"node{i}", ("node",), identity=identities[f"node{i}"], data=source)
+        await net.add(f"node{i}", ("node",), identity=identities[f"node{i}"], data=source, role_options=pin)
     if helper:
         await net.add("helper", ("helper",), identity=identities["helper"])
     await net.add("orchestrator", ("orchestrator", "tlpp-server"), identity=identities["orchestrator"])

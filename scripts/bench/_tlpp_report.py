@@ -118,7 +118,7 @@ def render_phases(summary: dict[str, Any]) -> str:
              for mode, row in summary["rows"].items()]
     return ("Phases of the network step (median ms; share:act / share:grad are the nodes' pushes to the "
             "helper, inside forward / backward; orchestrator_local = step time outside the orchestrator's "
-            f"requests). Empty request round trip over an encrypted link (ping to the helper): "
+            f"requests). Round trip of a ping to the helper (one node, which it sees) over an encrypted link: "
             f"{1e3 * summary['ping_rtt_s']:.2f} ms.\n\n"
             + markdown_table(header, lines) + render_profile(summary))
 

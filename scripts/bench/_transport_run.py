@@ -8,7 +8,10 @@
   page faults and zeroing of 100 MB cost on this VM; no target);
 - gossamer HTTP (``HttpClient.put_tensors`` to an ``HttpServer`` PUT route, answered after decoding);
 - hivemind 1.1.12's ``DecentralizedAverager``, two peers averaging the tensor (payload / step time);
-- gossamer TCP and HTTP through a ``WanProxy`` emulating 100 Mbit/s with 50 ms one-way latency.
+- gossamer TCP and HTTP through a ``WanProxy`` emulating 100 Mbit/s with 50 ms one-way latency;
+- with ``--relay`` (root): gossamer TCP between network namespaces, direct between two public
+  hosts vs relayed between two NATed hosts through a public relay, unshaped and at 100 Mbit/s
+  (``_relay_rows``).
 
 Every row runs one untimed warm-up transfer (checked end to end) before its timed repetitions,
 and the rows' repetitions are interleaved (``run_interleaved``).
@@ -35,6 +38,7 @@ from _common import (
     summarize,
     write_json,
 )
+from _relay_rows import relay_rows, relay_table
 from _report import TARGETS, compute_ratios, render_table
 from _wan import WAN_LATENCY_MS, WAN_MBIT_PER_S, link_rate_bytes_per_s
 
@@ -52,6 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--wan_repeats", type=int, default=3, help="timed repetitions of the WAN rows")
     parser.add_argument("--skip_hivemind", action="store_true", help="leave out the hivemind averager row")
     parser.add_argument("--skip_wan", action="store_true", help="leave out the WAN proxy rows")
+    parser.add_argument("--relay", action="store_true",
+                        help="add the relay rows: direct vs relayed between network namespaces (root)")
+    parser.add_argument("--only_relay", action="store_true", help="run only the relay rows")
+    parser.add_argument("--relay_rate_mbit", type=float, default=100.0, help="egress cap of the shaped relay rows")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
     parser.add_argument("--pin_cpu", type=int, default=None,
                         help="pin every benchmark process to this CPU (both sides share one core)")
@@ -130,13 +138,30 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def run_relay(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    rows = relay_rows(size_bytes=size_bytes(args.size_mb), shaped_size_bytes=size_bytes(args.wan_size_mb),
+                      repeats=args.repeats, shaped_repeats=args.wan_repeats, rate_mbit=args.relay_rate_mbit, log=_log)
+    return rows, relay_table(rows, args.relay_rate_mbit)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.only_relay:
+        rows, table = run_relay(args)
+        print(table)
+        write_json(args.json, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
+                               "rows": rows, "table_markdown": table})
+        print(f"\nwrote {args.json}", file=sys.stderr)
+        return 0
     rows = run_all(args)
     link = {"mbit_per_s": WAN_MBIT_PER_S, "latency_ms": WAN_LATENCY_MS,
             "rate_mb_per_s": link_rate_bytes_per_s() / MB}
     ratios = compute_ratios(rows, link["rate_mb_per_s"])
     table = render_table(rows, ratios, link)
+    if args.relay:
+        relayed, relay_markdown = run_relay(args)
+        rows.update(relayed)
+        table = f"{table}\n\n{relay_markdown}"
     print(table)
     write_json(args.json, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
                            "hivemind": {"min_matchmaking_time_s": HIVEMIND_MATCHMAKING_S,

@@ -5,7 +5,7 @@ TCP and HTTP through an emulated 100 Mbit/s, 50 ms WAN link, all in one run so t
 are measured side by side. See ``_transport_run`` for the rows and BENCHMARKS.md for results::
 
     .venv/bin/python scripts/bench/transport.py [--size_mb 100] [--repeats 5] [--skip_hivemind]
-        [--skip_wan] [--json scripts/bench/results/transport.json]
+        [--skip_wan] [--relay | --only_relay] [--json scripts/bench/results/transport.json]
 """
 
 import sys

@@ -57,6 +57,7 @@ lr = 0.003
 deadline_s = 8.0
 eval_batches = 2
 route_timeout_s = 4.0
+min_workers = 3
 """
 
 

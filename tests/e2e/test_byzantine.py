@@ -42,7 +42,7 @@ class Swarm:
         run_dir.mkdir()
         (run_dir / "run.toml").write_text(RUN.format(name=name, rounds=rounds, w2_deadline_s=w2_deadline_s,
                                                      learners=len(identities), aggregator=aggregator, f=f,
-                                                     aggregator_extra=extra))
+                                                     aggregator_extra=extra, heartbeat_s=1.0))
         self.rounds, self.attacks = rounds, attacks
         self.orchestrator = GossamerProcess(["orchestrator", "-c", str(run_dir / "run.toml"), "--new_swarm",
                                              "--events", *LOOPBACK, "--identity_path", str(run_dir / "owner.pem")],

@@ -20,7 +20,7 @@ RUN = """
 [run]
 name = "{name}"
 protocol = "diloco"
-heartbeat_s = 1.0
+heartbeat_s = {heartbeat_s}
 [model]
 d_model = 32
 n_layers = 1
@@ -56,9 +56,11 @@ def start_learner(work: Path, ready: dict, index: int, attack: str | None = None
 
 
 def start_run(work: Path, *, name: str, learners: int, rounds: int, aggregator: str, f: int = 0,
-              attacks: dict[int, str] | None = None, w2_deadline_s: float = 8.0, aggregator_extra: str = "") -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
+              attacks: dict[int, str] | None = None, w2_deadline_s: float = 8.0, aggregator_extra: str = "",
+              heartbeat_s: float = 1.0) -> tuple[GossamerProcess, list[GossamerProcess], list[str], dict]:
     (work / "run.toml").write_text(RUN.format(name=name, learners=learners, rounds=rounds, aggregator=aggregator, f=f,
-                                              w2_deadline_s=w2_deadline_s, aggregator_extra=aggregator_extra))
+                                              w2_deadline_s=w2_deadline_s, aggregator_extra=aggregator_extra,
+                                              heartbeat_s=heartbeat_s))
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
                             "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
     ready = orch.wait_ready()
@@ -73,7 +75,8 @@ def rounds_of(proc: GossamerProcess, count: int, *, timeout_s: float = 200) -> l
 
 
 def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_current_round(tmp_path: Path) -> None:
-    orch, procs, ids, ready = start_run(tmp_path, name="kill", learners=4, rounds=5, aggregator="mean")
+    # 8 rounds: the joiner, started after round 0, must be up before the others finish, loaded machine or not
+    orch, procs, ids, ready = start_run(tmp_path, name="kill", learners=4, rounds=8, aggregator="mean")
     try:
         first = [proc.wait_event(lambda e: e["event"] == "diloco.round", timeout_s=200) for proc in procs]
         procs[3].stop(signal.SIGKILL)
@@ -90,7 +93,7 @@ def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_
             assert events[-1]["heldout_loss"] < first[0]["heldout_loss"] - 0.1
         for proc in procs[:3]:
             finished = proc.wait_event(lambda e: e["event"] == "diloco.finished", timeout_s=60)
-            assert Path(finished["checkpoint"]).is_file() and finished["round"] == 5
+            assert Path(finished["checkpoint"]).is_file() and finished["round"] == 8
         assert "joined at round" in joiner.log()
     finally:
         for proc in [*procs, orch]:
@@ -127,7 +130,8 @@ def test_sign_flipping_learner_does_not_stop_honest_learners(tmp_path: Path) -> 
     the same attacker (x10 sign flip, one of four) pushed the held-out loss to 5.4 by round 2."""
     orch, procs, _ids, _ready = start_run(tmp_path, name="byz", learners=4, rounds=4, aggregator="centered_clipping",
                                         f=1, attacks={3: "sign_flip:10"}, w2_deadline_s=30.0,
-                                        aggregator_extra="tau = 0.5")
+                                        aggregator_extra="tau = 0.5", heartbeat_s=3.0)
+    # every round must see all four learners: records that live 9 s, not 3, survive a starved heartbeat
     try:
         for proc in procs[:3]:
             events = rounds_of(proc, 4)

@@ -116,9 +116,17 @@ class Walk:
         self.procs.append((proc, log))
         return proc, log
 
-    def run(self, line: str, *, owner: bool = False, timeout_s: float = 120, **extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(line, **extra), cwd=self.work, env=self.env(self.home(owner)),
+    def run(self, line: str, *, owner: bool = False, home: Path | None = None, timeout_s: float = 120,
+            **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(line, **extra), cwd=self.work, env=self.env(home or self.home(owner)),
                               capture_output=True, text=True, timeout=timeout_s)
+
+    def fill_file(self, name: str, values: dict[str, str]) -> None:
+        """Replace placeholders in a file the README's TOML block wrote (longest first)."""
+        text = (self.work / name).read_text()
+        for key in sorted(values, key=len, reverse=True):
+            text = text.replace(key, values[key])
+        (self.work / name).write_text(text)
 
     def wait_for(self, log: Path, pattern: str, proc: subprocess.Popen, timeout_s: float = 240) -> re.Match:
         """The first match of ``pattern`` in what the process printed (it prints as it goes)."""
@@ -226,11 +234,25 @@ def test_train_a_model_together_stop_sample_and_resume(walk_of) -> None:
 
 
 def test_tlpp_split_learning(walk_of) -> None:
-    walk, (orchestrator, helper, node) = walk_of("Split learning on private data (TL++)")
+    """Secure mode: the helper's operator and each data owner make an identity, the run owner pins
+    the helper and admits their keys (HELPER, HELPER_KEY, OWNER_KEY_K in digits.toml), each data
+    owner pins the helper with --helper HELPER."""
+    walk, (identity, orchestrator, helper, node) = walk_of("Split learning on private data (TL++)")
+    homes = {who: walk.home(False) for who in ["HELPER", *(f"OWNER_{k}" for k in range(3))]}
+    values = {}
+    for who, home in homes.items():
+        made = walk.run(identity, home=home)
+        assert made.returncode == 0, made.stderr
+        peer_id, key = re.search(r"peer id:\s+(\S+)\npublic key:\s+(\S+)", made.stdout).groups()  # type: ignore[union-attr]
+        values[f"{who.replace('OWNER_', 'OWNER_KEY_') if who != 'HELPER' else 'HELPER_KEY'}"] = key
+        if who == "HELPER":
+            values["HELPER"] = peer_id
+    walk.fill_file("digits.toml", values)
+    walk.fill["HELPER"] = values["HELPER"]
     owner, owner_log = walk.owner_started(orchestrator)
-    walk.start(helper)
+    walk.start(helper, home=homes["HELPER"])
     for k in range(3):
-        walk.start(node, K=str(k))
+        walk.start(node, home=homes[f"OWNER_{k}"], K=str(k))
     walk.wait_for(owner_log, r"\] +25/500  held-out at step 25: loss [\d.]+, accuracy", owner, timeout_s=300)
 
 

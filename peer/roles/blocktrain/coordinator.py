@@ -80,6 +80,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
                                          limits=ctx.http_config.limits,
                                          max_body_bytes=ctx.http_config.max_body_bytes)
         self.assignment: dict[str, int] = {}
+        self.started = False  # min_workers were live once: from then on every live worker is assigned
         self.finished = False
         self.heldout_ce: float | None = None
         self.series: dict[str, list[list[float]]] = {"heldout_ce": []}  # by total versions, for the swarm page
@@ -122,7 +123,8 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
 
     def status(self) -> dict[str, Any]:
         return {"versions": list(self.board.versions), "assignment_by_worker": dict(self.assignment),
-                "finished": self.finished, "heldout_ce": self.heldout_ce, "checkpoints": str(self.directory),
+                "started": self.started, "finished": self.finished, "heldout_ce": self.heldout_ce,
+                "checkpoints": str(self.directory),
                 "ledgers": self.board.ledgers.last(6), "series": self.series, "pacing": self.board.pacing_status()}
 
     def health(self) -> RoleHealth:
@@ -234,6 +236,12 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
     def _reassign(self) -> None:
         live = self.ctx.view.live(now=self.ctx.now())
         workers = [p.record.peer_id for p in live if names.WORKER in p.record.roles]
+        if not self.started:
+            if len(workers) < self.settings.min_workers:
+                return
+            self.started = True
+            log.info("%d block worker(s) live (min_workers %d): training starts", len(workers),
+                     self.settings.min_workers)
         target = self.settings.versions
         finished = [k for k, v in enumerate(self.board.versions) if target and v >= target]
         assignment = assign_blocks(self.board.num_blocks, workers, previous=self.assignment,

@@ -15,6 +15,8 @@ Manifest layout (run config TOML)::
               for one whole route through the block servers; each host forwards within what is
               left of it),
               max_batch (most sequences one route frame may carry),
+              min_workers (no block is assigned until this many block workers are live; it
+              gates the start only: a run whose workers leave goes on with those left),
               pacing ("adaptive": a version's deadline follows the workers' measured update
               times, ``deadline_s`` its ceiling, and a persistently slow worker is flagged and no
               longer waited for; "fixed": every version waits up to ``deadline_s``),
@@ -51,6 +53,7 @@ class BlockTrainSettings:
     route_timeout_s: float = setting(30.0, table="hyper", above=0.0)
     max_batch: int = setting(64, table="hyper", low=1)
     pacing: str = setting("adaptive", table="hyper", choices=("adaptive", "fixed"))
+    min_workers: int = setting(1, table="hyper", low=1)
     sample_bytes: int = setting(64, table="hyper", low=0)
     sample_prompt: str = setting("The ", table="hyper")
     sample_temperature: float = setting(0.8, table="hyper", low=0.0)

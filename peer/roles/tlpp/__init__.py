@@ -5,8 +5,8 @@ below the cut. The run owner's ``tlpp-server`` holds the layers above the cut an
 and drives virtual batches drawn across the nodes; in secure mode the cut tensors travel as
 additive secret shares to it and to an independent ``helper`` (``gossamer helper``). Modules:
 ``settings``, ``names``, ``data`` (where a node's samples come from), ``server`` (+ ``steps``),
-``node``, ``helper``, ``secure`` (each party's share arithmetic), ``wire`` (what they say) and
-``commands``.
+``node``, ``helper``, ``secure`` (each party's share arithmetic), ``wire`` (what they say),
+``ledger`` (what one virtual batch did) and ``commands``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.tlpp import names
-from gossamer.peer.roles.tlpp.commands import HELPER
+from gossamer.peer.roles.tlpp.commands import HELPER, NODE
 
 STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_failures", "step", "epoch", "index",
                "mode", "planned", "samples", "loss", "accuracy", "applied", "note", "bytes_sent", "bytes_received",
@@ -72,7 +72,7 @@ PLUGIN = ProtocolPlugin(
            names.HELPER: "gossamer.peer.roles.tlpp.helper:TlppHelperRole"},
     owner_roles=(names.SERVER,),
     swarm_roles=(names.NODE,),
-    commands=(HELPER,),
+    commands=(HELPER, NODE),
     events=EVENTS,
     finish=FinishRule("finished", by="owner"),
     describe_event=describe,

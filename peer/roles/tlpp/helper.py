@@ -5,22 +5,29 @@ logit or loss. It takes from the data nodes of the run their share 1 of each ten
 the cut activations of a step, then the step's gradients), and answers the orchestrator (the
 manifest owner) with what is computed share-wise on them:
 
-- ``logits`` {nodes, sizes} + the server weight W: its share of A W^T over the named nodes'
-  activation shares, concatenated in sorted node order (``peer.tlpp_secure.server_logit_share``;
-  the bias is party 0's to add). It waits up to ``helper_wait_s`` for shares still on their way
-  and answers which nodes it used, leaving out a node whose share never came or does not match
-  the size the orchestrator holds.
-- ``sum`` {nodes}: the sum of its flat gradient shares over the named nodes (``server_sum``),
-  waiting likewise and answering which nodes it summed (a node whose push failed is left out);
-  only the orchestrator can add its own summed share and reconstruct the sum, never a single
-  node's part.
+- ``logits`` {nodes, sizes} + the server weight W, once per step: its share of A W^T over the
+  named nodes' activation shares, concatenated in sorted node order
+  (``peer.tlpp_secure.server_logit_share``; the bias is party 0's to add). It waits up to
+  ``helper_wait_s`` for shares still on their way and answers which nodes it used, leaving out a
+  node whose share never came or does not match the size the orchestrator holds. A second
+  ``logits`` for one step is refused: each would show the orchestrator the activations through
+  another W.
+- ``sum`` {nodes}, once per step: the sum of its flat gradient shares over the named nodes
+  (``server_sum``), waiting likewise and answering which nodes it summed (a node whose push failed
+  is left out); only the orchestrator can add its own summed share and reconstruct the sum, never a
+  single node's part. The named nodes must be among those the step's ``logits`` used, at least
+  ``min_sum_nodes`` (k) of them; when it holds the shares of fewer than k, or of fewer than
+  ``min_batch`` samples, it answers which it holds and no share (``logits`` likewise).
 - ``ping`` {nodes}: which of the named nodes the helper sees as live data nodes of the run,
   waiting up to ``helper_wait_s`` for those it does not see yet. The orchestrator asks before a
   node's first step with this helper: a node the helper cannot see could not push it a share.
 
-It accepts share 1 (``party`` = 1) only, from live peers with the ``node`` role, each tensor once
-per step, for at most ``MAX_STEPS_HELD`` steps; shares of steps before the orchestrator's latest
-``logits`` request are refused and dropped. With ``--share_log`` it logs one line per
+It runs only as the helper the manifest pins (``hyper.helper``). It accepts share 1 (``party`` =
+1) only, from live peers with the ``node`` role, each tensor once per step, at most ``batch_size``
+activation rows, and only for steps in the window ``announced .. announced + SHARE_WINDOW``
+(``announced``: the step of the orchestrator's latest request): a node can hold at most
+``SHARE_WINDOW + 1`` steps of its own shares and never fill anyone else's place. Shares of
+steps before the announced one are refused and dropped. With ``--share_log`` it logs one line per
 share tensor it accepts (``peer.roles.tlpp.wire``).
 """
 
@@ -47,7 +54,7 @@ from gossamer.peer.roles.tlpp.secure import (
     server_logit_share,
     server_sum,
 )
-from gossamer.peer.roles.tlpp.settings import TlppSettings
+from gossamer.peer.roles.tlpp.settings import TlppSettings, check_secure_admission
 from gossamer.peer.roles.tlpp.wire import (
     ACT,
     GRADS,
@@ -55,6 +62,7 @@ from gossamer.peer.roles.tlpp.wire import (
     LOGITS,
     PING,
     SHARE,
+    SHARE_WINDOW,
     SUM,
     ShareLog,
     check_party,
@@ -65,24 +73,27 @@ from gossamer.peer.roles.tlpp.wire import (
 from gossamer.protocols.tlpp import TraversalError, affine_server
 
 log = logging.getLogger(__name__)
-MAX_STEPS_HELD = 8
 KINDS = ("act", "grad")
 
 
 class ShareStore:
-    """Share tensors by step, node and kind until the orchestrator asks for them."""
+    """Share tensors by step, node and kind until the orchestrator asks for them; only for steps in
+    the window ``floor .. floor + window`` (``floor``: the step the orchestrator announced last), so
+    each node holds at most ``window + 1`` steps of its own and none can crowd out another's."""
 
-    def __init__(self, *, max_steps: int = MAX_STEPS_HELD) -> None:
+    def __init__(self, *, window: int = SHARE_WINDOW) -> None:
         self._shares: dict[int, dict[str, dict[str, dict[str, torch.Tensor]]]] = {}
+        self._logits: dict[int, dict[str, int]] = {}  # step -> the nodes its logits used, and their rows
         self._changed = asyncio.Condition()
-        self._max_steps = max_steps
+        self._window = window
         self.floor = 0
 
     async def put(self, step: int, node: str, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         if step < self.floor:
             raise RequestRefused(f"step {step} is over (the orchestrator is at step {self.floor})", code="stale")
-        if step not in self._shares and len(self._shares) >= self._max_steps:
-            raise RequestRefused(f"the helper already holds shares of {self._max_steps} steps", code="full")
+        if step > self.floor + self._window:
+            raise RequestRefused(f"step {step} is ahead of the window: the orchestrator is at step {self.floor}, the "
+                                 f"helper takes shares of steps {self.floor}..{self.floor + self._window}", code="ahead")
         held = self._shares.setdefault(step, {}).setdefault(node, {})
         if kind in held:
             raise RequestRefused(f"node {node[:12]} already sent its {kind} shares of step {step}", code="duplicate")
@@ -103,14 +114,34 @@ class ShareStore:
                 pass
         return present()
 
-    def advance(self, step: int) -> None:
+    def announce(self, step: int) -> None:
         """The orchestrator is at ``step``: drop everything older and refuse it from now on."""
         self.floor = max(self.floor, step)
         for old in [s for s in self._shares if s < self.floor]:
             del self._shares[old]
+        for old in [s for s in self._logits if s < self.floor]:
+            del self._logits[old]
+
+    def open_logits(self, step: int) -> None:
+        """``logits`` of ``step`` is asked: refused if it was asked before (once per step)."""
+        if step in self._logits:
+            raise RequestRefused(f"logits of step {step} were already asked; the helper answers them once",
+                                 code="repeat")
+        self._logits[step] = {}
+
+    def logits_used(self, step: int, rows: dict[str, int]) -> None:
+        self._logits[step] = rows
+
+    def logit_rows(self, step: int) -> dict[str, int]:
+        """The nodes (and their rows) the logits of ``step`` used; RequestRefused if none were asked."""
+        if step not in self._logits:
+            raise RequestRefused(f"sum of step {step}: the helper answered no logits of that step (or summed it "
+                                 "already)", code="nodes")
+        return self._logits[step]
 
     def discard(self, step: int) -> None:
         self._shares.pop(step, None)
+        self._logits.pop(step, None)
 
     @property
     def steps_held(self) -> int:
@@ -127,6 +158,11 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         if not self.settings.secure:
             raise ConfigError(f"run {ctx.manifest.run_id} trains in base mode; a helper only takes part in secure mode "
                               "(hyper.mode = \"secure\")")
+        check_secure_admission(self.settings, ctx.manifest.config.policy)
+        if ctx.identity.peer_id != self.settings.helper:
+            raise ConfigError(f"run {ctx.manifest.run_id} pins helper {self.settings.helper[:16]}... (hyper.helper); "
+                              f"this identity is {ctx.identity.peer_id[:16]}...: a helper runs only as the one the "
+                              "run names")
         model = self.settings.build_model("cpu")
         node_side, server_side = self.settings.split(model)
         try:
@@ -182,6 +218,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
             return await self._share(peer_id, message)
         if message.op in (LOGITS, SUM, PING) and from_orchestrator:
             self.last_step = max(self.last_step, message.step)
+            self.store.announce(message.step)
             if message.op == PING:
                 return await self._ping(message)
             return await (self._logits(message) if message.op == LOGITS else self._sum(message))
@@ -197,6 +234,9 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
                     or act.shape[1] != self._linear.in_features:
                 raise RequestRefused(f"activation shares must be one int64 tensor [rows, {self._linear.in_features}]",
                                      code="malformed")
+            if act.shape[0] > self.settings.batch_size:
+                raise RequestRefused(f"activation shares of {act.shape[0]} rows; a step has at most batch_size = "
+                                     f"{self.settings.batch_size}", code="malformed")
             logged = [ACT]
         elif kind == "grad":
             check_tensors(message.tensors, self._grads, what="gradient shares")
@@ -220,14 +260,18 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
     async def _logits(self, message: LinkMessage) -> LinkMessage:
         nodes = node_list(message.fields.get("nodes"), "logits: nodes")
         sizes = message.fields.get("sizes")
-        if not isinstance(sizes, dict) or set(sizes) != set(nodes):
+        if not isinstance(sizes, dict) or set(sizes) != set(nodes) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in sizes.values()):
             raise RequestRefused("logits: sizes must give each named node's row count", code="malformed")
         check_tensors(message.tensors, {"weight": self._linear.weight}, what="logits: server weight")
-        self.store.advance(message.step)
+        self._check_enough(nodes, sizes, what="logits")
+        self.store.open_logits(message.step)
         shares = await self.store.collect(message.step, nodes, "act", timeout_s=self.settings.helper_wait_s)
         used = [n for n in nodes if n in shares and shares[n][ACT].shape[0] == sizes[n]]
-        if not used:
-            return LinkMessage(LOGITS, message.step, {"nodes": []})
+        short = self.settings.too_few(used, sizes) if used else ""
+        if not used or short:  # which nodes it holds, but no share
+            return LinkMessage(LOGITS, message.step, {"nodes": used, **({"note": short} if short else {})})
+        self.store.logits_used(message.step, {n: sizes[n] for n in used})
         with torch.no_grad():
             self._linear.weight.copy_(message.tensors["weight"])
         try:
@@ -239,14 +283,26 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         self.logits_served += 1
         return LinkMessage(LOGITS, message.step, {"nodes": used}, {"logits": share.ring})
 
+    def _check_enough(self, nodes: list[str], rows: dict[str, int], *, what: str) -> None:
+        """RequestRefused for a request that could never reveal enough: fewer than k nodes or
+        ``min_batch`` samples (the orchestrator never sends one; one that does is not followed)."""
+        short = self.settings.too_few(nodes, rows)
+        if short:
+            raise RequestRefused(f"{what}: {short}; nothing over them is revealed", code="nodes")
+
     async def _sum(self, message: LinkMessage) -> LinkMessage:
         nodes = node_list(message.fields.get("nodes"), "sum: nodes")
+        rows = self.store.logit_rows(message.step)
+        if not set(nodes) <= set(rows):
+            raise RequestRefused(f"sum of step {message.step}: nodes {sorted(n[:12] for n in set(nodes) - set(rows))} "
+                                 "were not in that step's logits", code="nodes")
+        self._check_enough(nodes, rows, what=f"sum of step {message.step}")
         shares = await self.store.collect(message.step, nodes, "grad", timeout_s=self.settings.helper_wait_s)
         used = [n for n in nodes if n in shares]
-        if not used:
-            self.store.discard(message.step)
-            return LinkMessage(SUM, message.step, {"nodes": []})
-        summed = server_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])
         self.store.discard(message.step)
+        short = self.settings.too_few(used, rows) if used else ""
+        if not used or short:  # which nodes it holds, but no share
+            return LinkMessage(SUM, message.step, {"nodes": used, **({"note": short} if short else {})})
+        summed = server_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])
         self.sums_served += 1
         return LinkMessage(SUM, message.step, {"nodes": used}, {GRADS: summed.ring})

@@ -10,15 +10,27 @@ many samples it holds (``assignment.tlpp_samples`` in its signed record; with ``
   orchestrator sends them when the node's cached version is stale; a node asked to run a version
   it does not hold refuses with code "stale"), run the node side on the named samples and answer
   the cut activations and labels. Secure mode: check |A| <= max_abs, split A into two additive
-  shares (``peer.tlpp_secure.node_share_activations``), start pushing share 1 to the helper the
-  request names and answer share 0 to the orchestrator at once. A node that does not see the named
-  helper live (waiting up to ``helper_wait_s``) refuses with code "helper" instead of answering a
-  share it could not complete.
+  shares (``peer.tlpp_secure.node_share_activations``), start pushing share 1 to its pinned
+  helper and answer share 0 to the orchestrator at once. A node that does not see its helper live
+  (waiting up to ``helper_wait_s``) refuses with code "helper" instead of answering a share it
+  could not complete.
 - ``backward`` {step}: for the step of the last forward, recompute the forward and
   backpropagate. Base mode: the cut-gradient slice in, the node-side gradients out. Secure mode:
   its own logit-gradient slice g_i in; the node-side and server-weight gradients, scaled by the
   public grad_scale, flattened into one vector and shared (``node_gradient_shares``); share 1
   pushed to the helper, share 0 answered at once.
+
+**Secure mode's own checks** (SECURITY.md, "TL++ secure mode: threat model"). The data owner pins
+the one helper it trusts (``gossamer node --helper PEER_ID``, the role option ``helper``): the node
+refuses to start without it, when the manifest's ``hyper.helper`` names another, in base mode
+(the pin says the owner expects shares) or under ``admission.policy = "open"``; it refuses any
+request naming another helper and pushes only to its own, for the whole run. It answers at most
+one forward per step, steps strictly increasing, of at most ``batch_size`` samples (each forward
+shows the orchestrator logits of the node's samples: the number of such queries is bounded). It
+recomputes its own g_i = (softmax(A_i W^T + b) - onehot(y_i)) / grad_scale from the weights and
+labels it holds and refuses (code "gradient") a slice that differs by more than the fixed-point
+slack, so the orchestrator cannot zero or forge the others' slices to isolate one node's gradient
+in the sum; and it refuses a grad_scale below ``min_batch``.
 
 **Pushes run beside the answer.** The helper waits (bounded, ``helper_wait_s``) for the shares an
 orchestrator request names and answers which nodes it used, so the push need not finish before
@@ -38,6 +50,7 @@ from typing import Any
 import torch
 
 from gossamer.crypto.sharing import MaskStream, SharingError
+from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.secure_link import (
     LinkMessage,
     RequestRefused,
@@ -49,7 +62,7 @@ from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, Role
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import default_node_source, load_run_data
 from gossamer.peer.roles.tlpp.secure import node_gradient_shares, node_share_activations
-from gossamer.peer.roles.tlpp.settings import TlppSettings
+from gossamer.peer.roles.tlpp.settings import TlppSettings, check_secure_admission, is_peer_id
 from gossamer.peer.roles.tlpp.wire import (
     ACT,
     BACKWARD,
@@ -61,9 +74,10 @@ from gossamer.peer.roles.tlpp.wire import (
     check_indices,
     check_tensors,
 )
-from gossamer.protocols.tlpp import TraversalError, channel_stats, node_backward, node_forward
+from gossamer.protocols.tlpp import TraversalError, channel_stats, logit_gradient, node_backward, node_forward
 
 log = logging.getLogger(__name__)
+LOGIT_GRAD_SLACK = 1e-3  # |g_i - own g_i| * grad_scale allowed for the fixed-point logits (measured: <= 3.8e-5)
 
 
 def run_over(role: ProtocolRole, health: RoleHealth) -> RoleHealth:
@@ -79,8 +93,9 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
 
     name = names.NODE
 
-    def __init__(self, ctx: RoleContext) -> None:
+    def __init__(self, ctx: RoleContext, *, helper: str = "") -> None:
         super().__init__(ctx)
+        self.helper = self._pinned(helper)
         source = ctx.config.data or default_node_source(ctx.identity.peer_id, self.settings.num_shards)
         self.data = load_run_data(source, self.settings)
         self._assignment: dict[str, Any] = {"tlpp_samples": len(self.data)}
@@ -95,12 +110,32 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                                         authorize=self._authorize, handler=self._handle, traffic=ctx.traffic)
         self._lock = asyncio.Lock()
         self.pushes_failed = 0
-        self._pending: tuple[int, torch.Tensor] | None = None
+        self._pending: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (step, x, y) of the last forward
+        self.forwarded_step = -1  # the last step whose forward this node answered (steps only go up)
         self.version = -1
         self.steps_served = 0
         self.last_step = -1
         log.info("TL++ node: %d samples from %s, %s mode, cut %d", len(self.data), source, self.settings.mode,
                  self.settings.cut)
+
+    def _pinned(self, helper: str) -> str:
+        """The helper this data owner trusts (see the module docstring); ConfigError when it does not fit the run."""
+        settings = self.settings
+        if not settings.secure:
+            if helper:
+                raise ConfigError(f"--helper pins a helper, but run {self.ctx.manifest.run_id} trains in base mode: the "
+                                  "cut activations would go in plaintext to the orchestrator; join it with "
+                                  "`gossamer peer --roles node` if that is what you want")
+            return ""
+        check_secure_admission(settings, self.ctx.manifest.config.policy)
+        if not is_peer_id(helper):
+            raise ConfigError("secure mode: this data node trusts no helper; start it with `gossamer node --helper "
+                              "PEER_ID`, the peer id of the helper you trust (its operator prints it with `gossamer "
+                              f"identity show`), got {helper[:80]!r}")
+        if helper != settings.helper:
+            raise ConfigError(f"run {self.ctx.manifest.run_id} names helper {settings.helper[:16]}... (hyper.helper), "
+                              f"not the one you trust ({helper[:16]}...): this node does not join it")
+        return helper
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -146,6 +181,8 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
         if fields.get("mode") != self.settings.mode:
             raise RequestRefused(f"mode {fields.get('mode')!r} does not match the run's {self.settings.mode!r}")
         indices = check_indices(fields.get("indices"), len(self.data))
+        if self.settings.secure:
+            self._check_query(message.step, indices)
         helper = await self._helper_seen(fields) if self.settings.secure else ""
         self._load_weights(fields.get("version"), message.tensors)
         self._pending = None
@@ -161,14 +198,25 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                 raise RequestRefused(str(exc), code="range") from exc
             self._push(helper, message.step, "act", {ACT: to_helper.ring})
             reply = LinkMessage(FORWARD, message.step, {"party": 0}, {ACT: to_orchestrator.ring, "labels": y})
-        self._pending = (message.step, x)
+        self._pending = (message.step, x, y)
         self.last_step = message.step
+        if self.settings.secure:
+            self.forwarded_step = message.step
         return reply
 
+    def _check_query(self, step: int, indices: list[int]) -> None:
+        """Secure mode: one forward per step, steps going up, at most ``batch_size`` samples."""
+        if step <= self.forwarded_step:
+            raise RequestRefused(f"forward for step {step}: this node answered step {self.forwarded_step} already "
+                                 "and answers one forward per step, steps going up", code="step")
+        if len(indices) > self.settings.batch_size:
+            raise RequestRefused(f"forward of {len(indices)} samples; a step has at most batch_size = "
+                                 f"{self.settings.batch_size}", code="malformed")
+
     async def _helper_seen(self, fields: dict[str, object]) -> str:
-        """The helper a secure forward names, once this node sees it live (waiting up to
-        ``helper_wait_s``): the node answers only when it can push its share 1."""
-        helper = _helper_named(fields)
+        """The pinned helper, which the forward must name, once this node sees it live (waiting up
+        to ``helper_wait_s``): the node answers only when it can push its share 1."""
+        helper = self._helper_named(fields)
         if not await self.ctx.until_view(lambda: self.live_with(helper, names.HELPER) is not None,
                                          timeout_s=self.settings.helper_wait_s):
             raise RequestRefused(f"helper {helper[:12]} is not a live helper of this run as this node sees it",
@@ -189,14 +237,22 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                 self._weights[name].copy_(tensor)
         self.version = version
 
+    def _helper_named(self, fields: dict[str, object]) -> str:
+        """The pinned helper; RequestRefused(code="helper") for a request naming any other."""
+        named = fields.get("helper")
+        if named != self.helper:
+            raise RequestRefused(f"the request names helper {str(named)[:12]!r}; this node trusts only its pinned "
+                                 f"helper {self.helper[:12]}", code="helper")
+        return self.helper
+
     async def _backward(self, message: LinkMessage) -> LinkMessage:
         if self._pending is None or self._pending[0] != message.step:
             have = "none" if self._pending is None else self._pending[0]
             raise RequestRefused(f"backward for step {message.step}, but the last forward was step {have}", code="step")
-        _, x = self._pending
+        _, x, y = self._pending
         self._pending = None
         try:
-            reply = await (self._secure_backward(message, x) if self.settings.secure else
+            reply = await (self._secure_backward(message, x, y) if self.settings.secure else
                            self._base_backward(message, x))
         except (TraversalError, SharingError) as exc:
             raise RequestRefused(str(exc), code="malformed") from exc
@@ -210,18 +266,38 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
         grads = await asyncio.to_thread(node_backward, self.node_side, x, cut_grad.to(self.ctx.device))
         return LinkMessage(BACKWARD, message.step, {}, grads)
 
-    async def _secure_backward(self, message: LinkMessage, x: torch.Tensor) -> LinkMessage:
+    async def _secure_backward(self, message: LinkMessage, x: torch.Tensor, y: torch.Tensor) -> LinkMessage:
         logit_grad, scale = message.tensors.get("logit_grad"), message.fields.get("grad_scale")
-        helper = _helper_named(message.fields)
+        helper = self._helper_named(message.fields)
         if logit_grad is None or set(message.tensors) != {"logit_grad"} or not logit_grad.is_floating_point():
             raise RequestRefused("backward needs exactly one float tensor 'logit_grad'", code="malformed")
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale <= 1e6:
-            raise RequestRefused(f"grad_scale must be a number in (0, 1e6], got {scale!r}", code="malformed")
+        least = self.settings.smallest_batch
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not least <= scale <= 1e6:
+            raise RequestRefused(f"grad_scale (the step's samples) must be a number in [min_batch = {least}, 1e6], got "
+                                 f"{scale!r}", code="malformed")
+        await asyncio.to_thread(self._check_logit_grad, x, y, logit_grad, float(scale))
         to_orchestrator, to_helper = await asyncio.to_thread(
             node_gradient_shares, self.node_side, self.server_side, x, logit_grad.to(self.ctx.device),
             masks=self._masks, grad_scale=float(scale))
         self._push(helper, message.step, "grad", {GRADS: to_helper.ring})
         return LinkMessage(BACKWARD, message.step, {"party": 0}, {GRADS: to_orchestrator.ring})
+
+    def _check_logit_grad(self, x: torch.Tensor, y: torch.Tensor, logit_grad: torch.Tensor, scale: float) -> None:
+        """RequestRefused unless ``logit_grad`` is this node's own (softmax - onehot) / scale, up to
+        the fixed-point slack: recomputed from the weights of the forward and its labels."""
+        rows = (x.shape[0], self.settings.num_classes)
+        if tuple(logit_grad.shape) != rows:
+            raise RequestRefused(f"logit_grad: shape {tuple(logit_grad.shape)}, but this node forwarded {rows[0]} "
+                                 f"samples: expected {rows}", code="gradient")
+        with torch.no_grad():
+            logits = self.server_side(self.node_side(x)).double()
+        _, own, _ = logit_gradient(logits, y.to(logits.device))
+        own = own * logits.shape[0] / scale
+        worst = float((logit_grad.to(own) - own).abs().max())
+        if not worst * scale <= LOGIT_GRAD_SLACK:
+            raise RequestRefused(f"logit_grad is not this node's own: it differs by {worst:.3g} from (softmax - onehot) "
+                                 f"/ {scale:g} on this node's samples (slack {LOGIT_GRAD_SLACK / scale:.3g})",
+                                 code="gradient")
 
     def _push(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
         """Start pushing share 1 to ``helper`` beside the answer (see the module docstring)."""
@@ -254,8 +330,3 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                                  code="helper") from exc
 
 
-def _helper_named(fields: dict[str, object]) -> str:
-    helper = fields.get("helper")
-    if not isinstance(helper, str) or not helper:
-        raise RequestRefused("secure mode: the request names no helper", code="malformed")
-    return helper

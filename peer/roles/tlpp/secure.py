@@ -23,22 +23,28 @@ virtual batch, the "clean arrangement" of DESIGN.md:
 6. each server sums the flat shares it holds over the nodes (``server_sum``); helper -> its summed
    share; orchestrator reconstructs ONLY the sum and unflattens it (``orchestrator_gradients``).
 
-Who knows what (semi-honest, non-colluding orchestrator and helper):
+Who knows what (semi-honest, non-colluding orchestrator and helper; SECURITY.md, "TL++ secure
+mode: threat model", states it in full, with the checks the roles add against parties that cheat):
 
-- **Helper**: W, b, and shares that are uniformly random and independent of the data (its share
-  of every tensor a node sends is that node's fresh CSPRNG mask). It never sees labels, logits,
-  g, any activation or any gradient in plaintext, and its logit share is a function of its masks
-  and W only. It learns the batch composition (how many samples each node sends).
+- **Helper**: W, b (every step: with SGD their difference would be the summed gradient, so secure
+  mode trains with Adam, whose first update still shows the sign of the first summed gradient),
+  and shares that are uniformly random and independent of the data (its share of every tensor a
+  node sends is that node's fresh CSPRNG mask). It never sees labels, logits, g, any activation or
+  any gradient in plaintext, and its logit share is a function of its masks and W only. It
+  learns the batch composition (how many samples each node sends).
 - **Orchestrator**: labels, logits, loss and g (it computes them), the weights, and the SUM over
-  the batch's nodes of every gradient. It never sees a cut activation A_i or a per-node gradient.
-  Since the server side is affine and it knows g and W, it can always derive the cut gradient
-  g W: what secure mode hides from it is the data-derived activations and each node's own
-  gradients, not the cut gradient. Logits are a function of A_i and can leak about the inputs;
-  that is inherent to revealing them for the loss (stated limitation, as are labels).
-- **A virtual batch drawn from a single node** reveals that node's gradient to the orchestrator
-  (the "sum" has one term). Secure aggregation hides only what the sum mixes.
+  the batch's nodes of every gradient. It never holds a share pair of a cut activation A_i or a
+  per-node gradient, but it learns about A_i: the logits A_i W^T + b (num_classes measurements
+  per sample), and from dW = g^T A with g known, for each activation feature, the projection of
+  its values over the batch onto the column space of g (at most num_classes - 1 of B dimensions:
+  below num_classes samples that pins A down exactly, hence the roles' minimum batch). Since the
+  server side is affine and it knows g and W, it can always derive the cut gradient g W. Labels
+  and logits are inherent to computing the loss at the orchestrator.
+- **A virtual batch drawn from a single node** would reveal that node's gradient (the "sum" has
+  one term): the roles never reveal a sum over fewer than ``min_sum_nodes`` nodes. Secure
+  aggregation hides only what the sum mixes.
 - **Node i**: its own data, the weights, and its own g_i (hence the model's outputs on its own
-  samples).
+  samples), which it can also recompute.
 
 Neither server function accepts both shares of a tensor: every share travels as a ``PartyShare``
 stamped with its party, and ``server_logit_share`` / ``server_sum`` refuse inputs from two

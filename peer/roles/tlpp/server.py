@@ -21,7 +21,15 @@ seen twice or not at all); at each epoch boundary the schedule is rebuilt from t
 nodes that left the view are no longer scheduled and a node that came back is scheduled again. A
 node that left the view mid-epoch stays scheduled until it fails a request (records can lag a
 loaded host by a heartbeat; a node that still answers is still a node). With no node left, it
-waits.
+waits. A secure node that refuses a forward as a step it answered already (this orchestrator,
+resumed from a checkpoint, replays the steps after it) stays scheduled: those steps go on without it.
+
+Secure mode (SECURITY.md, "TL++ secure mode: threat model"): the helper is the one the manifest
+pins (``hyper.helper``), never another live peer with the role; the run must not admit anyone
+(``admission.policy = "open"`` is refused); the schedule drops an epoch's tail batch shorter than
+``min_batch``, and a schedule shrunk by failures to fewer than ``min_sum_nodes`` nodes (or
+``min_batch`` samples) is rebuilt from the live nodes instead of running steps that could
+reveal nothing.
 
 A helper failure (``HelperFailed``), or a setting the truncation guard refuses, stops training
 with one clear error: logged, in ``/status``, a ``tlpp.error`` event, and a checkpoint of the
@@ -49,8 +57,9 @@ from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import DataSourceError, load_run_data
-from gossamer.peer.roles.tlpp.settings import TlppSettings
-from gossamer.peer.roles.tlpp.steps import StepDriver, StepLedger, TrainingStopped, grads_finite
+from gossamer.peer.roles.tlpp.ledger import StepLedger
+from gossamer.peer.roles.tlpp.settings import TlppSettings, check_secure_admission
+from gossamer.peer.roles.tlpp.steps import StepDriver, TrainingStopped, grads_finite
 from gossamer.peer.roles.tlpp.wire import ShareLog
 from gossamer.protocols.tlpp import (
     ChannelStats,
@@ -78,6 +87,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         self.model = settings.build_model(ctx.device)
         node_side, server_side = settings.split(self.model)
         if settings.secure:
+            check_secure_admission(settings, ctx.manifest.config.policy)
             try:
                 affine_server(server_side)
             except TraversalError as exc:
@@ -154,7 +164,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
             self.done.set()
 
     async def _train(self) -> None:
-        scheduler = await self._schedule(self.settings.min_nodes)
+        scheduler = await self._schedule(max(self.settings.min_nodes, self._fewest))
         if self.settings.secure:
             scheduler = await self._until_helper_sees(scheduler, self.settings.min_nodes)
         if self.settings.normalize == "nodes" and not self.resumed_from:  # a resumed model keeps its own
@@ -170,12 +180,17 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
                 reduced = self._reduced(scheduler, ledger)
                 if reduced is None:
                     await self._until_nodes_change(set(scheduler.counts))
-                    reduced = await self._schedule(1)
+                    reduced = await self._schedule(self._fewest)
                 if reduced is not scheduler:
                     scheduler, batches = reduced, reduced.epoch(epoch)
                 index += 1
             epoch += 1
-            scheduler = await self._schedule(1)
+            scheduler = await self._schedule(self._fewest)
+
+    @property
+    def _fewest(self) -> int:
+        """The fewest nodes a schedule needs: secure mode's k (``min_sum_nodes``), else one."""
+        return self.settings.min_sum_nodes if self.settings.secure else 1
 
     def _live(self, role: str) -> list[str]:
         return [p.record.peer_id for p in self.peers_with(role)]
@@ -220,12 +235,15 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         """A schedule over the live nodes, once ``wanted`` of them (and a helper, in secure mode) are
         live: ``min_nodes`` before the first step, then one (``min_nodes`` gates the start only; a
         run whose nodes leave goes on with those that are left)."""
+        least = self.settings.smallest_batch if self.settings.secure else 1
+
         def ready() -> bool:
-            return len(self._node_counts()) >= wanted and (
-                not self.settings.secure or bool(self._live(names.HELPER)))
+            counts = self._node_counts()
+            return len(counts) >= wanted and sum(counts.values()) >= least and (
+                not self.settings.secure or self._helper_live())
 
         while not ready():
-            nodes, helpers = len(self._node_counts()), len(self._live(names.HELPER))
+            nodes, helpers = len(self._node_counts()), int(self._helper_live())
             log.info("waiting for TL++ nodes: %d of %d live%s", nodes, wanted,
                      f", {helpers} helper(s)" if self.settings.secure else "")
             self.emit("waiting", nodes=nodes, wanted=wanted, helpers=helpers, helper_sees=None)
@@ -233,7 +251,7 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         self._scheduled = self._nodes()
         return VirtualBatchScheduler({n: samples for n, (samples, _) in self._scheduled.items()},
                                      batch_size=self.settings.batch_size, seed=self.settings.seed,
-                                     drop_last=self.settings.drop_last)
+                                     drop_last=self.settings.drop_last, min_size=least)
 
     async def _until_helper_sees(self, scheduler: VirtualBatchScheduler, wanted: int) -> VirtualBatchScheduler:
         """Secure mode, before the first step: a schedule of which the helper sees at least
@@ -253,21 +271,24 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
         come) instead of spending steps on nodes that are gone."""
         await self.ctx.until_view(lambda: set(self._node_counts()) != failed, timeout_s=self.ctx.manifest.ttl_s)
 
+    def _helper_live(self) -> bool:
+        return self.settings.helper in self._live(names.HELPER)
+
     async def _helper(self) -> str:
-        helpers = self._live(names.HELPER)
-        while not helpers:
+        """The helper the manifest pins, once it is live (never another peer with the role)."""
+        while not self._helper_live():
             self.emit("waiting", nodes=len(self._node_counts()), wanted=1, helpers=0, helper_sees=None)
-            await self.ctx.until_view(lambda: bool(self._live(names.HELPER)), timeout_s=WAIT_POLL_S)
-            helpers = self._live(names.HELPER)
-        return sorted(helpers)[0]
+            await self.ctx.until_view(self._helper_live, timeout_s=WAIT_POLL_S)
+        return self.settings.helper
 
     def _reduced(self, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
         """The schedule without the nodes that failed this step; None if none is left."""
-        leaving = {n for n in scheduler.counts if n in ledger.rejected}
+        leaving = {n for n in scheduler.counts if n in ledger.rejected and n not in self.driver.behind}
         if not leaving:
             return scheduler
         self.driver.forget(leaving)
-        if leaving >= set(scheduler.counts):
+        left = {n: c for n, c in scheduler.counts.items() if n not in leaving}
+        if len(left) < self._fewest or (self.settings.secure and sum(left.values()) < self.settings.smallest_batch):
             return None
         log.info("taking %d node(s) out of the schedule: %s", len(leaving), sorted(n[:12] for n in leaving))
         return scheduler.without(leaving)

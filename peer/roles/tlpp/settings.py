@@ -30,11 +30,17 @@ Manifest layout (run config TOML)::
               helper_timeout_s (deadline of one request to the helper), helper_wait_s (how
               long the helper waits for the nodes' shares a request names, and how long the
               helper and a node wait to see each other live before a step), eval_every (steps between evaluations on the
-              held-out split; 0: only at the end)
+              held-out split; 0: only at the end);
+              secure mode only (SECURITY.md, "TL++ secure mode: threat model"): helper (the peer id of
+              the one helper of the run; required), min_sum_nodes (k: the fewest nodes whose
+              gradients are ever summed and revealed; default and minimum 2), min_batch (the fewest
+              samples a revealed gradient sum may cover; 0: 2 x num_classes, and never less: a
+              shorter tail or a batch shrunk by drop-outs is not applied)
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -62,6 +68,20 @@ OPTIMIZERS = ("adam", "sgd")
 NORMALIZE = ("none", "nodes", "fixed")
 DEFAULT_MODEL = "digits_cnn"
 MAX_STATS_CHANNELS = 256  # normalize = "nodes": per-channel sums must fit in a node's signed record
+
+
+def is_peer_id(value: object) -> bool:
+    """True for a peer id: 64 lowercase hex digits (SHA-256 of a public key)."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def check_secure_admission(settings: TlppSettings, policy: str) -> None:
+    """ConfigError for a secure run that admits anyone: with ``admission.policy = "open"`` anyone
+    could run data nodes (sybils that make up the k nodes of a sum, or fill the helper's store)."""
+    if settings.secure and policy == "open":
+        raise ConfigError("hyper.mode = \"secure\" refuses admission.policy = \"open\": anyone could join as data nodes "
+                          "and make up the nodes a gradient sum hides one among; use policy = \"allowlist\" with the "
+                          "helper's and the data owners' keys in admission.allow (or join tokens)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,10 +119,14 @@ class TlppSettings:
     helper_timeout_s: float = setting(20.0, table="hyper", above=0.0)
     helper_wait_s: float = setting(5.0, table="hyper", above=0.0)
     eval_every: int = setting(10, table="hyper", low=0)
+    helper: str = setting("", table="hyper")
+    min_sum_nodes: int = setting(2, table="hyper", low=2)
+    min_batch: int = setting(0, table="hyper", low=0)
 
     def __post_init__(self) -> None:
         self._check_model()
         self._check_normalization()
+        self._check_secure()
         if self.steps == 0 and self.epochs == 0:
             raise ConfigError("hyper.steps and hyper.epochs are both 0: set one of them")
         if self.helper_wait_s >= self.helper_timeout_s:
@@ -129,6 +153,47 @@ class TlppSettings:
                 check_secure(self.declaration, self.cut)
             except TraversalError as exc:
                 raise ConfigError(f"hyper.mode = \"secure\": {where}{exc}") from exc
+
+    def _check_secure(self) -> None:
+        """Secure mode's own settings (SECURITY.md, "TL++ secure mode: threat model")."""
+        if not self.secure:
+            if self.helper:
+                raise ConfigError("hyper.helper is read only in secure mode (hyper.mode = \"secure\"); this run is "
+                                  "in base mode, where the cut activations travel in plaintext to the orchestrator")
+            return
+        if not is_peer_id(self.helper):
+            raise ConfigError(f"hyper.mode = \"secure\" needs hyper.helper, the peer id of the run's one helper (64 "
+                              f"hex digits; its operator prints it with `gossamer identity show`), got "
+                              f"{self.helper[:80]!r}")
+        if self.optimizer == "sgd":
+            raise ConfigError("hyper.mode = \"secure\" refuses hyper.optimizer = \"sgd\": the helper receives the server "
+                              "weights every step, and with SGD their difference is lr times the summed gradient, "
+                              "exactly (SECURITY.md); use \"adam\"")
+        floor = 2 * self.num_classes
+        if self.min_batch and self.min_batch < floor:
+            raise ConfigError(f"hyper.min_batch = {self.min_batch}: secure mode needs at least 2 x num_classes = "
+                              f"{floor} (below it the orchestrator solves the cut activations from the summed "
+                              "gradient); 0 takes that floor")
+        if self.batch_size < self.smallest_batch:
+            raise ConfigError(f"hyper.batch_size = {self.batch_size} is below hyper.min_batch = {self.smallest_batch} "
+                              "(the fewest samples secure mode reveals a gradient sum of): raise batch_size")
+        if self.min_nodes < self.min_sum_nodes:
+            raise ConfigError(f"hyper.min_nodes = {self.min_nodes} is below hyper.min_sum_nodes = {self.min_sum_nodes}: "
+                              "secure mode never reveals a gradient summed over fewer nodes, so training could not "
+                              "start")
+
+    def too_few(self, nodes: Collection[str], rows: Mapping[str, int]) -> str:
+        """Secure mode: why a sum over ``nodes`` (holding ``rows`` samples each) must not be revealed
+        (fewer than ``min_sum_nodes`` nodes or ``min_batch`` samples), or "" when it may."""
+        if len(nodes) < self.min_sum_nodes:
+            return f"{len(nodes)} node(s), fewer than min_sum_nodes = {self.min_sum_nodes}"
+        samples = sum(rows[n] for n in nodes)
+        return f"{samples} samples, fewer than min_batch = {self.smallest_batch}" if samples < self.smallest_batch else ""
+
+    @property
+    def smallest_batch(self) -> int:
+        """Secure mode: the fewest samples a revealed gradient sum covers (``min_batch``, or 2 x num_classes)."""
+        return self.min_batch or 2 * self.num_classes
 
     def _check_normalization(self) -> None:
         channels = self.input_shape[0]

@@ -14,7 +14,9 @@ Secure mode (``peer.roles.tlpp.secure``; the helper is party 1):
 0. ``ping`` to the helper with the batch's nodes it has not yet confirmed: it answers which of
    them it sees live (waiting, bounded, for the others); a node it does not see could not push
    it a share and is dropped before its forward. Confirmed nodes are remembered per helper, so
-   this costs one round trip when a node is new to the helper, not one per step;
+   this costs one round trip when a node is new to the helper, not one per step; a ``ping`` also
+   announces the step, and is sent for that alone when the helper last heard of a step before the
+   previous one (it takes shares only in a small window after the announced step);
 1. ``forward``: each node pushes share 1 of A_i to the helper and, without waiting for that
    push, answers share 0 and y_i;
 2. ``logits`` to the helper with W: its logit share over the nodes that answered whose share it
@@ -40,6 +42,11 @@ left out of the batch; step 4: left out of the gradient, normalised the same way
 completed node applies nothing. The ledger lists who answered, who was dropped in which
 phase and why.
 
+**k and the minimum batch** (secure mode, SECURITY.md). The orchestrator never reconstructs
+anything over fewer than ``min_sum_nodes`` (k) nodes or ``min_batch`` samples: a plan, a logits
+answer or a sum below either applies nothing and the ledger's note says why (the helper refuses
+them too, and the nodes refuse a grad_scale below ``min_batch``).
+
 **The helper.** Any failure of a request to the helper (unreachable, timeout, refusal) raises
 ``HelperFailed``: secure training stops with that error rather than going on without the
 second server. Every remote await has the timeout of the settings.
@@ -48,17 +55,16 @@ second server. Every remote await has the timeout of the settings.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import PeerError
-from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
+from gossamer.peer.roles.tlpp.ledger import StepLedger
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
     ORCHESTRATOR,
@@ -100,33 +106,6 @@ class HelperFailed(TrainingStopped):
     """The helper is unreachable, timed out or refused: secure mode cannot go on without it."""
 
 
-@dataclass(kw_only=True)
-class StepLedger(Exchange):
-    """What happened in one virtual batch (the kit's ``Exchange`` over the batch's nodes):
-    ``expected`` are the nodes planned into it (``planned``: their sample counts), ``arrived``
-    those that answered the forward pass, ``used`` those whose gradient the step applied, and
-    ``rejected`` those dropped, with ``phase: reason``; plus the loss and accuracy over the
-    forwarded samples, whether a gradient was applied, and the bytes and time it took."""
-
-    step: int
-    epoch: int
-    index: int
-    mode: str
-    planned: dict[str, int] = field(default_factory=dict)
-    samples: int = 0
-    loss: float = math.nan
-    accuracy: float = math.nan
-    applied: bool = False
-    note: str = ""
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    wall_s: float = 0.0
-
-    def drop(self, node: str, phase: str, reason: object) -> None:
-        """``node`` is left out of the step from ``phase`` on, for ``reason``."""
-        self.reject(node, f"{phase}: {reason}"[:300])
-
-
 @dataclass
 class _Forwarded:
     act: Tensor  # float activations (base) or the orchestrator's int64 share (secure)
@@ -149,6 +128,8 @@ class StepDriver:
         self.version = 0
         self._cached: dict[str, int] = {}
         self._confirmed: tuple[str, set[str]] = ("", set())  # (helper, the nodes it said it sees)
+        self._told = -1  # the latest step the helper heard of from this orchestrator
+        self.behind: set[str] = set()  # nodes that refused the last step's forward as one they answered already
         self._weights: tuple[int, dict[str, Tensor]] | None = None
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self._node_params = {name: p.detach() for name, p in node_side.named_parameters()}
@@ -162,7 +143,7 @@ class StepDriver:
 
     async def run(self, batch: VirtualBatch, ledger: StepLedger, helper: str | None) -> dict[str, Tensor] | None:
         """The step's summed gradients by parameter name, or None when nothing can be applied."""
-        plan = batch.by_node()
+        plan, self.behind = batch.by_node(), set()
         ledger.planned = batch.sizes()
         ledger.expect(ledger.planned)
         if self.settings.secure:
@@ -170,6 +151,10 @@ class StepDriver:
             plan = await self._seen_by_helper(ledger, plan, helper)
             if not plan:
                 ledger.note = "the helper sees none of the step's nodes"
+                return None
+            short = self.settings.too_few(plan, {n: len(i) for n, i in plan.items()})
+            if short:
+                ledger.note = f"not run: {short}"
                 return None
         forwarded = await self._forward_all(ledger.step, plan, ledger, helper)
         if not forwarded:
@@ -195,12 +180,14 @@ class StepDriver:
         asked with one ``ping`` (HelperFailed if the helper fails it)."""
         if self._confirmed[0] != helper:
             self._confirmed = (helper, set())
-        confirmed = self._confirmed[1]
-        unknown = sorted(set(nodes) - confirmed)
+        confirmed, nodes = self._confirmed[1], set(nodes)
+        unknown = sorted(nodes - confirmed)
+        if not unknown and step > self._told + 1:
+            unknown = sorted(nodes)  # only to announce the step: the helper's share window follows it
         if unknown:
             reply = await self._helper(helper, LinkMessage(PING, step, {"nodes": unknown}))
             confirmed.update(_used(reply, dict.fromkeys(unknown)))
-        return confirmed & set(nodes)
+        return confirmed & nodes
 
     def forget(self, nodes: set[str]) -> None:
         """These nodes left the schedule: confirm them with the helper again if they come back."""
@@ -230,6 +217,8 @@ class StepDriver:
             elif isinstance(result, SecureLinkError | RequestRefused):
                 self._cached.pop(node, None)
                 ledger.drop(node, "forward", result)
+                if isinstance(result, RequestRefused) and result.code == "step":  # a resumed orchestrator
+                    self.behind.add(node)  # replays steps a secure node answered: it stays scheduled
             else:
                 raise result
         return forwarded
@@ -290,14 +279,22 @@ class StepDriver:
     async def _secure(self, ledger: StepLedger, forwarded: dict[str, _Forwarded],
                       helper: str) -> dict[str, Tensor] | None:
         settings, weight = self.settings, self._server_weight
-        reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {
-            "nodes": sorted(forwarded), "sizes": {n: f.act.shape[0] for n, f in forwarded.items()}},
-            {"weight": weight.detach().cpu()}))
+        sizes = {n: f.act.shape[0] for n, f in forwarded.items()}
+        short = self.settings.too_few(forwarded, sizes)
+        if short:
+            ledger.note = f"not run: of the nodes that answered the forward pass, {short}"
+            return None
+        reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {"nodes": sorted(forwarded), "sizes": sizes},
+                                                       {"weight": weight.detach().cpu()}))
         used = _used(reply, forwarded)
         for node in sorted(set(forwarded) - set(used)):
             ledger.drop(node, "logits", "the helper holds no matching activation share")
         if not used:
             ledger.note = "the helper holds no activation share of any node that answered"
+            return None
+        short = self.settings.too_few(used, sizes)
+        if short:  # the helper never answers such a share; nothing is reconstructed from one that does
+            ledger.note = f"not reconstructed: {short}"
             return None
         rows = sum(forwarded[n].act.shape[0] for n in used)
         check_tensors(reply.tensors, {"logits": torch.empty(rows, settings.num_classes, dtype=torch.int64)},
@@ -323,15 +320,20 @@ class StepDriver:
         if not shares:
             ledger.note = "no node completed the backward pass"
             return None
+        short = self.settings.too_few(shares, sizes)
+        if short:
+            return _nothing(ledger, f"not summed: {short}")
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
         kept = _used(helper_sum, shares)
         for node in sorted(set(shares) - set(kept)):
             ledger.drop(node, "sum", "the helper holds no gradient share")
+        if not kept:
+            return _nothing(ledger, "the helper holds no gradient share of any node that completed the backward pass")
+        short = self.settings.too_few(kept, sizes)
+        if short:
+            return _nothing(ledger, f"not reconstructed: {short}")
         ledger.use(kept)
         ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
-        if not kept:
-            ledger.note = "the helper holds no gradient share of any node that completed the backward pass"
-            return None
         check_tensors(helper_sum.tensors, self._grads, what="the helper's summed share")
         own_sum = server_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in kept])
         grads = orchestrator_gradients(own_sum, PartyShare(HELPER, helper_sum.tensors[GRADS]), layout=self._layout,
@@ -369,6 +371,7 @@ class StepDriver:
         return await self.links.request(node, NODE_METHOD, message, timeout_s=self.settings.node_timeout_s)
 
     async def _helper(self, helper: str, message: LinkMessage) -> LinkMessage:
+        self._told = max(self._told, message.step)
         try:
             return await self.links.request(helper, HELPER_METHOD, message, timeout_s=self.settings.helper_timeout_s)
         except (SecureLinkError, RequestRefused) as exc:
@@ -380,6 +383,13 @@ def _used(reply: LinkMessage, asked: Mapping[str, object]) -> list[str]:
     """The nodes the helper's answer says it used, of those it was asked about (sorted)."""
     nodes = reply.fields.get("nodes")
     return sorted(n for n in nodes if isinstance(n, str) and n in asked) if isinstance(nodes, list) else []
+
+
+def _nothing(ledger: StepLedger, note: str) -> None:
+    """The step applies nothing (no node's gradient is used), for the reason ``note``."""
+    ledger.use([])
+    ledger.samples = 0
+    ledger.note = note
 
 
 def grads_finite(grads: Mapping[str, Tensor]) -> bool:

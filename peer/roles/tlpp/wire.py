@@ -6,12 +6,15 @@ Methods (TCP) and ops, by who serves them::
                                             -> base: {act, labels}; secure: {act: share 0, labels}
                                   backward  base: {cut_grad} -> node-side gradients
                                             secure: {logit_grad}, grad_scale -> {grads: share 0}
-    helper     (``tlpp-helper``)  share     from a node: {act} or {grads}, share 1 (party 1)
-                                  logits    from the orchestrator: {weight}, nodes, sizes
-                                            -> its logit share over those nodes, and which it used
-                                  sum       from the orchestrator: nodes -> {grads: its summed share}
+    helper     (``tlpp-helper``)  share     from a node: {act} or {grads}, share 1 (party 1), for
+                                            a step in the window the orchestrator announced
+                                  logits    from the orchestrator, once per step: {weight}, nodes,
+                                            sizes -> its logit share over those nodes, and which it used
+                                  sum       from the orchestrator, once per step: nodes (of that
+                                            step's logits, at least k) -> {grads: its summed share}
                                             over the nodes whose shares it holds, and which
-                                  ping      from the orchestrator: is the helper there
+                                  ping      from the orchestrator: which nodes the helper sees; also
+                                            announces the orchestrator's step
 
 Every share carries ``party`` in its fields; the orchestrator accepts only party 0 and the helper
 only party 1, so neither server ever takes both shares of a tensor. A node's gradients travel
@@ -40,6 +43,8 @@ SHARE, LOGITS, SUM, PING = "share", "logits", "sum", "ping"
 ACT = "act"
 GRADS = "grads"
 MAX_INDICES = 1 << 16
+SHARE_WINDOW = 2  # the helper takes shares of steps announced .. announced + SHARE_WINDOW (announced: the
+# orchestrator's latest step; it announces one with a ``ping`` when it would otherwise fall behind)
 
 
 class ShareLog:

@@ -51,10 +51,10 @@ class Net(LocalNet):
     coordinators = 0
 
     @classmethod
-    async def make(cls, tmp_path: Path, data: Path, model: dict | None = None) -> Net:
+    async def make(cls, tmp_path: Path, data: Path, model: dict | None = None, **hyper: object) -> Net:
         doc = {"run": {"name": "bt", "protocol": "blocktrain", "heartbeat_s": 30.0}, "model": model or MODEL,
                "hyper": {"versions": 3, "local_steps": 2, "batch_size": 4, "deadline_s": 600.0,
-                         "eval_batches": 0, "sample_bytes": 24}}
+                         "eval_batches": 0, "sample_bytes": 24, **hyper}}
         net = await cls.create(doc, plugins=PLUGINS, workdir=tmp_path)
         net.data = data
         return net
@@ -190,6 +190,26 @@ async def test_a_stale_update_is_dropped_and_recorded_in_the_ledger_of_its_versi
     ledger = coordinator.board.ledgers.get((block, 0))
     assert ledger is not None and ledger.rejected == {b.ctx.identity.peer_id: answer["reason"]}
     assert ledger.used == [a.ctx.identity.peer_id]
+
+
+async def test_no_block_is_assigned_until_min_workers_are_live_and_the_gate_opens_once(tmp_path: Path,
+                                                                                       text_file: Path) -> None:
+    net = await Net.make(tmp_path, text_file, min_workers=2)
+    try:
+        coordinator = await net.start_coordinator()
+        await net.add_worker("a")
+        await net.publish()
+        await coordinator.step()
+        assert coordinator.assignment == {} and not coordinator.status()["started"]
+        await net.add_worker("b")
+        await net.publish()
+        await coordinator.step()
+        assert sorted(coordinator.assignment.values()) == [0, 1] and coordinator.status()["started"]
+        net.forget("b")  # min_workers gates the start only: the run goes on with the worker left
+        await coordinator.step()
+        assert list(coordinator.assignment) == [net.workers["a"].ctx.identity.peer_id]
+    finally:
+        await net.aclose()
 
 
 async def test_a_crashed_workers_block_is_reassigned_and_it_is_recorded_as_timed_out(net: Net) -> None:

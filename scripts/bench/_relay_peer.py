@@ -1,0 +1,81 @@
+"""One process of the relay benchmark rows (``_relay_rows``), run inside a network namespace.
+
+    _relay_peer.py relay HOST                      a RelayServer; prints {"port": P}
+    _relay_peer.py receiver HOST [RELAY_HOST RELAY_PORT]
+                                                   a gossamer TcpServer answering each request with its
+                                                   payload's length and a sample of its bytes; with a
+                                                   relay, also a RelayClient allocation; prints
+                                                   {"port": P} (the relay's port when relayed)
+    _relay_peer.py sender HOST PORT SIZE_BYTES     one connection; each "go" line on stdin sends one
+                                                   SIZE_BYTES request; prints {"seconds": s, "ok": bool}
+
+Every process runs until stdin closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.relay import RelayClient, RelayServer
+from gossamer.transport.tcp import TcpServer, tcp_connect
+
+SAMPLES = 16
+
+
+def say(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+async def until_stdin_closes() -> None:
+    await asyncio.to_thread(sys.stdin.read)
+
+
+async def answer(frame: Frame, info: object) -> Frame:
+    view = frame.payload_views()[0] if frame.payload_views() else memoryview(b"")
+    step = max(1, view.nbytes // SAMPLES)
+    return Frame(FrameType.RESPONSE, {"n": view.nbytes, "sample": bytes(view[::step][:SAMPLES])})
+
+
+async def relay(host: str) -> None:
+    server = await RelayServer.create(host=host, authorize=lambda auth: "bench-peer")
+    say({"port": server.address[1]})
+    await until_stdin_closes()
+    await server.aclose()
+
+
+async def receiver(host: str, relay_host: str = "", relay_port: str = "") -> None:
+    server = await TcpServer.create(answer, host=host, port=0)
+    client = None
+    if relay_host:
+        client = await RelayClient.connect((relay_host, int(relay_port)), auth=b"bench", targets=[(host, server.address[1])])
+    say({"port": client.ports[0] if client else server.address[1]})
+    await until_stdin_closes()
+    if client is not None:
+        await client.aclose()
+    await server.aclose()
+
+
+async def sender(host: str, port: str, size: str) -> None:
+    payload = bytearray(int(size))
+    for i in range(0, len(payload), 4093):
+        payload[i] = i % 251
+    step = max(1, len(payload) // SAMPLES)
+    expected = bytes(memoryview(payload)[::step][:SAMPLES])
+    connection = await tcp_connect(host, int(port))
+    say({"ready": True})
+    while (await asyncio.to_thread(sys.stdin.readline)).strip() == "go":
+        started = time.perf_counter()
+        response = await connection.request(Frame(FrameType.REQUEST, {}, payload), timeout_s=600.0)
+        seconds = time.perf_counter() - started
+        say({"seconds": seconds, "ok": response.header.get("n") == len(payload)
+             and response.header.get("sample") == expected})
+    await connection.aclose()
+
+
+if __name__ == "__main__":
+    role, *rest = sys.argv[1:]
+    asyncio.run({"relay": relay, "receiver": receiver, "sender": sender}[role](*rest))

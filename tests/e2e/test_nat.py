@@ -1,0 +1,94 @@
+"""Joining from behind NAT, for real: network namespaces on one bridge, two of them "NATed" (every
+connection opened towards them is dropped, their own outbound ones work). A public orchestrator
+volunteers as relay, a public learner and two NATed learners train gossip-DiLoCo together: each
+NATed learner finds itself private, takes the relay, and mixes with the public learner and with
+the other NATed one through it (``peer.reach``, ``transport.relay``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gossamer.crypto.identity import Identity
+from gossamer.peer.testing.localproc import GossamerProcess
+from gossamer.peer.testing.netns import NetLab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+RUN = """
+[run]
+name = "nat"
+protocol = "diloco"
+heartbeat_s = 1.0
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+context = 16
+[hyper]
+rounds = 8
+batch_size = 8
+w1_grace_s = 1.0
+w2_deadline_s = 8.0
+eval_batches = 1
+min_learners = 3
+[hyper.diloco]
+inner_steps = 3
+[hyper.mixing]
+w1 = "global"
+w2 = "global"
+"""
+HOSTS = {"relay": False, "public": False, "nat0": True, "nat1": True}
+
+
+def on(lab: NetLab, host: str) -> list[str]:
+    address = lab.addresses[host]
+    return ["--host", address, "--host_maddrs", f"/ip4/{address}/tcp/0", "--events", "--threads", "1"]
+
+
+@pytest.fixture
+def lab():
+    why = NetLab.unavailable()
+    if why:
+        pytest.skip(f"no network namespaces here: {why}")
+    lab = NetLab.create(f"gsn{os.getpid() % 100000}", HOSTS)
+    yield lab
+    lab.aclose()
+
+
+def test_nated_learners_find_themselves_private_and_train_through_a_relay(lab: NetLab, tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(RUN)
+    orch = GossamerProcess(["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm", "--relay",
+                            "--identity_path", str(tmp_path / "owner.pem"), *on(lab, "relay")],
+                           log_path=tmp_path / "relay.log", wrapper=lab.wrapper("relay"))
+    procs = [orch]
+    try:
+        ready = orch.wait_ready()
+        learners = {}
+        for host in ("public", "nat0", "nat1"):
+            Identity.create(tmp_path / f"{host}.pem")
+            learners[host] = GossamerProcess(
+                ["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--roles", "learner",
+                 "--identity_path", str(tmp_path / f"{host}.pem"), "--checkpoint_dir", str(tmp_path / "ckpt"),
+                 *on(lab, host)], log_path=tmp_path / f"{host}.log", wrapper=lab.wrapper(host))
+            procs.append(learners[host])
+        for host, proc in learners.items():
+            reach = proc.wait_event(lambda e: e["event"] == "reachability" and e["reachability"] != "unknown",
+                                    timeout_s=90)
+            if host.startswith("nat"):
+                assert reach["verdict"] == "private", reach
+                relayed = reach if reach["reachability"] == "relayed" else proc.wait_event(
+                    lambda e: e["event"] == "reachability" and e["reachability"] == "relayed", timeout_s=60)
+                assert relayed["relayed_by"], relayed
+            else:
+                assert reach["reachability"] == "public", reach
+        for host, proc in learners.items():  # a round with both others' parameters and pseudo-gradients
+            mixed = proc.wait_event(lambda e: e["event"] == "diloco.round" and e["params_from"] == 2
+                                    and e["pgrads_used"] == 2, timeout_s=120)
+            assert mixed["timed_out"] == [], (host, mixed)
+        assert "this peer is private" in learners["nat0"].log()
+    finally:
+        for proc in procs:
+            proc.stop()
