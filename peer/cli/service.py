@@ -10,6 +10,7 @@ are left (the run's orchestrator, a block server) it says so once and serves on.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -35,7 +36,32 @@ def run_daemon(config: PeerConfig, *, plugins: PluginRegistry, run_config: RunCo
     """Run one daemon until SIGINT/SIGTERM; returns the process exit code. ``role_options``: extra
     keyword arguments for named roles (``gossamer serve`` passes its ``--blocks`` this way)."""
     logging.getLogger().setLevel(config.log_level.upper())
-    return asyncio.run(_serve(config, plugins, run_config, role_options))
+    code = asyncio.run(_serve(config, plugins, run_config, role_options))
+    _exit_on_late_signal(code)
+    return code
+
+
+def _exit_on_late_signal(code: int) -> None:
+    """The clean shutdown is done (checkpoints written, p2pd gone) and the event loop, with its
+    signal handlers, is closed; what is left is the interpreter unloading torch and hivemind
+    (seconds on a busy host, when ``gossamer swarm`` stops the peers that are already exiting by
+    themselves). A SIGINT/SIGTERM then ends the process at once with its own exit code instead
+    of killing it (-15); from the interpreter's own teardown on (atexit, which runs this module's
+    hook first, then the C-level cleanup that resets Python's handlers) it is ignored."""
+
+    def exit_now(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+    def ignore() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, exit_now)
+    atexit.register(ignore)
 
 
 async def _serve(config: PeerConfig, plugins: PluginRegistry, run_config: RunConfig | None,

@@ -215,8 +215,9 @@ class Swarm:
         print(f"swarm: the run is finished ({who}); see {self.workdir}", flush=True)
         if "checkpoint" in event:
             print(f"swarm: checkpoint of {name}: {event['checkpoint']}", flush=True)
-        if "sample" in event:
-            print(f"swarm: sample from {name}'s model (prompt 'The '):\n{event['sample']!r}", flush=True)
+        if event.get("sample") is not None:
+            print(f"swarm: sample from {name}'s model (prompt {event.get('prompt', 'The ')!r}):\n"
+                  f"{event['sample']!r}", flush=True)
 
     def _print_event(self, name: str, event: dict[str, Any]) -> None:
         kind = str(event.get("event"))

@@ -39,7 +39,10 @@ WALKED = {"Identity", "Host a run (orchestrator)", "Join a run (volunteer)", "Tr
           "Partial-expert replicas of an MoE LM (FoMoE)", "A local swarm"}
 ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py",
              "gossamer swarm --preset context": "tests/e2e/test_context.py",
-             "gossamer swarm --preset fomoe": "scripts/chaos/fomoe_hosts.py"}
+             "gossamer swarm --preset fomoe": "scripts/chaos/fomoe_hosts.py",
+             # minutes of training: its checks run in tests/peer/cli (it starts) and
+             # tests/peer/roles/blocktrain/test_coordinator.py (the closing sample); README.md quotes a run
+             "gossamer swarm --preset blocktrain": "tests/peer/cli/test_cli.py"}
 
 
 def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -286,11 +289,13 @@ def test_tlpp_declared_model_on_npz_files(walk_of) -> None:
 
 
 def test_blocktrain_train_serve_generate(walk_of) -> None:
-    walk, (orchestrator, worker, serve_low, serve_high, generate) = walk_of(
-        "BlockTrain: train blocks apart, serve them across hosts")
+    walk, commands = walk_of("BlockTrain: train blocks apart, serve them across hosts")
+    orchestrator, worker, serve_low, serve_high, generate, preset = commands
+    assert preset in ELSEWHERE
     owner, owner_log = walk.owner_started(orchestrator)
     proc, _log = walk.start(worker)
     walk.wait_for(owner_log, r"the run is finished .*still serving as orchestrator", owner, timeout_s=300)
+    walk.wait_for(owner_log, r"\n  sample \(prompt 'The '\): '", owner)  # the final stack's continuation
     assert proc.wait(timeout=120) == 0, "a worker exits by itself once the run is finished"
     for line in (serve_low, serve_high):
         server, server_log = walk.start(line)

@@ -25,7 +25,7 @@ EVENTS = {
                            ("block", "version", "used", "rejected", "timed_out", "train_loss", "update_norm",
                             "heldout_ce", "versions", "target", "deadline_s", "slow")),
     "finished": EventSchema("every block reached hyper.versions; the coordinator's checkpoints are final",
-                            ("versions", "heldout_ce", "initial_heldout_ce", "checkpoints")),
+                            ("versions", "heldout_ce", "initial_heldout_ce", "checkpoints", "sample", "prompt")),
     "assigned": EventSchema("a worker took (or switched to) a block", ("block",)),
     "update": EventSchema("a worker sent an update for its block", ("block", "version", "loss", "accepted", "reason")),
     "error": EventSchema("a worker's cycle failed; it retries", ("error",)),
@@ -40,7 +40,13 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
         return (f"block {e['block']} version {e['version']}: {len(e['used'])} update(s) used, "
                 f"{len(e['timed_out'])} timed out, {len(e['rejected'])} rejected{ce}")
     if event == "finished":
-        return f"finished: block versions {e['versions']}, held-out CE {e['heldout_ce']}; checkpoints {e['checkpoints']}"
+        ce = f"{e['heldout_ce']:.3f}" if e.get("heldout_ce") is not None else "-"
+        if e.get("initial_heldout_ce") is not None:
+            ce += f" (from {e['initial_heldout_ce']:.3f})"
+        line = f"finished: block versions {e['versions']}, held-out CE {ce}; checkpoints {e['checkpoints']}"
+        if e.get("sample") is not None:
+            line += f"\n  sample (prompt {e['prompt']!r}): {e['sample']!r}"
+        return line
     if event == "assignment":
         return f"blocks assigned; workers per block {e['coverage']}, versions {e['versions']}"
     if event == "assigned":

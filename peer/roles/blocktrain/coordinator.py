@@ -40,7 +40,7 @@ from gossamer.peer.roles.blocktrain.checkpoints import BlockCheckpoints, Version
 from gossamer.peer.roles.blocktrain.settings import BlockTrainSettings
 from gossamer.peer.roles.blocktrain.stack import pack, unpack
 from gossamer.peer.roles.blocktrain.versions import BlockVersions
-from gossamer.protocols.blocktrain import build_stack, heldout_ce
+from gossamer.protocols.blocktrain import build_stack, generate, heldout_ce
 from gossamer.protocols.blocktrain.assignment import assign_blocks, coverage
 from gossamer.protocols.text_data import load_text, split_text
 from gossamer.transport.http_server import path_int, stream_tensors
@@ -224,9 +224,10 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
             self.finished = True
             self.assignment = {}
             self.ctx.announce()
+            sample = await asyncio.to_thread(self._sample) if self.settings.sample_bytes else None
             self.emit("finished", versions=list(self.board.versions),
-                 heldout_ce=self.heldout_ce, initial_heldout_ce=self.initial_heldout_ce,
-                 checkpoints=str(self.directory))
+                      heldout_ce=self.heldout_ce, initial_heldout_ce=self.initial_heldout_ce,
+                      checkpoints=str(self.directory), sample=sample, prompt=self.settings.sample_prompt)
             log.info("all %d blocks reached version %d; checkpoints in %s", self.board.num_blocks, target,
                      self.directory)
         async with self._moved:
@@ -280,13 +281,28 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         if self.settings.eval_batches:
             self.heldout_ce = await asyncio.to_thread(self._heldout_ce)
 
-    def _heldout_ce(self) -> float:
+    def _load_board(self) -> torch.device:
+        """Load the board's current blocks and E into ``self.stack`` (blocking); its device."""
         device = self.ctx.device
         for k, state in enumerate(self.board.blocks):
             self.stack.load_block_state(k, {name: t.to(device) for name, t in state.items()})
         self.stack.load_embedding_state({name: t.to(device) for name, t in self.board.embedding.items()})
+        return device
+
+    def _heldout_ce(self) -> float:
+        device = self._load_board()
         return heldout_ce(self.stack, self.heldout, batches=self.settings.eval_batches, batch_size=8,
                           generator=torch.Generator(device=device).manual_seed(0))
+
+    def _sample(self) -> str:
+        """The final stack's continuation of ``sample_prompt``, sampled autoregressively (one pass
+        per byte: fewer passes give mostly placeholder spaces, EXPERIMENTS.md section 4)."""
+        device = self._load_board()
+        settings = self.settings
+        text = generate(self.stack, settings.sample_prompt.encode("utf-8"), new_bytes=settings.sample_bytes,
+                        passes=max(1, settings.model.context // 2), temperature=settings.sample_temperature,
+                        generator=torch.Generator(device=device).manual_seed(settings.seed))
+        return text.decode("utf-8", "replace")
 
     # -- checkpoints ----------------------------------------------------------------------------
 

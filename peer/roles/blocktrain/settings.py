@@ -19,13 +19,17 @@ Manifest layout (run config TOML)::
               gates the start only: a run whose workers leave goes on with those left),
               pacing ("adaptive": a version's deadline follows the workers' measured update
               times, ``deadline_s`` its ceiling, and a persistently slow worker is flagged and no
-              longer waited for; "fixed": every version waits up to ``deadline_s``)
+              longer waited for; "fixed": every version waits up to ``deadline_s``),
+              sample_bytes (when the run is finished the coordinator continues ``sample_prompt``
+              by this many bytes with the final stack, sampled autoregressively at
+              ``sample_temperature``, and prints them; 0: no sample)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.settings import setting
 from gossamer.protocols.blocktrain import BlockTrainConfig
 
@@ -50,3 +54,13 @@ class BlockTrainSettings:
     max_batch: int = setting(64, table="hyper", low=1)
     pacing: str = setting("adaptive", table="hyper", choices=("adaptive", "fixed"))
     min_workers: int = setting(1, table="hyper", low=1)
+    sample_bytes: int = setting(64, table="hyper", low=0)
+    sample_prompt: str = setting("The ", table="hyper")
+    sample_temperature: float = setting(0.8, table="hyper", low=0.0)
+
+    def __post_init__(self) -> None:
+        if self.sample_bytes and not self.sample_prompt.encode("utf-8"):
+            raise ConfigError("hyper.sample_prompt: must be at least one byte when hyper.sample_bytes > 0")
+        if self.sample_bytes and self.model.vocab != 256:
+            raise ConfigError(f"hyper.sample_bytes: a sample needs a byte vocabulary (model.vocab = 256), "
+                              f"got {self.model.vocab}; set hyper.sample_bytes = 0")

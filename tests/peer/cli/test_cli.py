@@ -15,6 +15,7 @@ import pytest
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.tokens import verify_join_token
 from gossamer.peer.cli.main import build_parser, main
+from gossamer.peer.cli.presets import presets
 from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.roles import PLUGINS
@@ -50,7 +51,15 @@ def test_each_command_shows_only_the_flags_that_apply() -> None:
 def test_swarm_help_lists_the_presets() -> None:
     result = subprocess.run([sys.executable, "-m", "gossamer.peer.cli", "swarm", "--help"], capture_output=True,
                             text=True, timeout=60)
-    assert "presets: context, demo, fomoe, quick, tlpp" in result.stdout
+    assert "presets: blocktrain, context, demo, fomoe, quick, tlpp" in result.stdout
+
+
+@pytest.mark.parametrize("name", presets())
+def test_every_preset_is_a_swarm_that_starts(name: str, tmp_path: Path) -> None:
+    """What the swarm checks before it starts a process: the settings, the roles, that it trains."""
+    swarm = Swarm(SwarmOptions(preset=name, workdir=tmp_path / "w"), PLUGINS)
+    assert swarm.num_peers >= 1 and set(swarm.roles) & set(swarm.plugin.swarm_roles)
+    assert swarm.plugin.finish is not None and swarm.duration_s, "a preset ends by itself"
 
 
 README_DILOCO = Path(__file__).parents[3] / "README.md"

@@ -28,6 +28,7 @@ from gossamer.peer.roles.blocktrain.fetch import BlockVersion, fetch_block
 from gossamer.peer.roles.blocktrain.worker import BlockWorkerRole, update_metadata, update_url
 from gossamer.peer.run.view import LivePeer
 from gossamer.peer.testing.localnet import LocalNet
+from gossamer.protocols.blocktrain import build_stack, generate
 from gossamer.protocols.text_data import load_text
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.http_client import HttpClient
@@ -53,7 +54,7 @@ class Net(LocalNet):
     async def make(cls, tmp_path: Path, data: Path, model: dict | None = None, **hyper: object) -> Net:
         doc = {"run": {"name": "bt", "protocol": "blocktrain", "heartbeat_s": 30.0}, "model": model or MODEL,
                "hyper": {"versions": 3, "local_steps": 2, "batch_size": 4, "deadline_s": 600.0,
-                         "eval_batches": 0, **hyper}}
+                         "eval_batches": 0, "sample_bytes": 24, **hyper}}
         net = await cls.create(doc, plugins=PLUGINS, workdir=tmp_path)
         net.data = data
         return net
@@ -349,3 +350,37 @@ async def test_a_5000_digit_base_version_is_404_not_500(net: Net) -> None:
                                   chunks, extra_headers=headers)
 
     assert refused.value.status == 404 and coordinator.board.current(0).arrived == []
+
+
+async def test_the_finished_run_prints_a_sample_of_its_final_checkpoints(net: Net) -> None:
+    coordinator = await net.start_coordinator()
+    events: list[tuple[str, dict]] = []
+    coordinator.ctx.events.observer = lambda event, fields: events.append((event, dict(fields)))
+    workers = [await net.add_worker("a"), await net.add_worker("b")]
+    await net.publish()
+    await coordinator.step()
+    for _ in range(12):  # 3 versions of 2 blocks; a worker may be moved to the block that is behind
+        for name, worker in zip("ab", workers, strict=True):
+            if not coordinator.finished:
+                await train_and_send(net, worker, net.block_of(name))
+                await coordinator.step()
+    assert coordinator.finished
+
+    finished = [fields for event, fields in events if event == "blocktrain.finished"]
+    assert len(finished) == 1 and finished[0]["versions"] == [3, 3] and finished[0]["prompt"] == "The "
+    config = coordinator.settings.model
+    found = coordinator.checkpoints.read(config.num_blocks)
+    assert found is not None
+    blocks, embedding = found
+    stack = build_stack(config, seed=0, device="cpu")  # what a host would build from the files on disk
+    for k, block in enumerate(blocks):
+        stack.load_block_state(k, block.tensors)
+    if embedding is not None:
+        stack.load_embedding_state(embedding.tensors)
+    again = generate(stack, b"The ", new_bytes=24, passes=config.context // 2, temperature=0.8,
+                     generator=torch.Generator().manual_seed(0))
+    assert [b.version for b in blocks] == [3, 3]
+    assert finished[0]["sample"] == again.decode("utf-8", "replace")
+    initial = generate(build_stack(config, seed=0, device="cpu"), b"The ", new_bytes=24, passes=config.context // 2,
+                       temperature=0.8, generator=torch.Generator().manual_seed(0))
+    assert again != initial  # the sample comes from the trained versions, not the initial stack

@@ -45,6 +45,9 @@ def test_defaults_and_manifest_values() -> None:
         ({"model": {"embedding": "learned"}}, "embedding: must be one of"),
         ({"data": {"heldout_fraction": 2}}, "data.heldout_fraction must be < 1"),
         ({"data": {"path": "x"}}, r"data: unknown keys \['path'\]"),
+        ({"hyper": {"sample_prompt": ""}}, "hyper.sample_prompt: must be at least one byte"),
+        ({"model": {"vocab": 16}}, r"hyper.sample_bytes: a sample needs a byte vocabulary"),
+        ({"hyper": {"sample_temperature": -1}}, "hyper.sample_temperature must be >= 0"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(tables: dict, message: str) -> None:
