@@ -43,11 +43,13 @@ from gossamer.transport.dht import DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
-from gossamer.transport.tcp import HandlerError
+from gossamer.transport.tcp import ConnectionInfo, HandlerError
 
 log = logging.getLogger(__name__)
 
-TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
+TcpMethod = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
+"""``method(frame, connection)``: answers one request; ``connection`` says which TCP connection it
+arrived on (a method that binds state to a connection, like ``kit.secure_link``, checks it)."""
 TcpGate = Callable[[dict[str, Any], int], None]
 """``gate(header, payload_len)``: what a frame of a TCP method must pass before its payload is
 allocated or read (who is calling, how big it may be); refuses by raising ``HandlerError``."""

@@ -45,7 +45,7 @@ from gossamer.protocols.context import BACKWARD, FORWARD, MessageRefused, decode
 from gossamer.transport.codec import decode_tensors
 from gossamer.transport.errors import DecodeError, NonFiniteTensor, RemoteError, TransportError
 from gossamer.transport.frames import Frame, FrameType
-from gossamer.transport.tcp import HandlerError
+from gossamer.transport.tcp import ConnectionInfo, HandlerError
 
 if TYPE_CHECKING:
     from gossamer.peer.role import RoleContext
@@ -78,7 +78,7 @@ class RingTraffic:
 
     # -- arrivals -------------------------------------------------------------------------------
 
-    async def handle(self, frame: Frame) -> Frame:
+    async def handle(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         """The TCP method: verify, check, dispatch (see the module docstring)."""
         try:
             op, _step = clear_header(frame)
