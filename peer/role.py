@@ -121,6 +121,10 @@ class Role:
     name = "role"
     ends = True
     """Whether the role's work has an end (False: it serves until stopped)."""
+    private_status: frozenset[str] = frozenset()
+    """Keys of ``status()`` and names of ``gauges()`` that only the peer's owner reads (this host,
+    or a client with the peer's status token): what a role must not show to anyone who asks, e.g.
+    per-step losses or which data a step used. ``public_status``/``public_gauges`` leave them out."""
 
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
@@ -194,6 +198,14 @@ class Role:
 
     def status(self) -> dict[str, Any]:
         return {}
+
+    def public_status(self) -> dict[str, Any]:
+        """``status()`` without the ``private_status`` keys: what anyone may read."""
+        return {k: v for k, v in self.status().items() if k not in self.private_status}
+
+    def public_gauges(self) -> dict[str, float]:
+        """``gauges()`` without the ``private_status`` names: what anyone may read."""
+        return {k: v for k, v in self.gauges().items() if k not in self.private_status}
 
 
 class ProtocolRole(Role, Generic[S]):
