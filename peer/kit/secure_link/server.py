@@ -17,7 +17,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gossamer.crypto.channel import TAG_BYTES, SecureChannel
 from gossamer.crypto.errors import VerificationError
@@ -61,6 +61,9 @@ class _Session:
     connection: int
     channel: SecureChannel
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+Owned = TypeVar("Owned", _Pending, _Session)
 
 
 class SecureLinkServer:
@@ -130,13 +133,8 @@ class SecureLinkServer:
             return self._hello(frame, connection)
         if op == CONFIRM:
             return self._confirm(frame, connection)
-        sid = frame.header.get("sid")
-        session = self._sessions.get(sid) if isinstance(sid, str) else None
-        if session is None:
-            raise HandlerError("secure link: unknown or closed session; open a new link")
-        if session.connection != connection.connection_id:
-            self.foreign_frames += 1
-            raise HandlerError("secure link: that session belongs to another connection")
+        sid, session = self._owned(self._sessions, frame, connection, what="session",
+                                   missing="unknown or closed session; open a new link")
         try:
             op, step = check_op(op, frame.header.get("step"))
         except DecodeError as exc:
@@ -144,6 +142,19 @@ class SecureLinkServer:
             raise HandlerError(f"secure link: {exc}; session closed") from exc
         async with session.lock:
             return await self._answer(sid, session, op, step, frame.payload)
+
+    def _owned(self, table: OrderedDict[str, Owned], frame: Frame, connection: ConnectionInfo, *, what: str,
+               missing: str) -> tuple[str, Owned]:
+        """(sid, entry) of the session or pending handshake the frame names, if it belongs to
+        ``connection``; HandlerError otherwise (a foreign frame is counted, the entry untouched)."""
+        sid = frame.header.get("sid")
+        entry = table.get(sid) if isinstance(sid, str) else None
+        if entry is None:
+            raise HandlerError(f"secure link: {missing}")
+        if entry.connection != connection.connection_id:
+            self.foreign_frames += 1
+            raise HandlerError(f"secure link: that {what} belongs to another connection")
+        return sid, entry
 
     def _hello(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         """Answer a hello with a pending handshake bound to this connection; no session changes."""
@@ -167,13 +178,8 @@ class SecureLinkServer:
     def _confirm(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         """Turn a pending handshake of this connection into the peer's session, once its
         confirmation verifies; only then is the peer's older session replaced."""
-        sid = frame.header.get("sid")
-        pending = self._pending.get(sid) if isinstance(sid, str) else None
-        if pending is None:
-            raise HandlerError("secure link: no such handshake; start again with a hello")
-        if pending.connection != connection.connection_id:
-            self.foreign_frames += 1
-            raise HandlerError("secure link: that handshake belongs to another connection")
+        sid, pending = self._owned(self._pending, frame, connection, what="handshake",
+                                   missing="no such handshake; start again with a hello")
         del self._pending[sid]
         try:
             channel, ack = pending.responder.confirm(bytes(frame.payload))
