@@ -123,8 +123,11 @@ class SecureLink:
         return answer
 
     def seal(self, message: LinkMessage) -> Frame:
-        """Encrypt ``message`` as the link's next request frame (tests use it to replay or reorder)."""
+        """Encrypt ``message`` as the link's next request frame (tests use it to replay or reorder);
+        ValueError for an op the link itself uses (hello, confirm, error)."""
         op, step = check_op(message.op, message.step)
+        if op in (HELLO, CONFIRM, ERROR_OP):
+            raise ValueError(f"op {op!r} is reserved by the secure link itself")
         payload = self._channel.encrypt(pack_body(message), associated_data(self._sid, op, step, "request"))
         return Frame(FrameType.REQUEST, {"method": self._method, "sid": self._sid, "op": op, "step": step}, payload)
 

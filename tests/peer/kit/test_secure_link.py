@@ -154,6 +154,14 @@ async def test_a_refused_request_keeps_the_link_usable(harness: Harness) -> None
         await link.aclose()
 
 
+@pytest.mark.parametrize("op", ["hello", "confirm", "error"])
+async def test_ops_the_link_uses_itself_are_refused_before_anything_is_sent(harness: Harness, op: str) -> None:
+    link = await harness.connect()
+    with pytest.raises(ValueError, match="reserved"):
+        await link.request(message(1, op=op), timeout_s=5.0)
+    assert link.closed and harness.link_server.refused_frames == 0
+
+
 async def test_a_request_that_times_out_closes_the_link(harness: Harness) -> None:
     link = await harness.connect()
     with pytest.raises(SecureLinkError, match="'hang'"):
