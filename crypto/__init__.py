@@ -11,7 +11,10 @@ Primitives below, recipes above; the rest of gossamer uses the recipes:
 - ``tokens``     owner-signed join tokens for allowlist runs (bound to a key, or not; expiring).
 - ``envelope``   signed envelopes (sender, recipient, run id, round, timestamp, nonce, payload
                  digest) and the replay guard that checks them.
-- ``channel``    X25519 + HKDF + ChaCha20-Poly1305 per-frame channel encryption.
+- ``channel``    ChaCha20-Poly1305 per-frame channel encryption with implicit counters.
+- ``handshake``  the authenticated X25519 + HKDF key agreement that opens a channel: both
+                 ephemerals, both identities and both sides' fresh nonces signed into one
+                 transcript, with key confirmation both ways.
 - ``sharing``    additive secret sharing in Z_2^64 with 16 fractional bits: fixed point, masks
                  from a ChaCha20 keystream, share-wise affine ops and local truncation (TL++).
 

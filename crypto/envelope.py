@@ -17,10 +17,16 @@ remembered only once its payload matched, so a rewritten request or a forged bod
 nonce of the genuine message (it holds it at most while its own body is being received), and a
 duplicate sent while the first copy's payload is still arriving is refused.
 
+Only ``admit`` remembers a nonce, so a receiver calls it after its own admission check (is the
+sender a live, admitted peer of the run?): keys that are not in the run can hold a nonce only
+while their request is being refused, and never fill the memory.
+
 Nonce memory is bounded. An entry is forgotten once its timestamp falls below the guard's floor
 (the highest ``now - window_s`` seen so far); envelopes older than the floor are refused, so
 forgetting never re-opens a replay, even when a caller's clock steps back. If the memory is
 still full after pruning, the guard fails closed: it refuses new envelopes until entries age out.
+Memory does not survive a restart; the floor does the work instead: a guard built with
+``started_at`` refuses every envelope stamped before it started.
 """
 
 from __future__ import annotations
@@ -128,14 +134,22 @@ class ReplayGuardConfig:
 
 
 class ReplayGuard:
-    """Opens envelopes addressed to this peer and refuses replays; time is always a parameter."""
+    """Opens envelopes addressed to this peer and refuses replays; time is always a parameter.
 
-    def __init__(self, config: ReplayGuardConfig | None = None) -> None:
+    ``started_at`` (the receiver's clock when the guard, i.e. the process, started) is the
+    guard's first floor: an envelope stamped before it is refused. The nonces a previous process
+    remembered are gone after a restart; this floor keeps them refused, because every envelope
+    that process admitted was stamped before the restart (up to the sender's clock lead, see
+    SECURITY.md). Without it (tests of the window alone) the floor starts at minus infinity."""
+
+    def __init__(self, config: ReplayGuardConfig | None = None, *, started_at: float | None = None) -> None:
+        if started_at is not None and not (isinstance(started_at, int | float) and math.isfinite(started_at)):
+            raise ValueError(f"started_at must be a finite number of seconds, got {started_at!r}")
         self._config = config or ReplayGuardConfig()
         self._seen: dict[bytes, float] = {}  # sender public key + nonce -> envelope timestamp
         self._expiry: list[tuple[float, bytes]] = []  # min-heap over the same entries
         self._held: set[bytes] = set()  # nonces of messages whose payload is still being received
-        self._floor_s = -math.inf
+        self._floor_s = -math.inf if started_at is None else float(started_at)
 
     def __len__(self) -> int:
         """Number of nonces remembered now."""

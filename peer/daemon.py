@@ -181,7 +181,7 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self._lonely_watch(), name="daemon-lonely"))
 
     def _build_app(self) -> web.Application:
-        extra = daemon_routes(self.status, self.metrics, self.state, status_token=self.config.status_token)
+        extra = daemon_routes(self._status_for, self.metrics, self.state, status_token=self.config.status_token)
         return role_app(self.roles, self.state_donor, extra=[*extra, *self.reach.routes()])
 
     def _tcp_dispatcher(self) -> TcpDispatch:
@@ -317,7 +317,10 @@ class Daemon:
         return (f"gossamer peer --run {self.manifest.run_id} --initial_peers {' '.join(self.membership.visible_maddrs())}"
                 + (f" --roles {roles}" if roles else ""))
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, owner: bool = True) -> dict[str, Any]:
+        """What ``/status`` shows; for anyone but the ``owner`` (this host, the status token's
+        holder) without the fields the roles mark private (``Role.private_status``), whose names
+        are listed under ``withheld``."""
         now = self.membership.now()
         record = self.record()
         sent, received = self._bytes()
@@ -335,25 +338,31 @@ class Daemon:
             "records_rejected": dict(self.view.rejected),
             "dht": {"stored": dict(self.store_log.stored), "store_failures": dict(self.store_log.failed),
                     "refused": dict(self.membership.refused)},
-            "role_status": {role.name: role.status() for role in self.roles},
+            "role_status": {role.name: role.status() if owner else role.public_status() for role in self.roles},
+            "withheld": {} if owner else {role.name: sorted(role.private_status) for role in self.roles
+                                          if role.private_status},
             "health": self.state(), "join": self.join_command(), "summary": self.plugin.summary,
             "panels": [panel.to_json()] if panel is not None else [], "checkpoints": dict(self.checkpoints),
             "process": process_usage(),
         }
+
+    def _status_for(self, owner: bool) -> dict[str, Any]:
+        return self.status(owner=owner)
 
     def _bytes(self) -> tuple[dict[str, int], dict[str, int]]:
         sent = merge_counts(self.traffic.sent, {"tcp": self.tcp.stats.bytes_out if self.tcp else 0})
         received = merge_counts(self.traffic.received, {"tcp": self.tcp.stats.bytes_in if self.tcp else 0})
         return sent, received
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, owner: bool = True) -> Snapshot:
         sent, received = self._bytes()
         return Snapshot(uptime_s=time.monotonic() - self._started, live_peers=len(self.view.live(now=self.membership.now())),
                         round=self.round, bytes_sent=sent, bytes_received=received,
                         records_rejected=dict(self.view.rejected),
                         dht_store_failures=dict(self.store_log.failed), dht_refused=dict(self.membership.refused),
                         extra_gauges={**{f"process_{k}": float(v) for k, v in process_usage().items()},
-                                      **{k: v for role in self.roles for k, v in role.gauges().items()}})
+                                      **{k: v for role in self.roles
+                                         for k, v in (role.gauges() if owner else role.public_gauges()).items()}})
 
     # -- shutdown -----------------------------------------------------------------------------
 

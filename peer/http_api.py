@@ -4,11 +4,13 @@ page (``GET /`` and its files under ``/page/``, from ``gossamer.peer.page``).
 ``/healthz`` answers anyone: 200 with the peer's state (running, idle, finished) and each role's
 health, 503 once a role has failed. ``/status`` lists every live peer's addresses, this peer's
 ledgers (with the error text of remote peers) and its traffic, and ``/metrics`` the same numbers
-for Prometheus. Without a ``status_token`` both answer anyone, from any origin (the swarm page of
-one peer reads every live peer's ``/status``). With one, they answer requests from this host (a
-loopback address: ``curl 127.0.0.1:PORT/status``, ``gossamer swarm``) or a client sending
-``Authorization: Bearer TOKEN``, and anyone else gets 403. Behind a reverse proxy on the same
-host every request looks local: the token does not close ``/status`` there.
+for Prometheus. The peer's *owner* reads them whole: a request from this host (a loopback
+address: ``curl 127.0.0.1:PORT/status``, ``gossamer swarm``) or from a client sending
+``Authorization: Bearer TOKEN`` of the peer's ``status_token``. Without a ``status_token`` anyone
+else reads them too, from any origin (the swarm page of one peer reads every live peer's
+``/status``), but without the fields the roles mark private (``Role.private_status``: per-step
+losses, which data a step used); with one, anyone else gets 403. Behind a reverse proxy on the
+same host every request looks local: the token does not close ``/status`` there.
 """
 
 from __future__ import annotations
@@ -27,13 +29,26 @@ PAGE_FILES = {"index.html": "text/html", "page.js": "text/javascript", "page.css
 OPEN = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-store"}
 
 
+OWNER, PUBLIC = "owner", "public"
+
+
+def status_reader(remote: str | None, authorization: str, token: str) -> str | None:
+    """Who a request from ``remote`` with this Authorization header reads /status and /metrics as:
+    ``OWNER`` (this host, loopback, or the ``token``'s holder), ``PUBLIC`` (anyone else, when the
+    peer has no token), or None (anyone else, when it has one: refused)."""
+    if token and hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
+        return OWNER
+    if _is_loopback(remote):
+        return OWNER
+    return None if token else PUBLIC
+
+
 def status_allowed(remote: str | None, authorization: str, token: str) -> bool:
-    """Whether a request from ``remote`` with this Authorization header may read /status and /metrics:
-    anyone when the peer has no ``token``; else this host (loopback) or the token's holder."""
-    if not token:
-        return True
-    if hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode()):
-        return True
+    """Whether a request may read /status and /metrics at all (see ``status_reader``)."""
+    return status_reader(remote, authorization, token) is not None
+
+
+def _is_loopback(remote: str | None) -> bool:
     try:
         address = ipaddress.ip_address((remote or "").split("%", 1)[0])
     except ValueError:
@@ -43,15 +58,19 @@ def status_allowed(remote: str | None, authorization: str, token: str) -> bool:
     return address.is_loopback
 
 
-def daemon_routes(status: Callable[[], dict[str, Any]], metrics: PeerMetrics, state: Callable[[], dict[str, Any]],
+def daemon_routes(status: Callable[[bool], dict[str, Any]], metrics: PeerMetrics, state: Callable[[], dict[str, Any]],
                   *, status_token: str = "") -> list[web.RouteDef]:
-    """Routes every daemon serves, whatever its roles."""
+    """Routes every daemon serves, whatever its roles; ``status(owner)`` is the /status body for
+    the owner or for anyone else."""
     page = resources.files("gossamer.peer.page")
 
-    def check(request: web.Request) -> None:
-        if not status_allowed(request.remote, request.headers.get("Authorization", ""), status_token):
+    def check(request: web.Request) -> bool:
+        """True for the owner, False for anyone else who may read; 403 for the rest."""
+        reader = status_reader(request.remote, request.headers.get("Authorization", ""), status_token)
+        if reader is None:
             raise web.HTTPForbidden(text="/status and /metrics answer this host only, or a client sending "
                                          "Authorization: Bearer <the peer's --status_token>")
+        return reader == OWNER
 
     async def healthz(request: web.Request) -> web.Response:
         health = state()
@@ -59,12 +78,11 @@ def daemon_routes(status: Callable[[], dict[str, Any]], metrics: PeerMetrics, st
         return web.json_response({"ok": not failed, **health}, status=503 if failed else 200, headers=OPEN)
 
     async def status_handler(request: web.Request) -> web.Response:
-        check(request)
-        return web.json_response(status(), headers=OPEN)
+        return web.json_response(status(check(request)), headers=OPEN)
 
     async def metrics_handler(request: web.Request) -> web.Response:
-        check(request)
-        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        owner = check(request)
+        return web.Response(body=metrics.render(owner=owner), headers={"Content-Type": CONTENT_TYPE})
 
     async def page_file(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")

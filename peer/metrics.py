@@ -8,6 +8,7 @@ peer view, progress from the roles.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -80,14 +81,18 @@ class _DaemonCollector(Collector):
 
 
 class PeerMetrics:
-    """A registry with the daemon's collector; ``render()`` gives the Prometheus text format."""
+    """Two registries with the daemon's collector; ``render(owner=...)`` gives the Prometheus text
+    format of the owner's view or the public one (``snapshot(owner)`` decides what each holds)."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_DaemonCollector(snapshot))
+    def __init__(self, snapshot: Callable[[bool], Snapshot]) -> None:
+        self._registries = {}
+        for owner in (True, False):
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_DaemonCollector(functools.partial(snapshot, owner)))
+            self._registries[owner] = registry
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, owner: bool = True) -> bytes:
+        return generate_latest(self._registries[owner])
 
 
 def merge_counts(*parts: dict[str, Any]) -> dict[str, int]:

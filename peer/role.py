@@ -43,11 +43,13 @@ from gossamer.transport.dht import DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
-from gossamer.transport.tcp import HandlerError
+from gossamer.transport.tcp import ConnectionInfo, HandlerError
 
 log = logging.getLogger(__name__)
 
-TcpMethod = Callable[[Frame], Awaitable[Frame | None]]
+TcpMethod = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
+"""``method(frame, connection)``: answers one request; ``connection`` says which TCP connection it
+arrived on (a method that binds state to a connection, like ``kit.secure_link``, checks it)."""
 TcpGate = Callable[[dict[str, Any], int], None]
 """``gate(header, payload_len)``: what a frame of a TCP method must pass before its payload is
 allocated or read (who is calling, how big it may be); refuses by raising ``HandlerError``."""
@@ -119,6 +121,10 @@ class Role:
     name = "role"
     ends = True
     """Whether the role's work has an end (False: it serves until stopped)."""
+    private_status: frozenset[str] = frozenset()
+    """Keys of ``status()`` and names of ``gauges()`` that only the peer's owner reads (this host,
+    or a client with the peer's status token): what a role must not show to anyone who asks, e.g.
+    per-step losses or which data a step used. ``public_status``/``public_gauges`` leave them out."""
 
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
@@ -192,6 +198,14 @@ class Role:
 
     def status(self) -> dict[str, Any]:
         return {}
+
+    def public_status(self) -> dict[str, Any]:
+        """``status()`` without the ``private_status`` keys: what anyone may read."""
+        return {k: v for k, v in self.status().items() if k not in self.private_status}
+
+    def public_gauges(self) -> dict[str, float]:
+        """``gauges()`` without the ``private_status`` names: what anyone may read."""
+        return {k: v for k, v in self.gauges().items() if k not in self.private_status}
 
 
 class ProtocolRole(Role, Generic[S]):

@@ -17,9 +17,9 @@ from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.role import Role
 from gossamer.peer.run.records import UNKNOWN, PeerRecord
 from gossamer.transport.frames import Frame, FrameType
-from gossamer.transport.tcp import FrameGate, HandlerError
+from gossamer.transport.tcp import ConnectionInfo, FrameGate, HandlerError
 
-TcpDispatch = Callable[[Frame, object], Awaitable[Frame | None]]
+TcpDispatch = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
 MAX_REQUEST_BYTES = 1 << 20  # bodies larger than this are streamed by the routes that take them
 DEFAULT_TCP_PAYLOAD_BYTES = 1 << 20
 """The largest payload a TCP method takes unless its role declares a gate (``Role.tcp_gates``)."""
@@ -43,17 +43,17 @@ def role_app(roles: Sequence[Role], donor: StateDonor | None, *, extra: Sequence
     return app
 
 
-def role_dispatcher(roles: Sequence[Role], extra: Mapping[str, Callable[[Frame], Awaitable[Frame | None]]] | None = None
+def role_dispatcher(roles: Sequence[Role], extra: Mapping[str, Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]] | None = None
                     ) -> TcpDispatch:
     """TCP requests to the role method their header names (or one of ``extra``, the daemon's own
     payload-free methods); HandlerError for an unknown method."""
     methods = {**(extra or {}), **{name: method for role in roles for name, method in role.tcp_methods().items()}}
 
-    async def dispatch(frame: Frame, info: object) -> Frame | None:
+    async def dispatch(frame: Frame, info: ConnectionInfo) -> Frame | None:
         method = methods.get(str(frame.header.get("method", "")))
         if method is None:
             raise HandlerError(f"unknown method {frame.header.get('method')!r}")
-        return await method(frame)
+        return await method(frame, info)
 
     return dispatch
 

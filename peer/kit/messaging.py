@@ -88,7 +88,7 @@ class SignedMessenger:
         self._now = now
         self._limits = limits
         self._max_body_bytes = max_body_bytes
-        self._guard = ReplayGuard()
+        self._guard = ReplayGuard(started_at=now())  # envelopes stamped before this process started are refused
 
     async def request(self, url: str, *, recipient: str, round: int, tensors: Mapping[str, torch.Tensor],
                       metadata: dict[str, str] | None = None) -> Reply:

@@ -19,7 +19,7 @@ import asyncio
 import ipaddress
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -34,7 +34,9 @@ from gossamer.transport.errors import TransportError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import read_body_into
-from gossamer.transport.tcp import TcpConfig, tcp_connect
+from gossamer.transport.tcp import ConnectionInfo, TcpConfig, tcp_connect
+
+TcpHandler = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
 
 WHOAMI = "reach.whoami"
 MAX_SOURCES = 4096  # (source address, peer) pairs remembered for the per-source limit
@@ -98,13 +100,13 @@ class DialBack:
     def routes(self) -> list[web.RouteDef]:
         return [web.put("/reach/dialback", self._dialback), web.get("/reach/whoami", self._whoami)]
 
-    def tcp_methods(self) -> dict[str, Callable[[Frame], object]]:
+    def tcp_methods(self) -> dict[str, TcpHandler]:
         return {WHOAMI: self._tcp_whoami}
 
     async def _whoami(self, request: web.Request) -> web.Response:
         return web.json_response({"peer_id": self.peer_id})
 
-    async def _tcp_whoami(self, frame: Frame) -> Frame:
+    async def _tcp_whoami(self, frame: Frame, info: ConnectionInfo) -> Frame:
         return Frame(FrameType.RESPONSE, {"peer_id": self.peer_id})
 
     async def _dialback(self, request: web.Request) -> web.Response:

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.reach.dialback import DialBack, DialBackLimits
+from gossamer.peer.reach.dialback import DialBack, DialBackLimits, TcpHandler
 from gossamer.peer.reach.relaying import Relaying, volunteer
 from gossamer.peer.reach.selftest import SelfTest, private_line
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.records import PRIVATE, RELAYED, PeerRecord, seal_record
 from gossamer.peer.run.view import PeerView
-from gossamer.transport.frames import Frame
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.relay import RelayConfig, RelayServer
 
@@ -89,7 +88,7 @@ class Reach:
     def routes(self) -> list[web.RouteDef]:
         return self.dialback.routes()
 
-    def tcp_methods(self) -> dict[str, Callable[[Frame], object]]:
+    def tcp_methods(self) -> dict[str, TcpHandler]:
         return self.dialback.tcp_methods()
 
     async def start(self) -> None:

@@ -62,7 +62,7 @@ from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
-from gossamer.transport.tcp import HandlerError, TcpServer
+from gossamer.transport.tcp import ConnectionInfo, HandlerError, TcpServer
 
 RECORD_LIFETIME_S = 3600.0  # how far ahead records are dated to expire when the run's TTL is longer
 
@@ -270,7 +270,7 @@ class LocalNet:
     def _tcp_dispatcher(self, peer: LocalPeer):
         dispatch = role_dispatcher(peer.roles)
 
-        async def faulty(frame: Frame, info: object) -> Frame | None:
+        async def faulty(frame: Frame, info: ConnectionInfo) -> Frame | None:
             self.received.setdefault(peer.name, []).append(Frame(frame.type, dict(frame.header), bytes(frame.payload)))
             if self.faults.hit(peer.name, frame.header.get("step"), frame.header.get("op")):
                 raise HandlerError(f"injected fault: {peer.name} step {frame.header.get('step')} {frame.header.get('op')}")

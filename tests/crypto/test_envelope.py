@@ -376,3 +376,31 @@ def test_seal_validates_arguments(alice: Identity, bob: Identity, field: str, va
 def test_config_validates_fields(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ReplayGuardConfig(**{field: value})
+
+
+def test_a_restarted_guard_refuses_what_the_previous_process_admitted(alice: Identity, bob: Identity) -> None:
+    """Replay memory is lost on a restart: a guard without a start floor takes the captured
+    envelope again (the attack); one built with ``started_at`` refuses everything stamped before
+    it started, and still takes fresh envelopes."""
+    blob = sealed(alice, bob, now=NOW)
+    open_as(ReplayGuard(started_at=NOW - 100.0), blob, bob, now=NOW)
+    restart = NOW + 5.0
+
+    assert open_as(ReplayGuard(), blob, bob, now=restart).sender == alice.peer_id  # no floor: replayed
+    restarted = ReplayGuard(started_at=restart)
+    with pytest.raises(VerificationError):
+        open_as(restarted, blob, bob, now=restart)
+    assert open_as(restarted, sealed(alice, bob, now=restart, n=2), bob, now=restart).sender == alice.peer_id
+    with pytest.raises(ValueError, match="started_at"):
+        ReplayGuard(started_at=float("nan"))
+
+
+def test_a_nonce_is_remembered_only_by_admit(alice: Identity, bob: Identity) -> None:
+    """A receiver whose admission check refuses the sender releases it after ``check``: the
+    memory stays empty however many strangers write, so they cannot fill it."""
+    guard = ReplayGuard(ReplayGuardConfig(max_entries=2))
+    for n in range(10):
+        envelope = check_as(guard, sealed(Identity.generate(), bob, n=n), bob)
+        guard.release(envelope)  # refused by the admission check: never admitted
+    assert len(guard) == 0
+    assert open_as(guard, sealed(alice, bob), bob).sender == alice.peer_id and len(guard) == 1

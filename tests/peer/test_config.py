@@ -57,3 +57,36 @@ def test_advertised_host_prefers_announce_then_bind_then_maddrs() -> None:
     assert build_peer_config({"announce_host": "10.0.0.5"}).advertised_host == "10.0.0.5"
     assert build_peer_config({"host": "127.0.0.2"}).advertised_host == "127.0.0.2"
     assert build_peer_config({"host_maddrs": ["/ip4/192.168.1.9/tcp/0"]}).advertised_host == "192.168.1.9"
+
+
+def test_join_token_from_a_file_or_the_environment_and_the_flag_warns(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A token on the command line is visible in ``ps``: it still works, with a warning; a file or
+    the environment give it without one (the flag first, then the file, then the variable)."""
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    args = build_parser().parse_args(["peer", "--join_token_file", str(path)])
+    env = {"GOSSAMER_JOIN_TOKEN": "from-env", "GOSSAMER_STATUS_TOKEN": "status-from-env"}
+    with caplog.at_level("WARNING"):
+        from_file = build_peer_config(None, peer_options(args, environ=env))
+        from_env = build_peer_config(None, peer_options(build_parser().parse_args(["peer"]), environ=env))
+        assert not caplog.records
+        from_flag = build_peer_config(None, peer_options(build_parser().parse_args(["peer", "--join-token", "flag"]),
+                                                         environ=env))
+
+    assert (from_file.join_token, from_env.join_token, from_flag.join_token) == ("from-file", "from-env", "flag")
+    assert from_env.status_token == "status-from-env"
+    assert [r.getMessage() for r in caplog.records] == [
+        "--join_token on the command line is visible to every user of this host (ps, /proc); use --join_token_file "
+        "or GOSSAMER_JOIN_TOKEN instead"]
+    assert build_peer_config(None, peer_options(build_parser().parse_args(["peer"]), environ={})).join_token == ""
+
+
+@pytest.mark.parametrize("argv", [["--join_token", "x", "--join_token_file", "{path}"],
+                                  ["--join_token_file", "{missing}"]], ids=["both", "missing-file"])
+def test_a_secret_flag_and_file_together_or_an_unreadable_file_is_a_config_error(tmp_path: Path,
+                                                                                  argv: list[str]) -> None:
+    (tmp_path / "token").write_text("t")
+    argv = [a.format(path=tmp_path / "token", missing=tmp_path / "nope") for a in argv]
+    with pytest.raises(ConfigError, match="join_token"):
+        peer_options(build_parser().parse_args(["peer", *argv]), environ={})

@@ -39,7 +39,7 @@ from gossamer.protocols.blocktrain import BlockTrainConfig
 from gossamer.protocols.models import ByteTransformer, ModelConfig, build_model
 from gossamer.transport.frames import Frame
 from gossamer.transport.limits import DEFAULT_LIMITS, Limits
-from gossamer.transport.tcp import HandlerError
+from gossamer.transport.tcp import ConnectionInfo, HandlerError
 
 METHOD = "ar.forward"
 
@@ -170,7 +170,7 @@ class ArStageRole(ProtocolRole[BlockTrainSettings]):
         cap = self.settings.max_batch * config.context * max(config.d_model * 4, 8)
         return {METHOD: payload_cap(cap, METHOD)}
 
-    async def _forward(self, frame: Frame) -> Frame:
+    async def _forward(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         return await self.host.handle(frame)
 
     async def aclose(self) -> None:

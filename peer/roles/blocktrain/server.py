@@ -31,7 +31,7 @@ from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.blocktrain import BlockStack, BlockTrainError
 from gossamer.transport.errors import TransportError
 from gossamer.transport.frames import Frame
-from gossamer.transport.tcp import HandlerError
+from gossamer.transport.tcp import ConnectionInfo, HandlerError
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +79,12 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
 
     # -- TCP ------------------------------------------------------------------------------------
 
-    async def _denoise_pass(self, frame: Frame) -> Frame:
+    async def _denoise_pass(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         if self.host is None:
             raise HandlerError("this block server is still loading its blocks")
         return await self.host.handle(frame)
 
-    async def _embedding(self, frame: Frame) -> Frame:
+    async def _embedding(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         if self.host is None:
             raise HandlerError("this block server is still loading its blocks")
         return self.host.embedding_frame()

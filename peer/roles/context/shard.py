@@ -79,7 +79,7 @@ class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSett
                                   heldout_fraction=self.settings.heldout_fraction)
         self.replica = Replica(self.settings, ctx.device)
         self.pool = HopPool(config=TcpConfig(connect_timeout_s=min(10.0, self.settings.plan_timeout_s)))
-        self.guard = ReplayGuard()
+        self.guard = ReplayGuard(started_at=ctx.now())  # envelopes stamped before this start are refused
         self.history: History[tuple[int, str], StepLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/context")
         self.refused: Counter[str] = Counter()

@@ -45,7 +45,7 @@ from gossamer.protocols.context import BACKWARD, FORWARD, MessageRefused, decode
 from gossamer.transport.codec import decode_tensors
 from gossamer.transport.errors import DecodeError, NonFiniteTensor, RemoteError, TransportError
 from gossamer.transport.frames import Frame, FrameType
-from gossamer.transport.tcp import HandlerError
+from gossamer.transport.tcp import ConnectionInfo, HandlerError
 
 if TYPE_CHECKING:
     from gossamer.peer.role import RoleContext
@@ -78,21 +78,22 @@ class RingTraffic:
 
     # -- arrivals -------------------------------------------------------------------------------
 
-    async def handle(self, frame: Frame) -> Frame:
+    async def handle(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         """The TCP method: verify, check, dispatch (see the module docstring)."""
         try:
             op, _step = clear_header(frame)
             opened = open_frame(frame, guard=self.guard, me=self.peer_id, run_id=self.ctx.manifest.run_id,
-                                now=self.ctx.now(), max_payload=self._max_payload(op))
-            live = self.live_with(opened.sender, names.SHARD)
-            if live is None or live.record.public_key != opened.sender_key:
-                raise FrameRefused(f"sender: {opened.sender[:12]} is not a live cp-shard of this run", code="sender")
+                                now=self.ctx.now(), max_payload=self._max_payload(op), sender_ok=self._live_shard)
             answer = await self._handler(op)(opened)
         except (FrameRefused, MessageRefused) as exc:
             self.refused[exc.code] += 1
             raise HandlerError(f"refused ({exc.code}): {exc}") from exc
         self.ctx.traffic.add_received(f"context_{op}", opened.payload_bytes)
         return Frame(FrameType.RESPONSE, answer)
+
+    def _live_shard(self, peer_id: str, public_key: bytes) -> bool:
+        live = self.live_with(peer_id, names.SHARD)
+        return live is not None and live.record.public_key == public_key
 
     def _max_payload(self, op: str) -> int:
         replica = self.replica

@@ -17,7 +17,7 @@ longer than the largest its op can be is refused before it is hashed); the envel
 the peer's replay guard (signature, sender id = fingerprint of the signing key, recipient = this
 peer, this run, timestamp within the window, nonce never seen: one opaque "envelope" refusal);
 the sender is a live peer of the run whose signed record carries the cp-shard role and the very
-key that signed; then, per op, the sender's place: a plan only from the peer this shard takes for
+key that signed (checked before the guard remembers the nonce: strangers cannot fill it); then, per op, the sender's place: a plan only from the peer this shard takes for
 the leader, kv only from its ring predecessor, dkv only from the member whose queries used the
 keys, a share only from a member of the step, an update only from the step's leader. Only then
 is the payload decoded (``protocols.context.decode_message``: shape, dtype, NaN/Inf, basis hash).
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,12 +154,15 @@ def clear_header(frame: Frame) -> tuple[str, int]:
     return op, step
 
 
-def open_frame(frame: Frame, *, guard: ReplayGuard, me: str, run_id: str, now: float, max_payload: int) -> Opened:
+def open_frame(frame: Frame, *, guard: ReplayGuard, me: str, run_id: str, now: float, max_payload: int,
+               sender_ok: Callable[[str, bytes], bool]) -> Opened:
     """Verify a frame's envelope and decode its body; FrameRefused says which check failed.
 
     The sender is authenticated here (it holds the key it claims and signed exactly these bytes
-    for this peer and run, recently, once); whether that sender may send this op is the role's
-    check, against the view and the step."""
+    for this peer and run, recently, once) and admitted by ``sender_ok(peer id, public key)``
+    (a live cp-shard of the run with that key) before the guard remembers its nonce, so keys
+    that are not in the run cannot fill the guard; whether that sender may send this op is the
+    role's check, against the step."""
     op, step = clear_header(frame)
     payload = frame.payload if not isinstance(frame.payload, list | tuple) else b"".join(frame.payload)
     size = memoryview(payload).nbytes
@@ -168,10 +171,18 @@ def open_frame(frame: Frame, *, guard: ReplayGuard, me: str, run_id: str, now: f
     body_bytes = frame.header["body"]
     digest = payload_digest(body_bytes, memoryview(payload).cast("B"))
     try:
-        envelope = guard.open(frame.header["env"], me=me, run_id=run_id, method=ENVELOPE_METHOD,
-                              target=envelope_target(op), payload_digest=digest, now=now)
+        envelope = guard.check(frame.header["env"], me=me, run_id=run_id, method=ENVELOPE_METHOD,
+                               target=envelope_target(op), now=now)
     except VerificationError:
         raise FrameRefused("envelope refused", code="envelope") from None
+    try:
+        if not sender_ok(envelope.sender, envelope.sender_public_key):
+            raise FrameRefused(f"sender: {envelope.sender[:12]} is not a live cp-shard of this run", code="sender")
+        guard.admit(envelope, payload_digest=digest, now=now)
+    except VerificationError:
+        raise FrameRefused("envelope refused", code="envelope") from None
+    finally:
+        guard.release(envelope)
     try:
         body = unpack_header(body_bytes)
     except DecodeError as exc:

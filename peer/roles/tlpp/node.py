@@ -92,6 +92,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
     """A TL++ data node (see the module docstring)."""
 
     name = names.NODE
+    private_status = frozenset({"data"})  # where the owner's data lives is the owner's business
 
     def __init__(self, ctx: RoleContext, *, helper: str = "") -> None:
         super().__init__(ctx)

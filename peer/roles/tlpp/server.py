@@ -79,6 +79,9 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
     """The TL++ orchestrator's server side (see the module docstring)."""
 
     name = names.SERVER
+    # per-step loss, accuracy and batch makeup: only the peer's owner reads them (/status, /metrics)
+    private_status = frozenset({"ledgers", "series", "evaluation", "tlpp_train_loss", "tlpp_test_loss",
+                                "tlpp_test_accuracy"})
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)

@@ -172,6 +172,24 @@ async def test_a_message_moved_to_another_path_is_refused_and_the_genuine_one_st
     assert [(kind, round) for kind, round, _, _ in net.box.received] == [("params", 3)]
 
 
+async def test_a_message_captured_before_a_restart_is_refused_after_it(net: Net) -> None:
+    """The receiver's nonce memory dies with its process; its new messenger refuses every envelope
+    stamped before it started, so the captured message is not taken twice."""
+    size, chunks = encode_safetensors(tensors(5.0))
+    url = net.url("params", 3)
+    header = {ENVELOPE_HEADER: envelope_header(net.sender, net.me, net.manifest.run_id, url=url, round=3,
+                                               body_digest=payload_digest(*chunks))}
+    assert await net.client.put_body(url, size, chunks, extra_headers=header) == {"accepted": True}
+
+    net.box.messenger = net.messenger_of(net.me)  # the restart: a fresh messenger, started after the stamp
+    with pytest.raises(RemoteError) as replayed:
+        await net.client.put_body(url, size, chunks, extra_headers=header)
+    fresh = await net.messenger_of(net.sender).request(url, recipient=net.me.peer_id, round=3, tensors=tensors(1.0))
+
+    assert replayed.value.status == 403 and fresh.answer == {"accepted": True}
+    assert len(net.box.received) == 2
+
+
 async def test_a_forged_body_under_a_genuine_envelope_does_not_burn_its_nonce(net: Net) -> None:
     size, chunks = encode_safetensors(tensors(5.0))
     forged_size, forged_chunks = encode_safetensors(tensors(-100.0))

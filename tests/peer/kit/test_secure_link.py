@@ -1,99 +1,38 @@
 """Encrypted request/response links over real loopback TCP: the handshake authenticates the right
-keys only; tampered, replayed and reordered frames are refused and end the session; a refused
-request leaves the link usable; a timed-out or failed link is closed, never reused; a frame that
-names no live session, or an oversized hello, is refused before its payload is read (the TCP
-server runs the link's gate, as the daemon does); fuzzed hellos are refused one by one and leave
-the live session alone."""
+keys only; tampered, replayed and reordered frames on the session's connection are refused and end
+the session; a refused request leaves the link usable; a timed-out or failed link is closed, never
+reused; a frame that names no live session, or an oversized hello, is refused before its payload
+is read (the TCP server runs the link's gate, as the daemon does); fuzzed hellos are refused one
+by one and leave the live session alone. The attacks on sessions (a replayed hello, frames naming
+the session from another connection) are in ``test_secure_link_sessions``."""
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
 import pytest
 import torch
 
-from gossamer.crypto.channel import ChannelHandshake
+from gossamer.crypto.handshake import Initiator
 from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.secure_link import (
     LinkMessage,
     RequestRefused,
     SecureLink,
     SecureLinkError,
-    SecureLinkServer,
     pack_body,
     unpack_body,
 )
-from gossamer.peer.metrics import Traffic
 from gossamer.transport.errors import DecodeError, RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.limits import DEFAULT_LIMITS
-from gossamer.transport.tcp import TcpServer, tcp_connect
+from gossamer.transport.tcp import tcp_connect
+from tests.peer.kit.secure_link_support import METHOD, RUN, Harness, harness, message
 from tests.transport.support import RawClient, frame_head
 
-RUN = "tl@00112233aabbccdd"
-METHOD = "test-link"
+__all__ = ["harness"]  # the fixture
 
-
-@dataclass
-class Harness:
-    client: Identity
-    server_identity: Identity
-    link_server: SecureLinkServer
-    tcp: TcpServer
-    traffic: Traffic
-    wrap_reply: Callable[[Frame], Frame] = lambda frame: frame
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.tcp.address[1]}"
-
-    async def connect(self, *, identity: Identity | None = None, server_key: bytes | None = None) -> SecureLink:
-        return await SecureLink.connect(identity=identity or self.client, run_id=RUN,
-                                        peer_id=self.server_identity.peer_id,
-                                        public_key=server_key or self.server_identity.public_key,
-                                        address=self.address, method=METHOD, timeout_s=5.0)
-
-
-async def _handler(peer_id: str, message: LinkMessage) -> LinkMessage:
-    if message.op == "refuse":
-        raise RequestRefused("not today", code="nope")
-    if message.op == "hang":
-        await asyncio.Event().wait()
-    doubled = {name: t * 2 for name, t in message.tensors.items()}
-    return LinkMessage(message.op, message.step, {"from": peer_id, **message.fields}, doubled)
-
-
-@pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
-    client, server_identity = Identity.generate(), Identity.generate()
-    allowed = {client.peer_id: client.public_key}
-
-    def authorize(peer_id: str) -> bytes:
-        if peer_id not in allowed:
-            raise RequestRefused(f"peer {peer_id[:12]} may not talk to this server")
-        return allowed[peer_id]
-
-    traffic = Traffic()
-    link_server = SecureLinkServer(identity=server_identity, run_id=RUN, method=METHOD, authorize=authorize,
-                                   handler=_handler, traffic=traffic)
-    box: list[Harness] = []
-
-    async def dispatch(frame: Frame, info: object) -> Frame:
-        reply = await link_server.serve(frame)
-        return box[0].wrap_reply(reply)
-
-    tcp = await TcpServer.create(dispatch, gate=lambda kind, header, size: link_server.admit(header, size))
-    box.append(Harness(client, server_identity, link_server, tcp, traffic))
-    yield box[0]
-    await tcp.aclose()
-
-
-def message(step: int = 1, op: str = "echo") -> LinkMessage:
-    return LinkMessage(op, step, {"note": "hi"}, {"x": torch.arange(6, dtype=torch.float32).reshape(2, 3),
-                                                 "r": torch.tensor([-(2**62), 5], dtype=torch.int64)})
 
 
 async def test_round_trip_authenticates_both_sides_and_counts_bytes(harness: Harness) -> None:
@@ -111,7 +50,7 @@ async def test_round_trip_authenticates_both_sides_and_counts_bytes(harness: Har
 
 
 async def test_client_refuses_a_server_that_is_not_the_expected_key(harness: Harness) -> None:
-    with pytest.raises(SecureLinkError, match=r"handshake .* did not verify"):
+    with pytest.raises(SecureLinkError, match=r"handshake with peer .* failed"):  # the hello names another key
         await harness.connect(server_key=Identity.generate().public_key)
 
 
@@ -124,9 +63,7 @@ async def test_server_refuses_a_hello_signed_by_another_key_than_the_claimed_pee
     impostor = Identity.generate()
     tcp = await tcp_connect("127.0.0.1", harness.tcp.address[1])
     try:
-        from gossamer.crypto.channel import ChannelHandshake
-        hello = ChannelHandshake(impostor, peer_public_key=harness.server_identity.public_key, run_id=RUN,
-                                 initiator=True).hello()
+        hello = Initiator(impostor, peer_public_key=harness.server_identity.public_key, run_id=RUN).hello()
         with pytest.raises(RemoteError, match="handshake refused"):
             await tcp.request(Frame(FrameType.REQUEST, {"method": METHOD, "op": "hello",
                                                         "peer": harness.client.peer_id}, hello))
@@ -136,13 +73,10 @@ async def test_server_refuses_a_hello_signed_by_another_key_than_the_claimed_pee
 
 
 async def _raw_then_link(harness: Harness, send: Callable[[SecureLink, Callable], Awaitable[None]]) -> SecureLink:
-    """Open a link, let ``send`` push hand-made frames of its session over a second raw connection."""
+    """Open a link, let ``send`` push hand-made frames of its session over the link's own connection
+    (the one the session is bound to: what an attacker who can inject into that TCP stream could do)."""
     link = await harness.connect()
-    raw = await tcp_connect("127.0.0.1", harness.tcp.address[1])
-    try:
-        await send(link, raw.request)
-    finally:
-        await raw.aclose()
+    await send(link, link._conn.request)
     return link
 
 
@@ -220,6 +154,14 @@ async def test_a_refused_request_keeps_the_link_usable(harness: Harness) -> None
         await link.aclose()
 
 
+@pytest.mark.parametrize("op", ["hello", "confirm", "error"])
+async def test_ops_the_link_uses_itself_are_refused_before_anything_is_sent(harness: Harness, op: str) -> None:
+    link = await harness.connect()
+    with pytest.raises(ValueError, match="reserved"):
+        await link.request(message(1, op=op), timeout_s=5.0)
+    assert link.closed and harness.link_server.refused_frames == 0
+
+
 async def test_a_request_that_times_out_closes_the_link(harness: Harness) -> None:
     link = await harness.connect()
     with pytest.raises(SecureLinkError, match="'hang'"):
@@ -274,7 +216,7 @@ async def test_a_frame_without_a_live_session_is_refused_before_its_payload_is_r
 
 def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes) -> list[tuple[dict, bytes]]:
     """(header, payload) pairs a hostile peer might send as a hello: the genuine hello with bytes
-    flipped, cut short or extended (seeded), hellos that verify but for another run or role, the
+    flipped, cut short or extended (seeded), hellos that verify but for another run or recipient, the
     server's own hello reflected, and headers naming no, a non-string or an unknown peer."""
     rng = random.Random(0)
     header = {"method": METHOD, "op": "hello", "peer": client.peer_id}
@@ -285,9 +227,8 @@ def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes) -> list[t
         payloads.append(bytes(flipped))
     payloads += [genuine[:rng.randrange(len(genuine))] for _ in range(10)]
     payloads += [genuine + rng.randbytes(rng.randint(1, 64)) for _ in range(5)]
-    payloads += [ChannelHandshake(client, peer_public_key=server_key, run_id="other@00112233aabbccdd",
-                                  initiator=True).hello(),
-                 ChannelHandshake(client, peer_public_key=server_key, run_id=RUN, initiator=False).hello(),
+    payloads += [Initiator(client, peer_public_key=server_key, run_id="other@00112233aabbccdd").hello(),
+                 Initiator(client, peer_public_key=client.public_key, run_id=RUN).hello(),
                  b"", rng.randbytes(200)]
     frames = [(header, payload) for payload in payloads]
     frames += [({**header, "peer": peer}, genuine) for peer in (None, 7, "", Identity.generate().peer_id)]
@@ -296,8 +237,7 @@ def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes) -> list[t
 
 async def test_fuzzed_hellos_are_refused_without_touching_the_live_session(harness: Harness) -> None:
     live = await harness.connect()
-    genuine = ChannelHandshake(harness.client, peer_public_key=harness.server_identity.public_key, run_id=RUN,
-                               initiator=True).hello()
+    genuine = Initiator(harness.client, peer_public_key=harness.server_identity.public_key, run_id=RUN).hello()
     conn = await tcp_connect(*harness.tcp.address)
     refusals = []
     try:

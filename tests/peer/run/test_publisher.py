@@ -53,7 +53,7 @@ def test_store_failures_and_dht_refusals_are_exported() -> None:
     snapshot = Snapshot(uptime_s=1.0, live_peers=2, round=0, bytes_sent={}, bytes_received={}, records_rejected={},
                         dht_store_failures={"manifest": 3}, dht_refused={"subkey": 5})
 
-    text = PeerMetrics(lambda: snapshot).render().decode()
+    text = PeerMetrics(lambda owner: snapshot).render().decode()
 
     assert 'gossamer_dht_store_failures_total{entry="manifest"} 3.0' in text
     assert 'gossamer_dht_refused_total{reason="subkey"} 5.0' in text

@@ -227,8 +227,9 @@ async def test_a_node_that_lost_its_weights_gets_them_again(tmp_path: Path) -> N
 
 
 async def test_a_replayed_share_frame_is_refused_by_the_helper(tmp_path: Path) -> None:
-    """A node's real share frame, captured on the wire and sent again, does not decrypt (its
-    counter was used); the helper takes nothing from it. (Tampered fresh frames: test_secure_link.)"""
+    """A node's real share frame, captured on the wire and sent again from another connection, is
+    refused (its session belongs to the node's connection); the helper takes nothing from it.
+    (Tampered and replayed frames on the session's own connection: test_secure_link.)"""
     net = await Tlpp.create(tmp_path, hyper={**SECURE, "steps": 1}, sources=SOURCES, helper=True)
     try:
         await train(net)
@@ -237,7 +238,7 @@ async def test_a_replayed_share_frame_is_refused_by_the_helper(tmp_path: Path) -
         frame = [f for f in net.received["helper"] if f.header.get("op") == SHARE][-1]
         conn = await tcp_connect(*net.peers["helper"].tcp.address)  # type: ignore[union-attr]
         try:
-            with pytest.raises(RemoteError, match="tampered, replayed or out of order"):
+            with pytest.raises(RemoteError, match="belongs to another connection"):
                 await conn.request(frame)
         finally:
             await conn.aclose()
