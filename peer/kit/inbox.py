@@ -77,9 +77,12 @@ class Inbox:
             self._changed.notify_all()
         return None
 
-    async def collect(self, kind: str, round: int, senders: Iterable[str], *, timeout_s: float) -> dict[str, Tensors]:
-        """What ``senders`` sent for (kind, round), waiting until all arrived or ``timeout_s`` passed."""
-        wanted = set(senders)
+    async def collect(self, kind: str, round: int, senders: Iterable[str], *, timeout_s: float,
+                      wait_for: Iterable[str] | None = None) -> dict[str, Tensors]:
+        """What ``senders`` sent for (kind, round), waiting until all of ``wait_for`` (all of
+        ``senders`` when None) arrived or ``timeout_s`` passed."""
+        senders = set(senders)
+        wanted = senders if wait_for is None else set(wait_for)
 
         def have_all() -> bool:
             return wanted <= self._items.get((kind, round), {}).keys()
@@ -91,7 +94,7 @@ class Inbox:
                 except TimeoutError:
                     pass
         box = self._items.get((kind, round), {})
-        return {sender: box[sender] for sender in wanted if sender in box}
+        return {sender: box[sender] for sender in senders if sender in box}
 
     def advance(self, current_round: int) -> None:
         """Move to ``current_round`` and forget everything older."""

@@ -18,7 +18,11 @@ Faults are declared by (peer, step, operation), never by subclassing internals:
 ``fail(name, step, op)`` makes that peer refuse the requests of ``op`` for ``step`` as a crashed
 host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
 ``op``; for an HTTP request, the route's ``{round}`` (or ``{step}``) and ``{kind}`` (or, without
-a kind, the request path). ``kill(name)`` closes a peer's servers and roles; its record stays in
+a kind, the request path). Faults of a sender, seen by every receiver of its signed HTTP
+messages: ``slow(name, seconds, op=..., step=...)`` holds them that long before they are handled
+(a slow sender or link; every step when ``step`` is None), and ``crash(name, step, op, after=k)``
+lets ``k`` of them for (step, op) through and kills the peer at the next (a crash before a round's
+exchange with ``after=0``, mid-send with ``after >= 1``). ``kill(name)`` closes a peer's servers and roles; its record stays in
 the view until the run's TTL, as a killed process's would; ``stop(name)`` is a clean shutdown
 (the roles write their checkpoints too). ``received`` keeps every TCP request
 each peer got, as sent, so a test can replay or tamper with a real one.
@@ -27,6 +31,8 @@ each peer got, as sent, so a test can replay or tamper with a real one.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,9 +42,12 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from gossamer.crypto.envelope import ReplayGuard
+from gossamer.crypto.errors import VerificationError
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.events import EventSink
+from gossamer.peer.kit.messaging import ENVELOPE_HEADER
 from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import PluginRegistry, build_roles
@@ -98,6 +107,19 @@ class LocalPeer:
 @dataclass
 class _Faults:
     keys: set[tuple[str, int, str]] = field(default_factory=set)
+    slow: dict[tuple[str, int | None, str], float] = field(default_factory=dict)  # (sender, step, op) -> s
+    crash: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (sender, step, op) -> let through
+
+    def delay(self, sender: str, step: int, op: str) -> float:
+        return self.slow.get((sender, step, op), self.slow.get((sender, None, op), 0.0))
+
+    def crashes(self, sender: str, step: int, op: str) -> bool:
+        """Whether this message of ``sender`` is the one its crash comes at (counting it through)."""
+        left = self.crash.get((sender, step, op))
+        if left is None:
+            return False
+        self.crash[sender, step, op] = left - 1
+        return left <= 0
 
     def hit(self, name: str, step: Any, op: Any) -> bool:
         try:
@@ -228,15 +250,23 @@ class LocalNet:
 
     def announce(self) -> None:
         """A role's ``ctx.announce``: publish again at once (as the daemon's heartbeat would)."""
-        task = asyncio.get_running_loop().create_task(self.publish(), name="localnet-publish")
-        self._publishing.add(task)
-        task.add_done_callback(self._publishing.discard)
+        self._background(self.publish(), name="localnet-publish")
 
     # -- faults -----------------------------------------------------------------------------------
 
     def fail(self, name: str, step: int, op: str) -> None:
         """Peer ``name`` refuses the requests of ``op`` for ``step`` (see the module docstring)."""
         self.faults.keys.add((name, step, op))
+
+    def slow(self, name: str, seconds: float, *, op: str, step: int | None = None) -> None:
+        """Peer ``name``'s messages of ``op`` (for ``step``; every step when None) are held
+        ``seconds`` at their receivers before they are handled."""
+        self.faults.slow[name, step, op] = seconds
+
+    def crash(self, name: str, step: int, op: str, *, after: int = 0) -> None:
+        """Peer ``name`` is killed at its message of ``op`` for ``step`` that comes after ``after``
+        of them were let through (that message and every later one are refused)."""
+        self.faults.crash[name, step, op] = after
 
     def forget(self, name: str) -> None:
         """Drop the peer's record from the view, as when a crashed peer's record has expired (or a
@@ -282,12 +312,38 @@ class LocalNet:
         @web.middleware
         async def middleware(request: web.Request, handler):
             info = request.match_info
-            step = info.get("round", info.get("step"))
-            if step is not None and self.faults.hit(name, step, info.get("kind", request.path)):
+            step, op = info.get("round", info.get("step")), info.get("kind", request.path)
+            if step is not None and self.faults.hit(name, step, op):
                 raise web.HTTPServiceUnavailable(text="injected fault")
+            sender = self._sender_name(name, request) if step is not None and step.isdigit() else None
+            if sender is not None:
+                if not self.peers[sender].alive or self.faults.crashes(sender, int(step), op):
+                    if self.peers[sender].alive:
+                        self._background(self.kill(sender), name=f"localnet-crash-{sender}")
+                    raise web.HTTPServiceUnavailable(text="injected fault: the sender crashed")
+                delay = self.faults.delay(sender, int(step), op)
+                if delay:
+                    await asyncio.sleep(delay)  # the injected slowness itself, not a synchronisation
             return await handler(request)
 
         return middleware
+
+    def _sender_name(self, receiver: str, request: web.Request) -> str | None:
+        """The net's name of the peer that signed the request's envelope (its signature checked), or
+        None (no envelope, a bad one, or an outsider)."""
+        text = request.headers.get(ENVELOPE_HEADER, "")
+        try:
+            envelope = ReplayGuard().check(base64.b64decode(text, validate=True), me=self.peers[receiver].peer_id,
+                                           run_id=self.manifest.run_id, method=request.method,
+                                           target=request.rel_url.raw_path_qs, now=self.now())
+        except (VerificationError, ValueError, binascii.Error):
+            return None
+        return next((n for n, peer in self.peers.items() if peer.peer_id == envelope.sender), None)
+
+    def _background(self, coro, *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
 
     # -- the end ----------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ One outer round t (DESIGN.md, "Gossip DiLoCo"): snapshot x (and, when the plan m
 outer momentum u); send them to the W1 neighbours in the background while the H inner AdamW steps
 run (in a worker thread, so the daemon keeps serving); mix what arrived by the end of the inner
 phase (plus ``w1_grace_s``) into m (and u~); pseudo-gradient d = x - y; send d (on the W2 subset)
-to the W2 neighbours and wait for theirs up to ``w2_deadline_s``; aggregate them through the run's
+to the W2 neighbours and wait for theirs up to the W2 deadline (``w2_deadline_s``, or with adaptive
+pacing what the measured arrivals call for, not waiting for fail-slow learners: ``pacing``); aggregate them through the run's
 robust aggregator; outer Nesterov step from m (and u~). Every ``average_every``-th round the plan's
 weights are global over every parameter, momentum included (an exact average). Every contribution
 is accounted for in the round's ledger: arrived and used, rejected with a reason, or timed out.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,9 +46,11 @@ from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
+from gossamer.peer.roles.diloco.contributions import KINDS, MOMENTUM, expected_tensors, shape_problem
 from gossamer.peer.roles.diloco.ledger import RoundLedger
+from gossamer.peer.roles.diloco.pacing import LearnerPacing
 from gossamer.peer.roles.diloco.settings import DilocoSettings
-from gossamer.peer.roles.diloco.steering import inbox_budget
+from gossamer.peer.roles.diloco.steering import inbox_budget, out_of_step
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica, Params
 from gossamer.protocols.mixing import neighbours
@@ -58,9 +60,6 @@ from gossamer.transport.errors import TransportError
 from gossamer.transport.http_server import path_int
 
 log = logging.getLogger(__name__)
-KINDS = ("params", "pgrad")
-MOMENTUM = "outer_momentum/"
-"""Prefix of the momentum tensors in a ``params`` message (no parameter name contains a slash)."""
 MAX_SERIES = 2000  # loss points kept for /status (the swarm page's curves)
 
 
@@ -87,6 +86,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
         self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
         self.inbox = Inbox()
+        self.pacing = LearnerPacing(self.settings.w2_deadline_s, adaptive=self.settings.pacing == "adaptive")
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
@@ -122,7 +122,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                 "checkpoint": self.checkpoint_path, "aggregator": self.settings.aggregator,
                 "train_loss": last[0]["train_loss"] if last else None,
                 "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3),
-                "rounds": self.settings.rounds, "series": self.series, "resumed_from": self.resumed_from}
+                "rounds": self.settings.rounds, "series": self.series, "resumed_from": self.resumed_from,
+                "pacing": self.pacing.status()}
 
     def health(self) -> RoleHealth:
         health = super().health()
@@ -216,11 +217,14 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         kind, round = request.match_info["kind"], path_int(request, "round")
         if kind not in KINDS:
             raise web.HTTPNotFound(text="unknown contribution kind")
-        expected = self._expected(kind, round)
+        expected = expected_tensors(kind, round, self._snapshot[1], mixing=self.settings.mixing,
+                                    aggregator=self.aggregator)
         received = await self.messenger.receive(request, sender_role=names.LEARNER, round=round,
                                                 max_body_bytes=body_cap(expected))
         sender = received.envelope.sender
-        reason = self._shape_problem(kind, expected, received.tensors) or await self.inbox.put(
+        if kind == "pgrad":
+            self.pacing.arrived(round, sender, time.monotonic())
+        reason = shape_problem(kind, expected, received.tensors) or await self.inbox.put(
             kind, round, sender, received.tensors,
             priority=any(p.record.peer_id == sender for p in self._other_learners()))
         self.ctx.traffic.add_received(kind, received.size_bytes)
@@ -229,27 +233,6 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             return web.json_response({"accepted": False, "reason": reason}, status=409)
         self._received_bytes[round] = self._received_bytes.get(round, 0) + received.size_bytes
         return web.json_response({"accepted": True})
-
-    def _expected(self, kind: str, round: int) -> Mapping[str, torch.Tensor]:
-        """What a message of ``kind`` for ``round`` carries: the model's parameters (and their
-        momentum in a round that mixes it), or their W2 subset."""
-        params = self._snapshot[1]
-        if kind == "params":
-            momentum = self.settings.mixing.mixes_momentum(round)
-            return {**params, **({MOMENTUM + name: t for name, t in params.items()} if momentum else {})}
-        return self.aggregator.subset_of(params, round=round)
-
-    @staticmethod
-    def _shape_problem(kind: str, expected: Mapping[str, torch.Tensor],
-                       tensors: Mapping[str, torch.Tensor]) -> str | None:
-        if tensors.keys() != expected.keys():
-            return f"{kind} names do not match the model"
-        for name, tensor in tensors.items():
-            if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
-                return f"{kind} tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}"
-            if kind == "params" and not torch.isfinite(tensor).all():
-                return f"params tensor {name!r} is not finite"
-        return None
 
     # -- rounds ---------------------------------------------------------------------------------
 
@@ -268,7 +251,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                  rejected=ledger.pseudo_gradients.rejected, bytes_sent=ledger.bytes_sent,
                  bytes_received=ledger.bytes_received, note=ledger.note, rounds=self.settings.rounds,
                  compute_s=ledger.compute_s, wall_s=ledger.wall_s, w1_wait_s=ledger.w1_wait_s,
-                 w2_wait_s=ledger.w2_wait_s, eval_s=ledger.eval_s, partial=ledger.partial(),
+                 w2_wait_s=ledger.w2_wait_s, eval_s=ledger.eval_s, w2_deadline_s=ledger.w2_deadline_s,
+                 slow=ledger.slow, partial=ledger.partial(),
                  problems=ledger.balance_problems())
             await self._round_done(ledger)
         await self._finish()
@@ -285,6 +269,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         w1 = plan.w1_weights(len(learners), round=t, seed=seed)
         w2 = plan.w2_weights(len(learners), round=t, seed=seed)
         ledger = RoundLedger(round=t, learners=learners)
+        self.pacing.begin(t, started)
+        self.pacing.keep_only(learners)
         n1 = [learners[j] for j in neighbours(w1[me]) if j != me]
         n2 = [learners[j] for j in neighbours(w2[me]) if j != me]
         x = self.replica.begin_round()
@@ -298,7 +284,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.compute_s = time.monotonic() - compute_started
         d = self.replica.end_inner()
         waited = time.monotonic()
-        arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
+        arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s,
+                                           wait_for=self.pacing.waited_for(n1))
         ledger.w1_wait_s = time.monotonic() - waited
         self._settle(ledger.params, "params", t, arrived)
         ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
@@ -308,8 +295,12 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             sending.append(asyncio.create_task(self._send_all(
                 "pgrad", t, self.aggregator.subset_of(sent_d, round=t), n2, ledger.pseudo_gradients, ledger)))
         waited = time.monotonic()
-        arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
+        ledger.w2_deadline_s = self.pacing.w2_wait(t, waited)
+        waited_for = self.pacing.waited_for(n2)
+        ledger.not_waited_for = sorted(set(n2) - set(waited_for))
+        arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=ledger.w2_deadline_s, wait_for=waited_for)
         ledger.w2_wait_s = time.monotonic() - waited
+        ledger.slow = sorted(self.pacing.settle(t, n2))
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
                                             ledger=ledger.pseudo_gradients, round=t)
@@ -445,13 +436,3 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             log.info("resumed from %s at round %d", path, self.replica.round)
         return path
 
-
-def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
-    """The round to adopt when ``mine`` is ``threshold`` or more away from the median round of all
-    the learners (this one included; the upper median, so a tie goes to the further-on half);
-    None when in step or alone. One peer advertising a far-off round moves this median by at most
-    one position."""
-    if not others:
-        return None
-    median = statistics.median_high([mine, *others])
-    return median if abs(median - mine) >= threshold else None
