@@ -5,14 +5,14 @@ ones too far ahead); one contribution per sender per (kind, round); at most ``ma
 (kind, round); and at most ``max_bytes`` of tensors held in all. Senders without ``priority``
 (the caller's call: in an open run, identities too new to steer, ``run.tenure``) may fill only
 ``1 - reserved_fraction`` of the bytes, so however many of them send full-size contributions,
-the rest stays free for the senders that count. Waiters are woken on every arrival and give up at
-their deadline: a round never waits past it.
+the rest stays free for the senders that count. Waiters are woken on every arrival (and on
+``wake``) and give up at their deadline: a round never waits past it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -78,16 +78,17 @@ class Inbox:
         return None
 
     async def collect(self, kind: str, round: int, senders: Iterable[str], *, timeout_s: float,
-                      wait_for: Iterable[str] | None = None) -> dict[str, Tensors]:
+                      wait_for: Iterable[str] | Callable[[], Iterable[str]] | None = None) -> dict[str, Tensors]:
         """What ``senders`` sent for (kind, round), waiting until all of ``wait_for`` (all of
-        ``senders`` when None) arrived or ``timeout_s`` passed."""
+        ``senders`` when None; a callable is asked again at every ``wake`` and arrival, so a sender
+        known to be gone can be dropped from it) arrived or ``timeout_s`` passed."""
         senders = set(senders)
-        wanted = senders if wait_for is None else set(wait_for)
 
         def have_all() -> bool:
+            wanted = senders if wait_for is None else set(wait_for() if callable(wait_for) else wait_for)
             return wanted <= self._items.get((kind, round), {}).keys()
 
-        if wanted and not have_all():
+        if not have_all():
             async with self._changed:
                 try:
                     await asyncio.wait_for(self._changed.wait_for(have_all), timeout=max(0.0, timeout_s))
@@ -95,6 +96,11 @@ class Inbox:
                     pass
         box = self._items.get((kind, round), {})
         return {sender: box[sender] for sender in senders if sender in box}
+
+    async def wake(self) -> None:
+        """Have every waiting ``collect`` ask its ``wait_for`` again (something outside changed)."""
+        async with self._changed:
+            self._changed.notify_all()
 
     def advance(self, current_round: int) -> None:
         """Move to ``current_round`` and forget everything older."""

@@ -109,6 +109,7 @@ class _Faults:
     keys: set[tuple[str, int, str]] = field(default_factory=set)
     slow: dict[tuple[str, int | None, str], float] = field(default_factory=dict)  # (sender, step, op) -> s
     crash: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (sender, step, op) -> let through
+    expire: set[str] = field(default_factory=set)  # crashing peers whose records go at once
 
     def delay(self, sender: str, step: int, op: str) -> float:
         return self.slow.get((sender, step, op), self.slow.get((sender, None, op), 0.0))
@@ -263,10 +264,13 @@ class LocalNet:
         ``seconds`` at their receivers before they are handled."""
         self.faults.slow[name, step, op] = seconds
 
-    def crash(self, name: str, step: int, op: str, *, after: int = 0) -> None:
+    def crash(self, name: str, step: int, op: str, *, after: int = 0, expire: bool = False) -> None:
         """Peer ``name`` is killed at its message of ``op`` for ``step`` that comes after ``after``
-        of them were let through (that message and every later one are refused)."""
+        of them were let through (that message and every later one are refused); with ``expire``
+        its record is dropped from the view once it is dead (``forget``: a run with a short TTL)."""
         self.faults.crash[name, step, op] = after
+        if expire:
+            self.faults.expire.add(name)
 
     def forget(self, name: str) -> None:
         """Drop the peer's record from the view, as when a crashed peer's record has expired (or a
@@ -319,7 +323,7 @@ class LocalNet:
             if sender is not None:
                 if not self.peers[sender].alive or self.faults.crashes(sender, int(step), op):
                     if self.peers[sender].alive:
-                        self._background(self.kill(sender), name=f"localnet-crash-{sender}")
+                        self._background(self._crash(sender), name=f"localnet-crash-{sender}")
                     raise web.HTTPServiceUnavailable(text="injected fault: the sender crashed")
                 delay = self.faults.delay(sender, int(step), op)
                 if delay:
@@ -327,6 +331,13 @@ class LocalNet:
             return await handler(request)
 
         return middleware
+
+    async def _crash(self, name: str) -> None:
+        await self.kill(name)
+        if name in self.faults.expire:
+            self.forget(name)
+            async with self.view_refreshed:
+                self.view_refreshed.notify_all()
 
     def _sender_name(self, receiver: str, request: web.Request) -> str | None:
         """The net's name of the peer that signed the request's envelope (its signature checked), or

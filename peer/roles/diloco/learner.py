@@ -284,8 +284,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.compute_s = time.monotonic() - compute_started
         d = self.replica.end_inner()
         waited = time.monotonic()
-        arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s,
-                                           wait_for=self.pacing.waited_for(n1))
+        arrived = await self._collect("params", t, n1, timeout_s=self.settings.w1_grace_s,
+                                      wait_for=self.pacing.waited_for(n1))
         ledger.w1_wait_s = time.monotonic() - waited
         self._settle(ledger.params, "params", t, arrived)
         ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
@@ -298,7 +298,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.w2_deadline_s = self.pacing.w2_wait(t, waited)
         waited_for = self.pacing.waited_for(n2)
         ledger.not_waited_for = sorted(set(n2) - set(waited_for))
-        arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=ledger.w2_deadline_s, wait_for=waited_for)
+        arrived_d = await self._collect("pgrad", t, n2, timeout_s=ledger.w2_deadline_s, wait_for=waited_for)
         ledger.w2_wait_s = time.monotonic() - waited
         ledger.slow = sorted(self.pacing.settle(t, n2))
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
@@ -315,6 +315,25 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             del self._received_bytes[old]
         ledger.wall_s = time.monotonic() - started
         return ledger
+
+    async def _collect(self, kind: str, t: int, senders: list[str], *, timeout_s: float,
+                       wait_for: list[str]) -> dict[str, Params]:
+        """What ``senders`` sent for round t, waiting up to ``timeout_s`` for those of ``wait_for``
+        whose records are still in the view: a learner whose record left it (it stopped, or its
+        record expired) is no longer waited for."""
+        async def wake_on_view_changes() -> None:
+            while True:
+                async with self.ctx.view_refreshed:
+                    await self.ctx.view_refreshed.wait()
+                await self.inbox.wake()
+
+        watch = asyncio.create_task(wake_on_view_changes())
+        try:
+            return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s,
+                                            wait_for=lambda: [s for s in wait_for if self.ctx.view.get(s) is not None])
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
               learners: list[str]) -> tuple[Params, Params | None]:
