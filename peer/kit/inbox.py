@@ -90,8 +90,10 @@ class Inbox:
 
         if not have_all():
             async with self._changed:
-                try:
-                    await asyncio.wait_for(self._changed.wait_for(have_all), timeout=max(0.0, timeout_s))
+                try:  # asyncio.timeout, not wait_for: the wait stays in this task, so a cancelled
+                    # collect gives the condition's lock back before ``async with`` releases it
+                    async with asyncio.timeout(max(0.0, timeout_s)):
+                        await self._changed.wait_for(have_all)
                 except TimeoutError:
                     pass
         box = self._items.get((kind, round), {})

@@ -4,7 +4,7 @@ beside every table of the slow-peer benchmarks (``slow_worker.py``, ``slow_learn
 ``CpuQuota``: a cgroup v1 cpu group limited to a share of one CPU (needs root). On a machine other
 jobs keep busy every process already gets less than that share, so the handicap vanishes;
 ``DutyCycle`` instead lets the process run only ``share`` of every ``period_s`` of wall-clock
-(SIGSTOP / SIGCONT to its process group), so it is that much slower whatever the load. The period
+(SIGSTOP / SIGCONT), so it is that much slower whatever the load. The period
 is long (1 s) on purpose: the scheduler credits a task that slept, and over a short period a
 stopped task makes up most of what it lost (at 100 ms a 20% duty cycle still ran at ~30%).
 """
@@ -39,29 +39,30 @@ class CpuQuota:
 
 
 class DutyCycle:
-    """Stops the process group ``pgid`` for ``1 - share`` of every ``period_s`` until ``stop()``."""
+    """Stops the process ``pid`` for ``1 - share`` of every ``period_s`` until ``stop()``. Only that
+    process: its children (a peer's DHT node) keep running, so it stays reachable and published."""
 
-    def __init__(self, pgid: int, *, share: float, period_s: float = 1.0) -> None:
+    def __init__(self, pid: int, *, share: float, period_s: float = 1.0) -> None:
         if not 0.0 < share < 1.0:
             raise ValueError(f"share must be in (0, 1), got {share}")
-        self.pgid, self.share, self.period_s = pgid, share, period_s
+        self.pid, self.share, self.period_s = pid, share, period_s
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"duty-cycle-{pgid}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"duty-cycle-{pid}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
             while not self._stopped.is_set():
-                os.killpg(self.pgid, signal.SIGSTOP)
+                os.kill(self.pid, signal.SIGSTOP)
                 if self._stopped.wait((1.0 - self.share) * self.period_s):  # the slowness itself
                     break
-                os.killpg(self.pgid, signal.SIGCONT)
+                os.kill(self.pid, signal.SIGCONT)
                 self._stopped.wait(self.share * self.period_s)
         except ProcessLookupError:
             return
         finally:
             try:
-                os.killpg(self.pgid, signal.SIGCONT)
+                os.kill(self.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
 

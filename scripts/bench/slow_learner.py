@@ -41,7 +41,7 @@ RUN = """
 [run]
 name = "slow-learner-bench"
 protocol = "diloco"
-heartbeat_s = 1.0
+heartbeat_s = 5.0
 [model]
 d_model = 32
 n_layers = 2
