@@ -22,7 +22,10 @@ a kind, the request path). Faults of a sender, seen by every receiver of its sig
 messages: ``slow(name, seconds, op=..., step=...)`` holds them that long before they are handled
 (a slow sender or link; every step when ``step`` is None), and ``crash(name, step, op, after=k)``
 lets ``k`` of them for (step, op) through and kills the peer at the next (a crash before a round's
-exchange with ``after=0``, mid-send with ``after >= 1``). ``kill(name)`` closes a peer's servers and roles; its record stays in
+exchange with ``after=0``, mid-send with ``after >= 1``). Links: ``shape(name, up, down)`` puts a
+WAN proxy (latency, jitter, rate, stalls, resets, refusals) in front of the peer's HTTP server and
+points its record there; shaping it again on the same port resets what was in flight (a
+partition is a link that refuses every connection; it heals when shaped back). ``kill(name)`` closes a peer's servers and roles; its record stays in
 the view until the run's TTL, as a killed process's would; ``stop(name)`` is a clean shutdown
 (the roles write their checkpoints too). ``received`` keeps every TCP request
 each peer got, as sent, so a test can replay or tamper with a real one.
@@ -72,6 +75,7 @@ from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
 from gossamer.transport.tcp import HandlerError, TcpServer
+from gossamer.transport.wan import LinkProfile, WanProxy
 
 RECORD_LIFETIME_S = 3600.0  # how far ahead records are dated to expire when the run's TTL is longer
 
@@ -90,6 +94,13 @@ class LocalPeer:
     tcp: TcpServer | None = None
     alive: bool = True
     started: bool = False
+    link: WanProxy | None = None  # ``LocalNet.shape``: what the peer's record points others to
+
+    @property
+    def http_addr(self) -> str:
+        if self.link is not None:
+            return f"127.0.0.1:{self.link.address[1]}"
+        return f"127.0.0.1:{self.http.address[1]}" if self.http else ""
 
     @property
     def peer_id(self) -> str:
@@ -229,7 +240,7 @@ class LocalNet:
             if not peer.alive:
                 continue
             record = peer_record(identity=peer.identity, config=peer.ctx.config, roles=peer.roles,
-                                 http_addr=f"127.0.0.1:{peer.http.address[1]}" if peer.http else "",
+                                 http_addr=peer.http_addr,
                                  tcp_addr=f"127.0.0.1:{peer.tcp.address[1]}" if peer.tcp else "",
                                  now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor),
                                  tenured=vouched if peer.identity.public_key == self.owner.public_key else ())
@@ -272,6 +283,21 @@ class LocalNet:
         if expire:
             self.faults.expire.add(name)
 
+    async def shape(self, name: str, up: LinkProfile | None, down: LinkProfile | None = None) -> None:
+        """Put a WAN link (``transport.wan.WanProxy``) in front of the peer's HTTP server, on the
+        same port as its link before if it had one (connections through the old link are reset):
+        others reach it through the link from now on. ``up`` shapes what others send it, ``down``
+        its answers; ``up`` None takes the link away."""
+        peer = self.peers[name]
+        old_port = peer.link.address[1] if peer.link is not None else 0
+        if peer.link is not None:
+            await peer.link.aclose()
+            peer.link = None
+        if up is not None and peer.http is not None:
+            peer.link = await WanProxy.create("127.0.0.1", peer.http.address[1], up=up, down=down,
+                                              listen_port=old_port)
+        await self.publish()
+
     def forget(self, name: str) -> None:
         """Drop the peer's record from the view, as when a crashed peer's record has expired (or a
         peer that never was live): the next ``publish`` leaves it out too."""
@@ -284,6 +310,8 @@ class LocalNet:
         """The peer's process is gone: servers and roles closed, its record left to expire."""
         peer = self.peers[name]
         peer.alive = False
+        if peer.link is not None:
+            await peer.link.aclose()
         for server in (peer.tcp, peer.http):
             if server is not None:
                 await server.aclose()
