@@ -54,7 +54,7 @@ w1_grace_s = 2.0
 w2_deadline_s = 10.0
 min_learners = {peers}
 [hyper.diloco]
-inner_steps = 4
+inner_steps = 20
 inner_lr = 0.003
 [hyper.mixing]
 w1 = "ring"
