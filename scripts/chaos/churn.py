@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import tempfile
@@ -133,41 +134,49 @@ def main() -> None:
     load_before = load()
     leaves, joins, problems = [], [], {}
     round_at: list[tuple[int, float]] = []
-    with tempfile.TemporaryDirectory(prefix="gossamer-churn-") as tmp:
-        swarm = Swarm(Path(tmp), args)
-        try:
-            for i in range(args.peers):
-                swarm.start(f"l{i}")
-            anchor = swarm.live["l0"]
-            http = anchor.wait_ready(timeout_s=300)["http"]
-            started, next_name, first, last = time.monotonic(), args.peers, None, None
-            while True:
-                event = anchor.wait_event(lambda e: e["event"] in ("diloco.round", "diloco.finished"),
-                                          timeout_s=args.stall_s)  # AssertionError: the run stalled
-                swarm.pump()
-                if event["event"] == "diloco.finished":
-                    last = event
-                    break
-                first = first or event
-                round_at.append((event["round"], time.monotonic() - started))
-                for ledger in status(http)["role_status"]["learner"]["ledgers"]:
-                    for part in ("params", "pseudo_gradients"):
-                        if ledger[part]["balance_problems"]:
-                            problems[f"{ledger['round']} {part}"] = ledger[part]["balance_problems"]
-                if len(round_at) % args.every or event["round"] >= args.rounds - args.every:
-                    continue
-                name = rng.choice(sorted(n for n in swarm.live if n != "l0"))
-                sig = signal.SIGTERM if len(leaves) % 2 == 0 else signal.SIGKILL
-                swarm.leave(name, sig)
-                leaves.append({"round": event["round"], "name": name, "how": sig.name})
-                back = name if len(joins) % 2 == 1 else f"l{next_name}"
-                next_name += back != name
-                swarm.start(back)
-                joins.append({"round": event["round"], "name": back, "returning": back == name})
-                print(f"round {event['round']}: {name} left ({sig.name}), {back} joined", flush=True)
-            wall = time.monotonic() - started
-        finally:
-            swarm.close()
+    tmp = tempfile.mkdtemp(prefix="gossamer-churn-")  # kept, with every daemon's log, when the run fails
+    swarm = Swarm(Path(tmp), args)
+    try:
+        for i in range(args.peers):
+            swarm.start(f"l{i}")
+        anchor = swarm.live["l0"]
+        http = anchor.wait_ready(timeout_s=300)["http"]
+        started, next_name, first, last = time.monotonic(), args.peers, None, None
+        while True:
+            event = anchor.wait_event(lambda e: e["event"] in ("diloco.round", "diloco.finished"),
+                                      timeout_s=args.stall_s)  # AssertionError: the run stalled
+            swarm.pump()
+            if event["event"] == "diloco.finished":
+                last = event
+                break
+            first = first or event
+            round_at.append((event["round"], time.monotonic() - started))
+            try:
+                ledgers = status(http)["role_status"]["learner"]["ledgers"]
+            except OSError:  # its last round: the anchor may have finished and exited already
+                ledgers = []
+            for ledger in ledgers:
+                for part in ("params", "pseudo_gradients"):
+                    if ledger[part]["balance_problems"]:
+                        problems[f"{ledger['round']} {part}"] = ledger[part]["balance_problems"]
+            if len(round_at) % args.every or event["round"] >= args.rounds - args.every:
+                continue
+            name = rng.choice(sorted(n for n in swarm.live if n != "l0"))
+            sig = signal.SIGTERM if len(leaves) % 2 == 0 else signal.SIGKILL
+            swarm.leave(name, sig)
+            leaves.append({"round": event["round"], "name": name, "how": sig.name})
+            back = name if len(joins) % 2 == 1 else f"l{next_name}"
+            next_name += back != name
+            swarm.start(back)
+            joins.append({"round": event["round"], "name": back, "returning": back == name})
+            print(f"round {event['round']}: {name} left ({sig.name}), {back} joined", flush=True)
+        wall = time.monotonic() - started
+    except BaseException:
+        print(f"the run failed; the daemons' logs are in {tmp}", flush=True)
+        raise
+    finally:
+        swarm.close()
+    shutil.rmtree(tmp)
     gaps = [b[1] - a[1] for a, b in itertools.pairwise(round_at)]
     p50, p99 = statistics.median(gaps), statistics.quantiles(gaps, n=100)[98]
     summary = {"seed": seed, "rounds": len(round_at), "wall_s": wall, "leaves": len(leaves), "joins": len(joins),

@@ -4,6 +4,7 @@ pseudo-gradients in a short blocking step (W2) through the run's robust aggregat
 private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
 ``learner`` (the role), ``pacing`` (its W2 deadline and the fail-slow learners), ``aggregate``
 (the W1 and W2 mixes), ``ledger`` (a round's ledger), ``contributions`` (what its messages carry),
+``keeping`` (the state it keeps between rounds and writes for a restart),
 ``steering`` (which learners steer one: its median round, its state donors, its inbox's room),
 ``commands`` (``gossamer sample``) and ``sampling`` (running a learner's checkpoint locally).
 """

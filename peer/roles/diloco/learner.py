@@ -37,16 +37,16 @@ import torch
 from aiohttp import web
 
 from gossamer.peer.kit.checkpoint import Checkpoints
-from gossamer.peer.kit.inbox import Inbox, size_bytes
+from gossamer.peer.kit.inbox import Inbox, collect_from_live, size_bytes
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger, body_cap
 from gossamer.peer.kit.state_join import download_state
-from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
 from gossamer.peer.roles.diloco.contributions import KINDS, MOMENTUM, expected_tensors, shape_problem
+from gossamer.peer.roles.diloco.keeping import KeptState
 from gossamer.peer.roles.diloco.ledger import RoundLedger
 from gossamer.peer.roles.diloco.pacing import LearnerPacing
 from gossamer.peer.roles.diloco.settings import DilocoSettings
@@ -60,7 +60,6 @@ from gossamer.transport.errors import TransportError
 from gossamer.transport.http_server import path_int
 
 log = logging.getLogger(__name__)
-MAX_SERIES = 2000  # loss points kept for /status (the swarm page's curves)
 
 
 class LearnerRole(ProtocolRole[DilocoSettings]):
@@ -94,9 +93,13 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
         self.finished = False
         self.checkpoint_path = ""
-        self.series: dict[str, list[list[float]]] = {"train_loss": [], "heldout_loss": []}
-        self.resumed_from = self._resume()
-        self._boundary = self._round_state()
+        self.kept = KeptState(self.checkpoints, f"{ctx.manifest.config.name}-{self.peer_id[:12]}-state",
+                              model_json=json.dumps(self.settings.model.to_dict()))
+        self.resumed_from = self.kept.resume(self.replica, self.sampler)
+        if self.resumed_from:
+            self._snapshot = (self.replica.round, flat_parameters(self.replica.module))
+            log.info("resumed from %s at round %d", self.resumed_from, self.replica.round)
+        self.kept.take(self.replica, self.sampler)
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -112,6 +115,14 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
     @property
     def round(self) -> int:
         return self.replica.round
+
+    @property
+    def series(self) -> dict[str, list[list[float]]]:
+        return self.kept.series
+
+    async def checkpoint(self) -> str | None:
+        """Write the state of the last finished round (what a restart resumes from)."""
+        return await self.kept.write()
 
     def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]]:
         return self._snapshot
@@ -254,7 +265,11 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                  w2_wait_s=ledger.w2_wait_s, eval_s=ledger.eval_s, w2_deadline_s=ledger.w2_deadline_s,
                  slow=ledger.slow, partial=ledger.partial(),
                  problems=ledger.balance_problems())
-            await self._round_done(ledger)
+            self.kept.add_losses(ledger.round, ledger.train_loss, ledger.heldout_loss)
+            self.kept.take(self.replica, self.sampler)
+            every = self.ctx.config.checkpoint_every
+            if every and self.replica.round % every == 0:
+                await self.checkpoint()
         await self._finish()
 
     def _learners(self) -> list[str]:
@@ -284,8 +299,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.compute_s = time.monotonic() - compute_started
         d = self.replica.end_inner()
         waited = time.monotonic()
-        arrived = await self._collect("params", t, n1, timeout_s=self.settings.w1_grace_s,
-                                      wait_for=self.pacing.waited_for(n1))
+        arrived = await self._collect("params", t, n1, self.settings.w1_grace_s, self.pacing.waited_for(n1))
         ledger.w1_wait_s = time.monotonic() - waited
         self._settle(ledger.params, "params", t, arrived)
         ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
@@ -298,7 +312,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.w2_deadline_s = self.pacing.w2_wait(t, waited)
         waited_for = self.pacing.waited_for(n2)
         ledger.not_waited_for = sorted(set(n2) - set(waited_for))
-        arrived_d = await self._collect("pgrad", t, n2, timeout_s=ledger.w2_deadline_s, wait_for=waited_for)
+        arrived_d = await self._collect("pgrad", t, n2, ledger.w2_deadline_s, waited_for)
         ledger.w2_wait_s = time.monotonic() - waited
         ledger.slow = sorted(self.pacing.settle(t, n2))
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
@@ -316,24 +330,12 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.wall_s = time.monotonic() - started
         return ledger
 
-    async def _collect(self, kind: str, t: int, senders: list[str], *, timeout_s: float,
+    async def _collect(self, kind: str, t: int, senders: list[str], timeout_s: float,
                        wait_for: list[str]) -> dict[str, Params]:
-        """What ``senders`` sent for round t, waiting up to ``timeout_s`` for those of ``wait_for``
-        whose records are still in the view: a learner whose record left it (it stopped, or its
-        record expired) is no longer waited for."""
-        async def wake_on_view_changes() -> None:
-            while True:
-                async with self.ctx.view_refreshed:
-                    await self.ctx.view_refreshed.wait()
-                await self.inbox.wake()
-
-        watch = asyncio.create_task(wake_on_view_changes())
-        try:
-            return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s,
-                                            wait_for=lambda: [s for s in wait_for if self.ctx.view.get(s) is not None])
-        finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        """``collect_from_live``: a learner whose record left the view is no longer waited for."""
+        return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
+                                       is_live=lambda s: self.ctx.view.get(s) is not None,
+                                       changes=self.ctx.view_refreshed)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
               learners: list[str]) -> tuple[Params, Params | None]:
@@ -411,47 +413,3 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         generator = torch.Generator().manual_seed(0)
         text = generate(self.replica.module, b"The ", max_new_bytes=160, temperature=0.7, generator=generator)
         return text.decode("utf-8", "replace")
-
-
-    # -- resuming --------------------------------------------------------------------------------
-
-    def _round_state(self) -> dict[str, Any]:
-        """Everything the next round starts from, copied to the CPU (taken between rounds)."""
-        replica = self.replica
-        return snapshot({"round": replica.round, "module": replica.module.state_dict(),
-                         "inner_optimizer": replica.inner_optimizer.state_dict(), "outer": replica.outer.state_dict(),
-                         "sampler": self.sampler.generator.get_state(), "series": self.series})
-
-    async def _round_done(self, ledger: RoundLedger) -> None:
-        """Keep the state this round ended with; write it every ``checkpoint_every`` rounds."""
-        self.series["train_loss"].append([ledger.round, ledger.train_loss])
-        self.series["heldout_loss"].append([ledger.round, ledger.heldout_loss])
-        for points in self.series.values():
-            del points[:-MAX_SERIES]
-        self._boundary = self._round_state()
-        every = self.ctx.config.checkpoint_every
-        if every and self.replica.round % every == 0:
-            await self.checkpoint()
-
-    def _state_name(self) -> str:
-        return f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-state"
-
-    async def checkpoint(self) -> str | None:
-        """Write the state of the last finished round (what a restart resumes from)."""
-        state = self._boundary
-        return await write_state(self.checkpoints, self._state_name(), state, round=str(state["round"]),
-                                 model=json.dumps(self.settings.model.to_dict()))
-
-    def _resume(self) -> str:
-        """Load the state an earlier life of this learner wrote; its path, or "" when there is none."""
-        def apply(state: dict[str, Any]) -> None:
-            self.replica.load_state_dict(state)
-            self.sampler.generator.set_state(state["sampler"])
-            self.series = {key: [list(point) for point in points] for key, points in state["series"].items()}
-
-        path = resume_state(self.checkpoints, self._state_name(), apply)
-        if path:
-            self._snapshot = (self.replica.round, flat_parameters(self.replica.module))
-            log.info("resumed from %s at round %d", path, self.replica.round)
-        return path
-
