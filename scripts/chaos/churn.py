@@ -33,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from _diloco import load
+
 from gossamer.crypto.identity import Identity
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 
@@ -63,10 +65,6 @@ w2 = "ring"
 [admission]
 policy = "open"
 """
-
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 class Swarm:

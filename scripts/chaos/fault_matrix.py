@@ -43,12 +43,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+from _diloco import bit_identical, load
+from _diloco import run_config as diloco_run
 
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.learner import LearnerRole
 from gossamer.peer.testing.localnet import LocalNet
-from gossamer.protocols.models import flat_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = 5
@@ -60,12 +60,7 @@ KINDS = (*CRASHES, "slow_send")
 
 
 def run_config(rounds: int) -> dict:
-    return {"run": {"name": "fault-matrix", "protocol": "diloco", "heartbeat_s": 30.0},
-            "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16},
-            "hyper": {"rounds": rounds, "batch_size": 4, "eval_batches": 1, "min_learners": PEERS,
-                      "w1_grace_s": DEADLINE_S, "w2_deadline_s": DEADLINE_S,
-                      "diloco": {"inner_steps": 2, "inner_lr": 0.003},
-                      "mixing": {"w1": "global", "w2": "global", "average_every": 2}, "aggregator": {"name": "mean"}}}
+    return diloco_run("fault-matrix", peers=PEERS, rounds=rounds, deadline_s=DEADLINE_S)
 
 
 def inject(net: LocalNet, fault: Fault, slow_s: float) -> None:
@@ -119,9 +114,7 @@ def check(net: LocalNet, survivors: dict[str, LearnerRole], crashed: set[str], f
     problems += [f"{peer} did not crash" for peer in dead]
     if max_wait > DEADLINE_S + SLACK_S:
         problems.append(f"a wait went past its deadline ({max_wait:.1f} s)")
-    states = [(flat_parameters(role.replica.module), role.replica.outer.state_dict()) for role in survivors.values()]
-    identical = all(all(torch.equal(states[0][0][k], x[k]) and torch.equal(states[0][1][k], u[k]) for k in x)
-                    for x, u in states[1:])
+    identical = bit_identical(list(survivors.values()))
     if not identical:
         problems.append("the survivors are not bit-identical after the exact-average round")
     return {"survivors": sorted(survivors), "max_wait_s": max_wait, "identical": identical, "problems": problems,
@@ -163,10 +156,6 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
 
 def describe(faults: list[Fault]) -> str:
     return " + ".join(f"{kind} {peer}@{round}" for kind, peer, round in faults)
-
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def main() -> None:

@@ -34,12 +34,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from _diloco import bit_identical, load
+from _diloco import run_config as diloco_run
 
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.learner import LearnerRole
 from gossamer.peer.testing.localnet import LocalNet
-from gossamer.protocols.models import flat_parameters
 from gossamer.transport.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,12 +69,7 @@ CASES = [
 
 
 def run_config(rounds: int) -> dict:
-    return {"run": {"name": "wan-faults", "protocol": "diloco", "heartbeat_s": 30.0},
-            "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16},
-            "hyper": {"rounds": rounds, "batch_size": 4, "eval_batches": 1, "min_learners": PEERS,
-                      "w1_grace_s": DEADLINE_S, "w2_deadline_s": DEADLINE_S,
-                      "diloco": {"inner_steps": 2, "inner_lr": 0.003},
-                      "mixing": {"w1": "global", "w2": "global", "average_every": 2}, "aggregator": {"name": "mean"}}}
+    return diloco_run("wan-faults", peers=PEERS, rounds=rounds, deadline_s=DEADLINE_S)
 
 
 async def after_round(net: LocalNet, role: LearnerRole, round: int) -> None:
@@ -114,17 +109,11 @@ def check(roles: dict[str, LearnerRole], rounds: int) -> dict:
         problems.append(f"a wait went past its deadline ({max_wait:.1f} s)")
     complete = [role for role in roles.values()
                 if (last := role.history.get(rounds - 1)) is not None and not last.partial()]
-    states = [(flat_parameters(role.replica.module), role.replica.outer.state_dict()) for role in complete]
-    identical = all(all(torch.equal(states[0][0][k], x[k]) and torch.equal(states[0][1][k], u[k]) for k in x)
-                    for x, u in states[1:])
+    identical = bit_identical(complete)
     if not identical:
         problems.append("the learners complete in the final exact-average round are not bit-identical")
     return {"partial_rounds": partial, "complete_in_last_round": len(complete), "max_wait_s": max_wait,
             "identical": identical, "problems": problems, "passed": not problems}
-
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 async def main_async(args: argparse.Namespace) -> list[dict]:
