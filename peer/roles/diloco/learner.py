@@ -5,9 +5,10 @@ outer momentum u); send them to the W1 neighbours in the background while the H 
 run (in a worker thread, so the daemon keeps serving); mix what arrived by the end of the inner
 phase (plus ``w1_grace_s``) into m (and u~); pseudo-gradient d = x - y; send d (on the W2 subset)
 to the W2 neighbours and wait for theirs up to the W2 deadline (``w2_deadline_s``, or with adaptive
-pacing what the measured arrivals call for, not waiting for fail-slow learners: ``pacing``); aggregate them through the run's
-robust aggregator; outer Nesterov step from m (and u~). Every ``average_every``-th round the plan's
-weights are global over every parameter, momentum included (an exact average). Every contribution
+pacing what the measured arrivals call for, not waiting for fail-slow learners: ``pacing``; never
+for a learner whose record left the view); aggregate them through the run's robust aggregator;
+outer Nesterov step from m (and u~). Every ``average_every``-th round the plan's weights are global
+over every parameter, momentum included (an exact average). Every contribution
 is accounted for in the round's ledger: arrived and used, rejected with a reason, or timed out.
 Peers are the live, admitted learners of the run (sorted by peer id, so everyone indexes them
 alike).

@@ -29,6 +29,8 @@ from gossamer.protocols.pacing import AdaptiveDeadline, Pacing, SlowPeers
 
 KEEP_ROUNDS = 8
 """Rounds whose start and W2 wait times are kept, for arrivals that come late."""
+AHEAD = 2
+"""Rounds ahead of ours whose arrivals are kept until we get there (the inbox's window)."""
 
 
 class LearnerPacing:
@@ -80,9 +82,9 @@ class LearnerPacing:
     def arrived(self, round: int, sender: str, now: float) -> None:
         """A pseudo-gradient for ``round`` from ``sender`` arrived at ``now``."""
         key = (round, sender)
-        if key in self._measured or key in self._arrivals or (self._started and round <= max(self._started)
-                                                             - KEEP_ROUNDS):
-            return
+        current = max(self._started, default=0)
+        if key in self._measured or key in self._arrivals or not current - KEEP_ROUNDS < round <= current + AHEAD:
+            return  # measured already, or too old or too far ahead to count (bounded memory)
         self._arrivals[key] = now
         if round in self._settled:  # late: our wait for it is over
             self._measure(round, sender)

@@ -90,3 +90,13 @@ def test_a_learner_that_left_is_forgotten() -> None:
     pacing.keep_only(["a", "b"])
 
     assert pacing.status()["slow_learners"] == [] and "c" not in pacing.status()["learner_time_ratio"]
+
+
+def test_arrivals_too_far_ahead_or_too_old_are_not_kept() -> None:
+    pacing = LearnerPacing(15.0, adaptive=True)
+    pacing.begin(10, 0.0)
+    for round in (1_000_000, 13, 2):  # past the inbox's window ahead, and older than the rounds kept
+        pacing.arrived(round, "a", 1.0)
+    pacing.arrived(12, "a", 1.0)
+
+    assert list(pacing._arrivals) == [(12, "a")]
