@@ -12,10 +12,12 @@ choices come from ``--seed`` (printed; any run can be replayed).
 
 Measured: the rounds and wall-clock of the anchor, the longest gap between two of its rounds (the
 run stalls if it passes ``--stall_s``: the script fails), p50/p99 of its round time, the leaves
-and joins, the joiners that adopted the swarm's state, the anchor's held-out loss at the start
-and the end, and every ledger the anchor showed in ``/status`` balanced.
+and joins, how often the others adopted the swarm's state and how many rounds they finished, the
+anchor's held-out loss at the start and the end, and every ledger the anchor showed in
+``/status`` balanced. Round times are the anchor's own (``wall_s`` of its round events); the gap
+is between the script reading two of them (an upper bound).
 
-    .venv/bin/python scripts/chaos/churn.py [--peers 6] [--rounds 120] [--every 5] [--seed N] [--json PATH]
+    .venv/bin/python scripts/chaos/churn.py [--peers 6] [--rounds 120] [--every 8] [--inner_steps 60] [--seed N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ w1_grace_s = 2.0
 w2_deadline_s = 10.0
 min_learners = {peers}
 [hyper.diloco]
-inner_steps = 20
+inner_steps = {inner_steps}
 inner_lr = 0.003
 [hyper.mixing]
 w1 = "ring"
@@ -72,7 +74,7 @@ class Swarm:
 
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
         self.work = work
-        (work / "run.toml").write_text(RUN.format(rounds=args.rounds, peers=args.peers))
+        (work / "run.toml").write_text(RUN.format(rounds=args.rounds, peers=args.peers, inner_steps=args.inner_steps))
         self.orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", *LOOPBACK,
                                      "--events", "--threads", "1", "--identity_path", str(work / "owner.pem")],
                                     log_path=work / "orch.log")
@@ -80,6 +82,7 @@ class Swarm:
         self.live: dict[str, GossamerProcess] = {}
         self.gone: list[GossamerProcess] = []
         self.adopted = 0
+        self.joiner_rounds = 0  # rounds the learners other than the anchor finished
 
     def start(self, name: str) -> GossamerProcess:
         if not (self.work / f"{name}.pem").exists():
@@ -92,9 +95,11 @@ class Swarm:
         return proc
 
     def leave(self, name: str, sig: int) -> None:
+        """Signal the learner and go on at once (``close`` collects it), so the anchor's events
+        are read as they come."""
         proc = self.live.pop(name)
         self.count(proc.drain())
-        proc.stop(sig)
+        proc.proc.send_signal(sig)
         self.gone.append(proc)
 
     def pump(self) -> None:
@@ -106,9 +111,10 @@ class Swarm:
     def count(self, events: list[dict]) -> None:
         for event in events:
             self.adopted += event["event"] == "diloco.adopted"
+            self.joiner_rounds += event["event"] == "diloco.round"
 
     def close(self) -> None:
-        for proc in [*self.live.values(), self.orch]:
+        for proc in [*self.live.values(), *self.gone, self.orch]:
             proc.stop()
 
 
@@ -121,7 +127,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=120)
-    parser.add_argument("--every", type=int, default=5, help="rounds of the anchor between two churn events")
+    parser.add_argument("--every", type=int, default=8, help="rounds of the anchor between two churn events")
+    parser.add_argument("--inner_steps", type=int, default=60)
     parser.add_argument("--stall_s", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/churn.json")
@@ -132,6 +139,7 @@ def main() -> None:
     load_before = load()
     leaves, joins, problems = [], [], {}
     round_at: list[tuple[int, float]] = []
+    round_s: list[float] = []  # the anchor's own measure of each round
     tmp = tempfile.mkdtemp(prefix="gossamer-churn-")  # kept, with every daemon's log, when the run fails
     swarm = Swarm(Path(tmp), args)
     try:
@@ -149,6 +157,7 @@ def main() -> None:
                 break
             first = first or event
             round_at.append((event["round"], time.monotonic() - started))
+            round_s.append(event["wall_s"])
             try:
                 ledgers = status(http)["role_status"]["learner"]["ledgers"]
             except OSError:  # its last round: the anchor may have finished and exited already
@@ -176,20 +185,21 @@ def main() -> None:
         swarm.close()
     shutil.rmtree(tmp)
     gaps = [b[1] - a[1] for a, b in itertools.pairwise(round_at)]
-    p50, p99 = statistics.median(gaps), statistics.quantiles(gaps, n=100)[98]
+    p50, p99 = statistics.median(round_s), statistics.quantiles(round_s, n=100)[98]
     summary = {"seed": seed, "rounds": len(round_at), "wall_s": wall, "leaves": len(leaves), "joins": len(joins),
-               "joiners_adopted": swarm.adopted, "longest_gap_s": max(gaps), "round_p50_s": p50, "round_p99_s": p99,
+               "adopted": swarm.adopted, "other_learners_rounds": swarm.joiner_rounds, "longest_gap_s": max(gaps), "round_p50_s": p50, "round_p99_s": p99,
                "heldout_start": first["heldout_loss"] if first else None,
                "heldout_end": last.get("heldout_loss") if last else None, "unbalanced_ledgers": len(problems)}
     print(f"\nChurn: {args.peers} learners, {args.rounds} rounds, one leaves and one joins every {args.every} rounds "
           f"(seed {seed}); load before {load_before}, after {load()}\n")
-    print("| rounds (anchor) | wall (s) | leaves (clean / crash) | joins (fresh / returning) | adopted the swarm's state | "
-          "longest gap between rounds (s) | round p50 / p99 (s) | held-out start -> end | unbalanced ledgers |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| rounds (anchor) | wall (s) | leaves (clean / crash) | joins (fresh / returning) | adoptions of the swarm's "
+          "state | rounds the others finished | longest gap between rounds (s) | round p50 / p99 (s) | "
+          "held-out start -> end | unbalanced ledgers |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     clean = sum(leave["how"] == "SIGTERM" for leave in leaves)
     returning = sum(join["returning"] for join in joins)
     print(f"| {summary['rounds']} | {wall:.0f} | {len(leaves)} ({clean} / {len(leaves) - clean}) | {len(joins)} "
-          f"({len(joins) - returning} / {returning}) | {swarm.adopted} | {max(gaps):.1f} | {p50:.2f} / {p99:.2f} | "
+          f"({len(joins) - returning} / {returning}) | {swarm.adopted} | {swarm.joiner_rounds} | {max(gaps):.1f} | {p50:.2f} / {p99:.2f} | "
           f"{summary['heldout_start']:.3f} -> {summary['heldout_end']:.3f} | {len(problems)} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
