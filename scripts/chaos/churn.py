@@ -5,9 +5,11 @@
 An orchestrator and ``--peers`` learners start through the CLI on 127.0.0.1 (one torch thread
 each; an open run, heartbeat 2 s so a record outlives its peer by at most 6 s). Learner 0 (the
 anchor) stays for the whole run. After every ``--every`` rounds of the anchor, one other learner,
-chosen at random, leaves, alternately by a clean stop (SIGTERM: it writes its state) and by a
-crash (SIGKILL), and a learner joins in its place, alternately a fresh identity and the one that
-left coming back with its identity and checkpoint directory (it resumes, then catches up). The
+chosen at random, in turn leaves by a clean stop (SIGTERM: it writes its state), leaves by a
+crash (SIGKILL), or hangs (SIGSTOP to its process group, SIGCONT ``--hang_rounds`` rounds later:
+a suspended laptop; its record expires meanwhile, and when it wakes it is behind). A learner
+joins in the place of one that left, alternately a fresh identity and the one that left coming
+back with its identity and checkpoint directory (it resumes, then catches up). The
 choices come from ``--seed`` (printed; any run can be replayed).
 
 Measured: the rounds and wall-clock of the anchor, the longest gap between two of its rounds (the
@@ -17,7 +19,7 @@ anchor's held-out loss at the start and the end, and every ledger the anchor sho
 ``/status`` balanced. Round times are the anchor's own (``wall_s`` of its round events); the gap
 is between the script reading two of them (an upper bound).
 
-    .venv/bin/python scripts/chaos/churn.py [--peers 6] [--rounds 120] [--every 8] [--inner_steps 60] [--seed N] [--json PATH]
+    .venv/bin/python scripts/chaos/churn.py [--peers 6] [--rounds 120] [--every 8] [--inner_steps 60] [--hang_rounds 4] [--seed N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=120)
     parser.add_argument("--every", type=int, default=8, help="rounds of the anchor between two churn events")
     parser.add_argument("--inner_steps", type=int, default=60)
+    parser.add_argument("--hang_rounds", type=int, default=4, help="rounds of the anchor a hung learner stays stopped")
     parser.add_argument("--stall_s", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/churn.json")
@@ -140,6 +143,8 @@ def main() -> None:
     leaves, joins, problems = [], [], {}
     round_at: list[tuple[int, float]] = []
     round_s: list[float] = []  # the anchor's own measure of each round
+    hangs: list[dict] = []
+    hung: dict[str, int] = {}  # name -> how many anchor rounds in to continue it
     tmp = tempfile.mkdtemp(prefix="gossamer-churn-")  # kept, with every daemon's log, when the run fails
     swarm = Swarm(Path(tmp), args)
     try:
@@ -166,10 +171,20 @@ def main() -> None:
                 for part in ("params", "pseudo_gradients"):
                     if ledger[part]["balance_problems"]:
                         problems[f"{ledger['round']} {part}"] = ledger[part]["balance_problems"]
+            for name in [n for n, until in hung.items() if len(round_at) >= until]:
+                os.killpg(swarm.live[name].proc.pid, signal.SIGCONT)
+                del hung[name]
+                print(f"round {event['round']}: {name} continued", flush=True)
             if len(round_at) % args.every or event["round"] >= args.rounds - args.every:
                 continue
-            name = rng.choice(sorted(n for n in swarm.live if n != "l0"))
-            sig = signal.SIGTERM if len(leaves) % 2 == 0 else signal.SIGKILL
+            name = rng.choice(sorted(n for n in swarm.live if n != "l0" and n not in hung))
+            sig = (signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP)[(len(leaves) + len(hangs)) % 3]
+            if sig == signal.SIGSTOP:  # a hang: the whole process group, as a suspended laptop
+                os.killpg(swarm.live[name].proc.pid, signal.SIGSTOP)
+                hung[name] = len(round_at) + args.hang_rounds
+                hangs.append({"round": event["round"], "name": name, "rounds": args.hang_rounds})
+                print(f"round {event['round']}: {name} hung (SIGSTOP) for {args.hang_rounds} rounds", flush=True)
+                continue
             swarm.leave(name, sig)
             leaves.append({"round": event["round"], "name": name, "how": sig.name})
             back = name if len(joins) % 2 == 1 else f"l{next_name}"
@@ -182,28 +197,30 @@ def main() -> None:
         print(f"the run failed; the daemons' logs are in {tmp}", flush=True)
         raise
     finally:
+        for name in hung:  # a stopped process would not act on the SIGTERM that ends it
+            os.killpg(swarm.live[name].proc.pid, signal.SIGCONT)
         swarm.close()
     shutil.rmtree(tmp)
     gaps = [b[1] - a[1] for a, b in itertools.pairwise(round_at)]
     p50, p99 = statistics.median(round_s), statistics.quantiles(round_s, n=100)[98]
-    summary = {"seed": seed, "rounds": len(round_at), "wall_s": wall, "leaves": len(leaves), "joins": len(joins),
+    summary = {"seed": seed, "rounds": len(round_at), "wall_s": wall, "leaves": len(leaves), "joins": len(joins), "hangs": len(hangs),
                "adopted": swarm.adopted, "other_learners_rounds": swarm.joiner_rounds, "longest_gap_s": max(gaps), "round_p50_s": p50, "round_p99_s": p99,
                "heldout_start": first["heldout_loss"] if first else None,
                "heldout_end": last.get("heldout_loss") if last else None, "unbalanced_ledgers": len(problems)}
     print(f"\nChurn: {args.peers} learners, {args.rounds} rounds, one leaves and one joins every {args.every} rounds "
           f"(seed {seed}); load before {load_before}, after {load()}\n")
-    print("| rounds (anchor) | wall (s) | leaves (clean / crash) | joins (fresh / returning) | adoptions of the swarm's "
+    print("| rounds (anchor) | wall (s) | leaves (clean / crash) | joins (fresh / returning) | hangs | adoptions of the swarm's "
           "state | rounds the others finished | longest gap between rounds (s) | round p50 / p99 (s) | "
           "held-out start -> end | unbalanced ledgers |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     clean = sum(leave["how"] == "SIGTERM" for leave in leaves)
     returning = sum(join["returning"] for join in joins)
     print(f"| {summary['rounds']} | {wall:.0f} | {len(leaves)} ({clean} / {len(leaves) - clean}) | {len(joins)} "
-          f"({len(joins) - returning} / {returning}) | {swarm.adopted} | {swarm.joiner_rounds} | {max(gaps):.1f} | {p50:.2f} / {p99:.2f} | "
+          f"({len(joins) - returning} / {returning}) | {len(hangs)} | {swarm.adopted} | {swarm.joiner_rounds} | {max(gaps):.1f} | {p50:.2f} / {p99:.2f} | "
           f"{summary['heldout_start']:.3f} -> {summary['heldout_end']:.3f} | {len(problems)} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
-                                     "leaves": leaves, "joins": joins, "round_at": round_at, "problems": problems,
+                                     "leaves": leaves, "joins": joins, "hangs": hangs, "round_at": round_at, "problems": problems,
                                      "load_before": load_before, "load_after": load(), "cpus": os.cpu_count()},
                                     indent=1))
     if problems:
