@@ -347,7 +347,8 @@ class LocalNet:
             step, op = info.get("round", info.get("step")), info.get("kind", request.path)
             if step is not None and self.faults.hit(name, step, op):
                 raise web.HTTPServiceUnavailable(text="injected fault")
-            sender = self._sender_name(name, request) if step is not None and step.isdigit() else None
+            sender_faults = bool(self.faults.slow or self.faults.crash) and step is not None and step.isdigit()
+            sender = self._sender_name(name, request) if sender_faults else None  # a signature check
             if sender is not None:
                 if not self.peers[sender].alive or self.faults.crashes(sender, int(step), op):
                     if self.peers[sender].alive:
