@@ -1,4 +1,4 @@
-"""A fail-slow learner on LocalNet: l2's pseudo-gradients reach the others 0.8 s late in every
+"""A fail-slow learner on LocalNet: l2's pseudo-gradients reach the others 1.2 s late in every
 round (``LocalNet.slow``). With adaptive pacing l0 and l1 flag it (ledger and ``/status``) once it
 has been late in 3 checks in a row, stop blocking their W2 wait on it from then on, never flag
 each other, and every ledger balances."""
@@ -15,7 +15,7 @@ from gossamer.peer.roles.diloco.learner import LearnerRole
 from gossamer.peer.testing.localnet import LocalNet
 
 pytestmark = pytest.mark.timeout(300)
-ROUNDS = 6
+ROUNDS = 7
 RUN = {
     "run": {"name": "slow", "protocol": "diloco", "heartbeat_s": 30.0},
     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16},
@@ -28,7 +28,7 @@ RUN = {
 async def test_a_learner_late_in_every_round_is_flagged_and_no_longer_waited_for(tmp_path: Path) -> None:
     net = await LocalNet.create(RUN, plugins=PLUGINS, workdir=tmp_path)
     roles: list[LearnerRole] = [(await net.add(f"l{i}", ("learner",))).role for i in range(3)]  # type: ignore[misc]
-    net.slow("l2", 0.8, op="pgrad")
+    net.slow("l2", 1.2, op="pgrad")
     try:
         await net.start()
         await asyncio.wait_for(asyncio.gather(*(role.drain() for role in roles[:2])), timeout=240)
@@ -38,7 +38,9 @@ async def test_a_learner_late_in_every_round_is_flagged_and_no_longer_waited_for
             ledgers = [role.history.get(t) for t in range(ROUNDS)]
             assert all(lg is not None and lg.balance_problems() == [] for lg in ledgers)
             flagged_from = next(t for t, lg in enumerate(ledgers) if lg.slow)  # type: ignore[union-attr]
-            assert flagged_from == 4, [lg.to_json() for lg in ledgers]  # type: ignore[union-attr]
+            # 3 samples, then 3 checks in a row (exactly round 4 in tests/.../test_pacing.py; here a
+            # round of a loaded machine may put l2 under the ratio once)
+            assert 4 <= flagged_from <= ROUNDS - 2, [lg.to_json() for lg in ledgers]  # type: ignore[union-attr]
             for lg in ledgers[flagged_from:]:
                 assert lg.slow == [slow_id], lg.to_json()  # type: ignore[union-attr]
             for lg in ledgers[flagged_from + 1:]:  # the round after the flag no longer blocks on l2
