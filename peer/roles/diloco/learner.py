@@ -5,8 +5,8 @@ outer momentum u); send them to the W1 neighbours in the background while the H 
 run (in a worker thread, so the daemon keeps serving); mix what arrived by the end of the inner
 phase (plus ``w1_grace_s``) into m (and u~); pseudo-gradient d = x - y; send d (on the W2 subset)
 to the W2 neighbours and wait for theirs up to the W2 deadline (``w2_deadline_s``, or with adaptive
-pacing what the measured arrivals call for, not waiting for fail-slow learners: ``pacing``; never
-for a learner whose record left the view); aggregate them through the run's robust aggregator;
+pacing what the measured arrivals call for, not waiting for fail-slow learners nor for learners
+whose record left the view: ``pacing``); aggregate them through the run's robust aggregator;
 outer Nesterov step from m (and u~). Every ``average_every``-th round the plan's weights are global
 over every parameter, momentum included (an exact average). Every contribution
 is accounted for in the round's ledger: arrived and used, rejected with a reason, or timed out.
@@ -56,6 +56,7 @@ from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica, Params
 from gossamer.protocols.mixing import neighbours
 from gossamer.protocols.models import build_model, flat_parameters, generate
+from gossamer.protocols.pacing import Pacing
 from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http_server import path_int
@@ -86,7 +87,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
         self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
         self.inbox = Inbox()
-        self.pacing = LearnerPacing(self.settings.w2_deadline_s, adaptive=self.settings.pacing == "adaptive")
+        self.pacing = LearnerPacing(self.settings.w2_deadline_s, adaptive=self.settings.pacing == "adaptive",
+                                    pacing=Pacing(floor_s=min(self.settings.w2_floor_s, self.settings.w2_deadline_s)))
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
@@ -333,7 +335,11 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
 
     async def _collect(self, kind: str, t: int, senders: list[str], timeout_s: float,
                        wait_for: list[str]) -> dict[str, Params]:
-        """``collect_from_live``: a learner whose record left the view is no longer waited for."""
+        """With adaptive pacing ``collect_from_live``: a learner whose record left the view is no
+        longer waited for. Fixed pacing waits for everyone it expected (a record can lapse on a
+        loaded host whose peer is still there)."""
+        if not self.pacing.adaptive:
+            return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s, wait_for=wait_for)
         return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
                                        is_live=lambda s: self.ctx.view.get(s) is not None,
                                        changes=self.ctx.view_refreshed)

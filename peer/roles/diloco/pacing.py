@@ -7,11 +7,11 @@ two moments of our own round t:
 
 - the start of the round: the sender's time, from a start the learners share (they leave the
   previous round's W2 together) to its pseudo-gradient. Fed to ``SlowPeers`` (over 1.3x the
-  others' median, and ``Pacing.floor_s`` seconds over it, in 3 checks in a row: flagged). A
+  others' median, and ``MIN_GAP_S`` seconds over it, in 3 checks in a row: flagged). A
   message that came before our round started (its sender was ahead) counts as 0 s.
 - the start of our W2 wait: how long we had to wait for it. Fed to ``AdaptiveDeadline`` (the
-  next W2 deadline: a high quantile times a margin, ``w2_deadline_s`` its ceiling), except from
-  flagged learners.
+  next W2 deadline: a high quantile times a margin, ``w2_deadline_s`` its ceiling, ``w2_floor_s`` its
+  floor), except from flagged learners.
 
 Arrivals after our wait for round t ended (refused as stale) are measured too, when they come: a
 deadline that was too short grows again, and a learner that is always late stays flagged. With
@@ -31,6 +31,8 @@ KEEP_ROUNDS = 8
 """Rounds whose start and W2 wait times are kept, for arrivals that come late."""
 AHEAD = 2
 """Rounds ahead of ours whose arrivals are kept until we get there (the inbox's window)."""
+MIN_GAP_S = 0.5
+"""How much later than the others' a learner's median must also be to count as slow."""
 
 
 class LearnerPacing:
@@ -40,7 +42,7 @@ class LearnerPacing:
         self.ceiling_s = w2_deadline_s
         self.adaptive = adaptive
         self.deadline = AdaptiveDeadline(w2_deadline_s, pacing)
-        self.slow = SlowPeers(min_gap_s=pacing.floor_s)
+        self.slow = SlowPeers(min_gap_s=MIN_GAP_S)
         self._started: dict[int, float] = {}
         self._waiting: dict[int, float] = {}  # round -> when our W2 wait began
         self._settled: set[int] = set()  # rounds whose W2 wait is over

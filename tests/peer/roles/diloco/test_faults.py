@@ -6,7 +6,7 @@
 - round 2, a pair: l4 crashes before the round's exchange and l2 sends slowly.
 
 Both crashed peers' records expire at once (a run with a short TTL), so the survivors stop waiting
-for them. Pass: every survivor finishes, every ledger balances, from round 2 on each survivor used
+for them (adaptive pacing, its floor at the deadline so that only that changes). Pass: every survivor finishes, every ledger balances, from round 2 on each survivor used
 exactly the other survivors' parameters and pseudo-gradients (the protocol's result over the
 survivors), none sat out a deadline, and after the exact-average round the survivors' parameters
 and outer momentum are bit-identical."""
@@ -31,7 +31,7 @@ RUN = {
     "run": {"name": "faults", "protocol": "diloco", "heartbeat_s": 30.0},
     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16},
     "hyper": {"rounds": ROUNDS, "batch_size": 4, "eval_batches": 1, "min_learners": 5, "w1_grace_s": DEADLINE_S,
-              "w2_deadline_s": DEADLINE_S, "diloco": {"inner_steps": 2, "inner_lr": 0.003},
+              "w2_deadline_s": DEADLINE_S, "pacing": "adaptive", "w2_floor_s": DEADLINE_S, "diloco": {"inner_steps": 2, "inner_lr": 0.003},
               "mixing": {"w1": "global", "w2": "global", "average_every": 2}, "aggregator": {"name": "mean"}},
 }
 
