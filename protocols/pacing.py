@@ -12,7 +12,9 @@ answers the ceiling.
 peer whose median is more than ``ratio`` times the median of the other peers' medians, in
 ``persist`` checks in a row, is flagged, and unflagged at the first check where it is back under.
 With the default ratio of 1.3, jitter of +-5% never flags anyone: the medians then differ by at
-most about 10%. A protocol may stop waiting for a flagged peer (it does not block a step), while
+most about 10%. ``min_gap_s`` (0 by default) also asks the median to be that many seconds over the
+others': where the durations measured are near zero (a peer's message that was already there), a
+ratio alone would flag noise. A protocol may stop waiting for a flagged peer (it does not block a step), while
 still using what it sends in time.
 """
 
@@ -93,13 +95,17 @@ class AdaptiveDeadline:
 class SlowPeers:
     """Fail-slow detection over per-peer durations of the same work (see the module docstring)."""
 
-    def __init__(self, *, ratio: float = 1.3, window: int = 8, min_samples: int = 3, persist: int = 3) -> None:
+    def __init__(self, *, ratio: float = 1.3, window: int = 8, min_samples: int = 3, persist: int = 3,
+                 min_gap_s: float = 0.0) -> None:
         if not (math.isfinite(ratio) and ratio > 1.0):
             raise PacingError(f"ratio must be a finite number > 1, got {ratio}")
+        if not (math.isfinite(min_gap_s) and min_gap_s >= 0):
+            raise PacingError(f"min_gap_s must be a finite number >= 0, got {min_gap_s}")
         if window < 1 or not 1 <= min_samples <= window or persist < 1:
             raise PacingError(f"need window >= 1, 1 <= min_samples <= window, persist >= 1; got {window}, "
                               f"{min_samples}, {persist}")
         self.ratio, self.window, self.min_samples, self.persist = ratio, window, min_samples, persist
+        self.min_gap_s = min_gap_s
         self._seen: dict[str, deque[float]] = {}
         self._strikes: dict[str, int] = {}
 
@@ -113,23 +119,30 @@ class SlowPeers:
 
     def ratios(self) -> dict[str, float]:
         """Each measured peer's median over the median of the other measured peers' medians."""
+        return {peer: ratio for peer, (ratio, _gap) in self._against_the_others().items()}
+
+    def _against_the_others(self) -> dict[str, tuple[float, float]]:
+        """Each measured peer's (ratio, seconds over) the median of the others' medians."""
         medians = {peer: median(seen) for peer, seen in self._seen.items() if len(seen) >= self.min_samples}
         out = {}
         for peer, own in medians.items():
             others = [m for other, m in medians.items() if other != peer]
             if others:
                 reference = median(others)
-                out[peer] = own / reference if reference > 0 else (1.0 if own == 0 else math.inf)
+                ratio = own / reference if reference > 0 else (1.0 if own == 0 else math.inf)
+                out[peer] = (ratio, own - reference)
         return out
 
     def check(self) -> frozenset[str]:
-        """Count a strike for every peer over the ratio now (reset the others); the flagged peers."""
-        ratios = self.ratios()
+        """Count a strike for every peer over the ratio (and ``min_gap_s``) now, reset the others;
+        the flagged peers."""
+        measured = self._against_the_others()
         for peer in list(self._strikes):
-            if peer not in ratios:
+            if peer not in measured:
                 del self._strikes[peer]
-        for peer, ratio in ratios.items():
-            self._strikes[peer] = self._strikes.get(peer, 0) + 1 if ratio > self.ratio else 0
+        for peer, (ratio, gap) in measured.items():
+            slow = ratio > self.ratio and gap > self.min_gap_s
+            self._strikes[peer] = self._strikes.get(peer, 0) + 1 if slow else 0
         return self.flagged()
 
     def flagged(self) -> frozenset[str]:

@@ -5,14 +5,14 @@ ones too far ahead); one contribution per sender per (kind, round); at most ``ma
 (kind, round); and at most ``max_bytes`` of tensors held in all. Senders without ``priority``
 (the caller's call: in an open run, identities too new to steer, ``run.tenure``) may fill only
 ``1 - reserved_fraction`` of the bytes, so however many of them send full-size contributions,
-the rest stays free for the senders that count. Waiters are woken on every arrival and give up at
-their deadline: a round never waits past it.
+the rest stays free for the senders that count. Waiters are woken on every arrival (and on
+``wake``) and give up at their deadline: a round never waits past it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 import torch
@@ -100,21 +100,32 @@ class Inbox(Generic[T]):
         """Who has sent for (kind, round) so far."""
         return frozenset(self._items.get((kind, round), {}))
 
-    async def collect(self, kind: str, round: int, senders: Iterable[str], *, timeout_s: float) -> dict[str, T]:
-        """What ``senders`` sent for (kind, round), waiting until all arrived or ``timeout_s`` passed."""
-        wanted = set(senders)
+    async def collect(self, kind: str, round: int, senders: Iterable[str], *, timeout_s: float,
+                      wait_for: Iterable[str] | Callable[[], Iterable[str]] | None = None) -> dict[str, T]:
+        """What ``senders`` sent for (kind, round), waiting until all of ``wait_for`` (all of
+        ``senders`` when None; a callable is asked again at every ``wake`` and arrival, so a sender
+        known to be gone can be dropped from it) arrived or ``timeout_s`` passed."""
+        senders = set(senders)
 
         def have_all() -> bool:
+            wanted = senders if wait_for is None else set(wait_for() if callable(wait_for) else wait_for)
             return wanted <= self._items.get((kind, round), {}).keys()
 
-        if wanted and not have_all():
+        if not have_all():
             async with self._changed:
-                try:
-                    await asyncio.wait_for(self._changed.wait_for(have_all), timeout=max(0.0, timeout_s))
+                try:  # asyncio.timeout, not wait_for: the wait stays in this task, so a cancelled
+                    # collect gives the condition's lock back before ``async with`` releases it
+                    async with asyncio.timeout(max(0.0, timeout_s)):
+                        await self._changed.wait_for(have_all)
                 except TimeoutError:
                     pass
         box = self._items.get((kind, round), {})
-        return {sender: box[sender] for sender in wanted if sender in box}
+        return {sender: box[sender] for sender in senders if sender in box}
+
+    async def wake(self) -> None:
+        """Have every waiting ``collect`` ask its ``wait_for`` again (something outside changed)."""
+        async with self._changed:
+            self._changed.notify_all()
 
     def advance(self, current_round: int) -> None:
         """Move to ``current_round`` and forget everything older."""
@@ -124,3 +135,26 @@ class Inbox(Generic[T]):
                 del store[key]
         for key in [key for key in self._sizes if key[1] < current_round]:
             del self._sizes[key]
+
+
+async def collect_from_live(inbox: Inbox, kind: str, round: int, senders: Iterable[str], *, timeout_s: float,
+                            wait_for: Iterable[str], is_live: Callable[[str], bool],
+                            changes: asyncio.Condition) -> dict[str, Tensors]:
+    """``inbox.collect``, waiting only for those of ``wait_for`` that are still live (``is_live``,
+    asked again whenever ``changes`` is notified: a peer view refreshed), so a sender known to be
+    gone (it stopped, or its record expired) no longer holds the wait."""
+    wait_for = list(wait_for)
+
+    async def wake_on_changes() -> None:
+        while True:
+            async with changes:
+                await changes.wait()
+            await inbox.wake()
+
+    watch = asyncio.create_task(wake_on_changes())
+    try:
+        return await inbox.collect(kind, round, senders, timeout_s=timeout_s,
+                                   wait_for=lambda: [s for s in wait_for if is_live(s)])
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)

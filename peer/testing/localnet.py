@@ -18,7 +18,14 @@ Faults are declared by (peer, step, operation), never by subclassing internals:
 ``fail(name, step, op)`` makes that peer refuse the requests of ``op`` for ``step`` as a crashed
 host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
 ``op``; for an HTTP request, the route's ``{round}`` (or ``{step}``) and ``{kind}`` (or, without
-a kind, the request path). ``kill(name)`` closes a peer's servers and roles; its record stays in
+a kind, the request path). Faults of a sender, seen by every receiver of its signed HTTP
+messages: ``slow(name, seconds, op=..., step=...)`` holds them that long before they are handled
+(a slow sender or link; every step when ``step`` is None), and ``crash(name, step, op, after=k)``
+lets ``k`` of them for (step, op) through and kills the peer at the next (a crash before a round's
+exchange with ``after=0``, mid-send with ``after >= 1``). Links: ``shape(name, up, down)`` puts a
+WAN proxy (latency, jitter, rate, stalls, resets, refusals) in front of the peer's HTTP server and
+points its record there; shaping it again on the same port resets what was in flight (a
+partition is a link that refuses every connection; it heals when shaped back). ``kill(name)`` closes a peer's servers and roles; its record stays in
 the view until the run's TTL, as a killed process's would; ``stop(name)`` is a clean shutdown
 (the roles write their checkpoints too). ``received`` keeps every TCP request
 each peer got, as sent, so a test can replay or tamper with a real one.
@@ -27,6 +34,8 @@ each peer got, as sent, so a test can replay or tamper with a real one.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,9 +45,12 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from gossamer.crypto.envelope import ReplayGuard
+from gossamer.crypto.errors import VerificationError
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.events import EventSink
+from gossamer.peer.kit.messaging import ENVELOPE_HEADER
 from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import PluginRegistry, build_roles
@@ -63,6 +75,7 @@ from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
 from gossamer.transport.tcp import ConnectionInfo, HandlerError, TcpServer
+from gossamer.transport.wan import LinkProfile, WanProxy
 
 RECORD_LIFETIME_S = 3600.0  # how far ahead records are dated to expire when the run's TTL is longer
 
@@ -81,6 +94,13 @@ class LocalPeer:
     tcp: TcpServer | None = None
     alive: bool = True
     started: bool = False
+    link: WanProxy | None = None  # ``LocalNet.shape``: what the peer's record points others to
+
+    @property
+    def http_addr(self) -> str:
+        if self.link is not None:
+            return f"127.0.0.1:{self.link.address[1]}"
+        return f"127.0.0.1:{self.http.address[1]}" if self.http else ""
 
     @property
     def peer_id(self) -> str:
@@ -98,6 +118,20 @@ class LocalPeer:
 @dataclass
 class _Faults:
     keys: set[tuple[str, int, str]] = field(default_factory=set)
+    slow: dict[tuple[str, int | None, str], float] = field(default_factory=dict)  # (sender, step, op) -> s
+    crash: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (sender, step, op) -> let through
+    expire: set[str] = field(default_factory=set)  # crashing peers whose records go at once
+
+    def delay(self, sender: str, step: int, op: str) -> float:
+        return self.slow.get((sender, step, op), self.slow.get((sender, None, op), 0.0))
+
+    def crashes(self, sender: str, step: int, op: str) -> bool:
+        """Whether this message of ``sender`` is the one its crash comes at (counting it through)."""
+        left = self.crash.get((sender, step, op))
+        if left is None:
+            return False
+        self.crash[sender, step, op] = left - 1
+        return left <= 0
 
     def hit(self, name: str, step: Any, op: Any) -> bool:
         try:
@@ -206,7 +240,7 @@ class LocalNet:
             if not peer.alive:
                 continue
             record = peer_record(identity=peer.identity, config=peer.ctx.config, roles=peer.roles,
-                                 http_addr=f"127.0.0.1:{peer.http.address[1]}" if peer.http else "",
+                                 http_addr=peer.http_addr,
                                  tcp_addr=f"127.0.0.1:{peer.tcp.address[1]}" if peer.tcp else "",
                                  now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor),
                                  tenured=vouched if peer.identity.public_key == self.owner.public_key else ())
@@ -228,15 +262,41 @@ class LocalNet:
 
     def announce(self) -> None:
         """A role's ``ctx.announce``: publish again at once (as the daemon's heartbeat would)."""
-        task = asyncio.get_running_loop().create_task(self.publish(), name="localnet-publish")
-        self._publishing.add(task)
-        task.add_done_callback(self._publishing.discard)
+        self._background(self.publish(), name="localnet-publish")
 
     # -- faults -----------------------------------------------------------------------------------
 
     def fail(self, name: str, step: int, op: str) -> None:
         """Peer ``name`` refuses the requests of ``op`` for ``step`` (see the module docstring)."""
         self.faults.keys.add((name, step, op))
+
+    def slow(self, name: str, seconds: float, *, op: str, step: int | None = None) -> None:
+        """Peer ``name``'s messages of ``op`` (for ``step``; every step when None) are held
+        ``seconds`` at their receivers before they are handled."""
+        self.faults.slow[name, step, op] = seconds
+
+    def crash(self, name: str, step: int, op: str, *, after: int = 0, expire: bool = False) -> None:
+        """Peer ``name`` is killed at its message of ``op`` for ``step`` that comes after ``after``
+        of them were let through (that message and every later one are refused); with ``expire``
+        its record is dropped from the view once it is dead (``forget``: a run with a short TTL)."""
+        self.faults.crash[name, step, op] = after
+        if expire:
+            self.faults.expire.add(name)
+
+    async def shape(self, name: str, up: LinkProfile | None, down: LinkProfile | None = None) -> None:
+        """Put a WAN link (``transport.wan.WanProxy``) in front of the peer's HTTP server, on the
+        same port as its link before if it had one (connections through the old link are reset):
+        others reach it through the link from now on. ``up`` shapes what others send it, ``down``
+        its answers; ``up`` None takes the link away."""
+        peer = self.peers[name]
+        old_port = peer.link.address[1] if peer.link is not None else 0
+        if peer.link is not None:
+            await peer.link.aclose()
+            peer.link = None
+        if up is not None and peer.http is not None:
+            peer.link = await WanProxy.create("127.0.0.1", peer.http.address[1], up=up, down=down,
+                                              listen_port=old_port)
+        await self.publish()
 
     def forget(self, name: str) -> None:
         """Drop the peer's record from the view, as when a crashed peer's record has expired (or a
@@ -250,6 +310,8 @@ class LocalNet:
         """The peer's process is gone: servers and roles closed, its record left to expire."""
         peer = self.peers[name]
         peer.alive = False
+        if peer.link is not None:
+            await peer.link.aclose()
         for server in (peer.tcp, peer.http):
             if server is not None:
                 await server.aclose()
@@ -282,12 +344,46 @@ class LocalNet:
         @web.middleware
         async def middleware(request: web.Request, handler):
             info = request.match_info
-            step = info.get("round", info.get("step"))
-            if step is not None and self.faults.hit(name, step, info.get("kind", request.path)):
+            step, op = info.get("round", info.get("step")), info.get("kind", request.path)
+            if step is not None and self.faults.hit(name, step, op):
                 raise web.HTTPServiceUnavailable(text="injected fault")
+            sender_faults = bool(self.faults.slow or self.faults.crash) and step is not None and step.isdigit()
+            sender = self._sender_name(name, request) if sender_faults else None  # a signature check
+            if sender is not None:
+                if not self.peers[sender].alive or self.faults.crashes(sender, int(step), op):
+                    if self.peers[sender].alive:
+                        self._background(self._crash(sender), name=f"localnet-crash-{sender}")
+                    raise web.HTTPServiceUnavailable(text="injected fault: the sender crashed")
+                delay = self.faults.delay(sender, int(step), op)
+                if delay:
+                    await asyncio.sleep(delay)  # the injected slowness itself, not a synchronisation
             return await handler(request)
 
         return middleware
+
+    async def _crash(self, name: str) -> None:
+        await self.kill(name)
+        if name in self.faults.expire:
+            self.forget(name)
+            async with self.view_refreshed:
+                self.view_refreshed.notify_all()
+
+    def _sender_name(self, receiver: str, request: web.Request) -> str | None:
+        """The net's name of the peer that signed the request's envelope (its signature checked), or
+        None (no envelope, a bad one, or an outsider)."""
+        text = request.headers.get(ENVELOPE_HEADER, "")
+        try:
+            envelope = ReplayGuard().check(base64.b64decode(text, validate=True), me=self.peers[receiver].peer_id,
+                                           run_id=self.manifest.run_id, method=request.method,
+                                           target=request.rel_url.raw_path_qs, now=self.now())
+        except (VerificationError, ValueError, binascii.Error):
+            return None
+        return next((n for n, peer in self.peers.items() if peer.peer_id == envelope.sender), None)
+
+    def _background(self, coro, *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
 
     # -- the end ----------------------------------------------------------------------------------
 

@@ -24,10 +24,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _slowdown import CpuQuota, load
 
 from gossamer.crypto.identity import Identity
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
@@ -52,31 +53,6 @@ deadline_s = {deadline_s}
 eval_batches = 2
 pacing = "{pacing}"
 """
-CGROUP = Path("/sys/fs/cgroup/cpu")
-
-
-class CpuQuota:
-    """A cgroup v1 cpu group limited to ``share`` of one CPU; ``wrapper`` starts a command inside it."""
-
-    def __init__(self, share: float) -> None:
-        if not (CGROUP / "cgroup.procs").exists() or not os.access(CGROUP, os.W_OK):
-            sys.exit(f"slow_worker.py needs a writable cgroup v1 cpu controller at {CGROUP} (root) to slow a worker")
-        self.path = CGROUP / f"gossamer-slow-{os.getpid()}"
-        self.path.mkdir()
-        (self.path / "cpu.cfs_period_us").write_text("100000")
-        (self.path / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
-        self.wrapper = ("sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh")
-
-    def remove(self) -> None:
-        for pid in (self.path / "cgroup.procs").read_text().split():  # leftovers go back to the root group
-            (CGROUP / "cgroup.procs").write_text(pid)
-        self.path.rmdir()
-
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
-
-
 def one_run(pacing: str, args: argparse.Namespace, work: Path, quota: CpuQuota) -> dict:
     work.mkdir(parents=True)
     (work / "run.toml").write_text(RUN.format(versions=args.versions, local_steps=args.local_steps,
@@ -143,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = load()
     runs = []
-    quota = CpuQuota(args.quota)
+    quota = CpuQuota(args.quota, script="slow_worker.py")
     try:
         with tempfile.TemporaryDirectory(prefix="gossamer-slow-") as tmp:
             runs = interleaved(args, Path(tmp), quota)

@@ -110,3 +110,18 @@ def test_a_peer_that_leaves_is_forgotten() -> None:
     peers.forget("slow")
 
     assert peers.flagged() == frozenset() and "slow" not in peers.ratios()
+
+
+def test_min_gap_keeps_near_zero_durations_from_flagging_anyone() -> None:
+    """Messages that were already there measure ~0 s: a ratio alone would flag 0.02 s against 0.001 s."""
+    gapless, gapped = SlowPeers(min_samples=1, persist=1), SlowPeers(min_samples=1, persist=1, min_gap_s=0.5)
+    for peers in (gapless, gapped):
+        for peer, seconds in (("a", 0.001), ("b", 0.0), ("c", 0.02)):
+            peers.observe(peer, seconds)
+
+    assert gapless.check() == {"c"} and gapped.check() == frozenset()
+    gapped.observe("c", 3.0)
+    gapped.observe("c", 3.0)
+    assert gapped.check() == {"c"}  # 3 s over the others is slow, whatever the ratio's base
+    with pytest.raises(PacingError, match="min_gap_s"):
+        SlowPeers(min_gap_s=-1.0)

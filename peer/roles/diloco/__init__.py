@@ -2,7 +2,9 @@
 on its shard for H inner steps, mixes parameters with its peers in the background (W1) and
 pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
 private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
-``learner`` (the role), ``aggregate`` (the W1 and W2 mixes), ``ledger`` (a round's ledger),
+``learner`` (the role), ``pacing`` (its W2 deadline and the fail-slow learners), ``aggregate``
+(the W1 and W2 mixes), ``ledger`` (a round's ledger), ``contributions`` (what its messages carry),
+``keeping`` (the state it keeps between rounds and writes for a restart),
 ``steering`` (which learners steer one: its median round, its state donors, its inbox's room),
 ``commands`` (``gossamer sample``) and ``sampling`` (running a learner's checkpoint locally).
 """
@@ -26,12 +28,13 @@ EVENTS = {
                            ("round", "donors", "why")),
     "round": EventSchema("one outer round done; its ledger in short, with its time split (seconds: compute_s "
                          "inner steps, w1_wait_s / w2_wait_s the waits for parameters / pseudo-gradients, "
-                         "eval_s held-out evaluation, wall_s the whole round), partial (a contribution went "
+                         "eval_s held-out evaluation, wall_s the whole round), w2_deadline_s (the limit the W2 "
+                         "wait had), slow (learners flagged fail-slow), partial (a contribution went "
                          "unused or a send failed) and problems (the ledger's balance problems; [] when it "
                          "balances)",
                          ("round", "train_loss", "heldout_loss", "params_from", "pgrads_used", "timed_out",
                           "rejected", "bytes_sent", "bytes_received", "note", "rounds", "compute_s", "wall_s",
-                          "w1_wait_s", "w2_wait_s", "eval_s", "partial", "problems")),
+                          "w1_wait_s", "w2_wait_s", "eval_s", "w2_deadline_s", "slow", "partial", "problems")),
     "finished": EventSchema("the learner reached hyper.rounds and wrote its checkpoint",
                             ("round", "checkpoint", "sample", "heldout_loss")),
 }

@@ -4,9 +4,11 @@ One outer round t (DESIGN.md, "Gossip DiLoCo"): snapshot x (and, when the plan m
 outer momentum u); send them to the W1 neighbours in the background while the H inner AdamW steps
 run (in a worker thread, so the daemon keeps serving); mix what arrived by the end of the inner
 phase (plus ``w1_grace_s``) into m (and u~); pseudo-gradient d = x - y; send d (on the W2 subset)
-to the W2 neighbours and wait for theirs up to ``w2_deadline_s``; aggregate them through the run's
-robust aggregator; outer Nesterov step from m (and u~). Every ``average_every``-th round the plan's
-weights are global over every parameter, momentum included (an exact average). Every contribution
+to the W2 neighbours and wait for theirs up to the W2 deadline (``w2_deadline_s``, or with adaptive
+pacing what the measured arrivals call for, not waiting for fail-slow learners nor for learners
+whose record left the view: ``pacing``); aggregate them through the run's robust aggregator;
+outer Nesterov step from m (and u~). Every ``average_every``-th round the plan's weights are global
+over every parameter, momentum included (an exact average). Every contribution
 is accounted for in the round's ledger: arrived and used, rejected with a reason, or timed out.
 Peers are the live, admitted learners of the run (sorted by peer id, so everyone indexes them
 alike).
@@ -28,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,31 +38,30 @@ import torch
 from aiohttp import web
 
 from gossamer.peer.kit.checkpoint import Checkpoints
-from gossamer.peer.kit.inbox import Inbox, size_bytes
+from gossamer.peer.kit.inbox import Inbox, collect_from_live, size_bytes
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger, body_cap
 from gossamer.peer.kit.state_join import download_state
-from gossamer.peer.kit.state_tree import resume_state, snapshot, write_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
+from gossamer.peer.roles.diloco.contributions import KINDS, MOMENTUM, expected_tensors, shape_problem
+from gossamer.peer.roles.diloco.keeping import KeptState
 from gossamer.peer.roles.diloco.ledger import RoundLedger
+from gossamer.peer.roles.diloco.pacing import LearnerPacing
 from gossamer.peer.roles.diloco.settings import DilocoSettings
-from gossamer.peer.roles.diloco.steering import inbox_budget
+from gossamer.peer.roles.diloco.steering import inbox_budget, out_of_step
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica, Params
 from gossamer.protocols.mixing import neighbours
 from gossamer.protocols.models import build_model, flat_parameters, generate
+from gossamer.protocols.pacing import Pacing
 from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http_server import path_int
 
 log = logging.getLogger(__name__)
-KINDS = ("params", "pgrad")
-MOMENTUM = "outer_momentum/"
-"""Prefix of the momentum tensors in a ``params`` message (no parameter name contains a slash)."""
-MAX_SERIES = 2000  # loss points kept for /status (the swarm page's curves)
 
 
 class LearnerRole(ProtocolRole[DilocoSettings]):
@@ -87,6 +87,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
         self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
         self.inbox = Inbox()
+        self.pacing = LearnerPacing(self.settings.w2_deadline_s, adaptive=self.settings.pacing == "adaptive",
+                                    pacing=Pacing(floor_s=min(self.settings.w2_floor_s, self.settings.w2_deadline_s)))
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
@@ -94,9 +96,13 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
         self.finished = False
         self.checkpoint_path = ""
-        self.series: dict[str, list[list[float]]] = {"train_loss": [], "heldout_loss": []}
-        self.resumed_from = self._resume()
-        self._boundary = self._round_state()
+        self.kept = KeptState(self.checkpoints, f"{ctx.manifest.config.name}-{self.peer_id[:12]}-state",
+                              model_json=json.dumps(self.settings.model.to_dict()))
+        self.resumed_from = self.kept.resume(self.replica, self.sampler)
+        if self.resumed_from:
+            self._snapshot = (self.replica.round, flat_parameters(self.replica.module))
+            log.info("resumed from %s at round %d", self.resumed_from, self.replica.round)
+        self.kept.take(self.replica, self.sampler)
 
     # -- role interface -------------------------------------------------------------------------
 
@@ -113,6 +119,14 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
     def round(self) -> int:
         return self.replica.round
 
+    @property
+    def series(self) -> dict[str, list[list[float]]]:
+        return self.kept.series
+
+    async def checkpoint(self) -> str | None:
+        """Write the state of the last finished round (what a restart resumes from)."""
+        return await self.kept.write()
+
     def model_state(self) -> tuple[int, Mapping[str, torch.Tensor]]:
         return self._snapshot
 
@@ -122,7 +136,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                 "checkpoint": self.checkpoint_path, "aggregator": self.settings.aggregator,
                 "train_loss": last[0]["train_loss"] if last else None,
                 "heldout_loss": last[0]["heldout_loss"] if last else None, "ledgers": self.history.last(3),
-                "rounds": self.settings.rounds, "series": self.series, "resumed_from": self.resumed_from}
+                "rounds": self.settings.rounds, "series": self.series, "resumed_from": self.resumed_from,
+                "pacing": self.pacing.status()}
 
     def health(self) -> RoleHealth:
         health = super().health()
@@ -216,11 +231,14 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         kind, round = request.match_info["kind"], path_int(request, "round")
         if kind not in KINDS:
             raise web.HTTPNotFound(text="unknown contribution kind")
-        expected = self._expected(kind, round)
+        expected = expected_tensors(kind, round, self._snapshot[1], mixing=self.settings.mixing,
+                                    aggregator=self.aggregator)
         received = await self.messenger.receive(request, sender_role=names.LEARNER, round=round,
                                                 max_body_bytes=body_cap(expected))
         sender = received.envelope.sender
-        reason = self._shape_problem(kind, expected, received.tensors) or await self.inbox.put(
+        if kind == "pgrad":
+            self.pacing.arrived(round, sender, time.monotonic())
+        reason = shape_problem(kind, expected, received.tensors) or await self.inbox.put(
             kind, round, sender, received.tensors,
             priority=any(p.record.peer_id == sender for p in self._other_learners()))
         self.ctx.traffic.add_received(kind, received.size_bytes)
@@ -229,27 +247,6 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             return web.json_response({"accepted": False, "reason": reason}, status=409)
         self._received_bytes[round] = self._received_bytes.get(round, 0) + received.size_bytes
         return web.json_response({"accepted": True})
-
-    def _expected(self, kind: str, round: int) -> Mapping[str, torch.Tensor]:
-        """What a message of ``kind`` for ``round`` carries: the model's parameters (and their
-        momentum in a round that mixes it), or their W2 subset."""
-        params = self._snapshot[1]
-        if kind == "params":
-            momentum = self.settings.mixing.mixes_momentum(round)
-            return {**params, **({MOMENTUM + name: t for name, t in params.items()} if momentum else {})}
-        return self.aggregator.subset_of(params, round=round)
-
-    @staticmethod
-    def _shape_problem(kind: str, expected: Mapping[str, torch.Tensor],
-                       tensors: Mapping[str, torch.Tensor]) -> str | None:
-        if tensors.keys() != expected.keys():
-            return f"{kind} names do not match the model"
-        for name, tensor in tensors.items():
-            if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
-                return f"{kind} tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}"
-            if kind == "params" and not torch.isfinite(tensor).all():
-                return f"params tensor {name!r} is not finite"
-        return None
 
     # -- rounds ---------------------------------------------------------------------------------
 
@@ -268,9 +265,14 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                  rejected=ledger.pseudo_gradients.rejected, bytes_sent=ledger.bytes_sent,
                  bytes_received=ledger.bytes_received, note=ledger.note, rounds=self.settings.rounds,
                  compute_s=ledger.compute_s, wall_s=ledger.wall_s, w1_wait_s=ledger.w1_wait_s,
-                 w2_wait_s=ledger.w2_wait_s, eval_s=ledger.eval_s, partial=ledger.partial(),
+                 w2_wait_s=ledger.w2_wait_s, eval_s=ledger.eval_s, w2_deadline_s=ledger.w2_deadline_s,
+                 slow=ledger.slow, partial=ledger.partial(),
                  problems=ledger.balance_problems())
-            await self._round_done(ledger)
+            self.kept.add_losses(ledger.round, ledger.train_loss, ledger.heldout_loss)
+            self.kept.take(self.replica, self.sampler)
+            every = self.ctx.config.checkpoint_every
+            if every and self.replica.round % every == 0:
+                await self.checkpoint()
         await self._finish()
 
     def _learners(self) -> list[str]:
@@ -285,6 +287,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         w1 = plan.w1_weights(len(learners), round=t, seed=seed)
         w2 = plan.w2_weights(len(learners), round=t, seed=seed)
         ledger = RoundLedger(round=t, learners=learners)
+        self.pacing.begin(t, started)
+        self.pacing.keep_only(learners)
         n1 = [learners[j] for j in neighbours(w1[me]) if j != me]
         n2 = [learners[j] for j in neighbours(w2[me]) if j != me]
         x = self.replica.begin_round()
@@ -298,7 +302,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         ledger.compute_s = time.monotonic() - compute_started
         d = self.replica.end_inner()
         waited = time.monotonic()
-        arrived = await self.inbox.collect("params", t, n1, timeout_s=self.settings.w1_grace_s)
+        arrived = await self._collect("params", t, n1, self.settings.w1_grace_s, self.pacing.waited_for(n1))
         ledger.w1_wait_s = time.monotonic() - waited
         self._settle(ledger.params, "params", t, arrived)
         ledger.params.use(arrived)  # every parameter set that arrived (shape- and finite-checked) is mixed
@@ -308,8 +312,12 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             sending.append(asyncio.create_task(self._send_all(
                 "pgrad", t, self.aggregator.subset_of(sent_d, round=t), n2, ledger.pseudo_gradients, ledger)))
         waited = time.monotonic()
-        arrived_d = await self.inbox.collect("pgrad", t, n2, timeout_s=self.settings.w2_deadline_s)
+        ledger.w2_deadline_s = self.pacing.w2_wait(t, waited)
+        waited_for = self.pacing.waited_for(n2)
+        ledger.not_waited_for = sorted(set(n2) - set(waited_for))
+        arrived_d = await self._collect("pgrad", t, n2, ledger.w2_deadline_s, waited_for)
         ledger.w2_wait_s = time.monotonic() - waited
+        ledger.slow = sorted(self.pacing.settle(t, n2))
         self._settle(ledger.pseudo_gradients, "pgrad", t, arrived_d)
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
                                             ledger=ledger.pseudo_gradients, round=t)
@@ -324,6 +332,17 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             del self._received_bytes[old]
         ledger.wall_s = time.monotonic() - started
         return ledger
+
+    async def _collect(self, kind: str, t: int, senders: list[str], timeout_s: float,
+                       wait_for: list[str]) -> dict[str, Params]:
+        """With adaptive pacing ``collect_from_live``: a learner whose record left the view is no
+        longer waited for. Fixed pacing waits for everyone it expected (a record can lapse on a
+        loaded host whose peer is still there)."""
+        if not self.pacing.adaptive:
+            return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s, wait_for=wait_for)
+        return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
+                                       is_live=lambda s: self.ctx.view.get(s) is not None,
+                                       changes=self.ctx.view_refreshed)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
               learners: list[str]) -> tuple[Params, Params | None]:
@@ -401,57 +420,3 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         generator = torch.Generator().manual_seed(0)
         text = generate(self.replica.module, b"The ", max_new_bytes=160, temperature=0.7, generator=generator)
         return text.decode("utf-8", "replace")
-
-
-    # -- resuming --------------------------------------------------------------------------------
-
-    def _round_state(self) -> dict[str, Any]:
-        """Everything the next round starts from, copied to the CPU (taken between rounds)."""
-        replica = self.replica
-        return snapshot({"round": replica.round, "module": replica.module.state_dict(),
-                         "inner_optimizer": replica.inner_optimizer.state_dict(), "outer": replica.outer.state_dict(),
-                         "sampler": self.sampler.generator.get_state(), "series": self.series})
-
-    async def _round_done(self, ledger: RoundLedger) -> None:
-        """Keep the state this round ended with; write it every ``checkpoint_every`` rounds."""
-        self.series["train_loss"].append([ledger.round, ledger.train_loss])
-        self.series["heldout_loss"].append([ledger.round, ledger.heldout_loss])
-        for points in self.series.values():
-            del points[:-MAX_SERIES]
-        self._boundary = self._round_state()
-        every = self.ctx.config.checkpoint_every
-        if every and self.replica.round % every == 0:
-            await self.checkpoint()
-
-    def _state_name(self) -> str:
-        return f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-state"
-
-    async def checkpoint(self) -> str | None:
-        """Write the state of the last finished round (what a restart resumes from)."""
-        state = self._boundary
-        return await write_state(self.checkpoints, self._state_name(), state, round=str(state["round"]),
-                                 model=json.dumps(self.settings.model.to_dict()))
-
-    def _resume(self) -> str:
-        """Load the state an earlier life of this learner wrote; its path, or "" when there is none."""
-        def apply(state: dict[str, Any]) -> None:
-            self.replica.load_state_dict(state)
-            self.sampler.generator.set_state(state["sampler"])
-            self.series = {key: [list(point) for point in points] for key, points in state["series"].items()}
-
-        path = resume_state(self.checkpoints, self._state_name(), apply)
-        if path:
-            self._snapshot = (self.replica.round, flat_parameters(self.replica.module))
-            log.info("resumed from %s at round %d", path, self.replica.round)
-        return path
-
-
-def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
-    """The round to adopt when ``mine`` is ``threshold`` or more away from the median round of all
-    the learners (this one included; the upper median, so a tie goes to the further-on half);
-    None when in step or alone. One peer advertising a far-off round moves this median by at most
-    one position."""
-    if not others:
-        return None
-    median = statistics.median_high([mine, *others])
-    return median if abs(median - mine) >= threshold else None

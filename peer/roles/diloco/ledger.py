@@ -7,7 +7,9 @@ most ``w1_grace_s``); ``w2_wait_s`` the blocking wait for pseudo-gradients (at m
 ``w2_deadline_s``); ``eval_s`` the held-out evaluation. What is left of ``wall_s`` is the
 learner's own work on the event loop (snapshot, mixing, aggregation, outer step) and the wait for
 its own sends. Bytes are safetensors bodies: ``bytes_sent`` delivered by this learner's sends,
-``bytes_received`` accepted for this round by its end.
+``bytes_received`` accepted for this round by its end. ``slow``: the learners flagged fail-slow
+after this round's W2 wait; ``not_waited_for``: the flagged ones its waits did not block on
+(adaptive pacing).
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ class RoundLedger:
     wall_s: float = 0.0
     w1_wait_s: float = 0.0
     w2_wait_s: float = 0.0
+    w2_deadline_s: float = 0.0
     eval_s: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
     note: str = ""
+    slow: list[str] = field(default_factory=list)
+    not_waited_for: list[str] = field(default_factory=list)
 
     def partial(self) -> bool:
         """Whether some expected contribution was not used (it timed out or was refused) or one of

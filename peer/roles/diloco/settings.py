@@ -11,7 +11,11 @@ Manifest layout (run config TOML)::
                         w_ij * tau per round), min_learners (round 0 starts once this many learners,
                         this one included, are live: learners that start together stay in step),
                         catch_up_rounds (a learner this many rounds behind the median of its peers
-                        downloads their state and jumps to their round)
+                        downloads their state and jumps to their round), pacing ("fixed", the
+                        default: every W2 wait is w2_deadline_s; "adaptive": it follows the measured
+                        arrivals, w2_deadline_s its ceiling and w2_floor_s its floor, and neither
+                        fail-slow learners nor learners whose record left the view are waited for;
+                        either way fail-slow learners are flagged: ``pacing``)
     [hyper.diloco]      DilocoConfig keys (inner_steps, inner_lr, outer_lr, outer_momentum, ...)
     [hyper.mixing]      MixingPlan keys (w1, w2, w2_subset, k, mix_momentum, average_every:
                         every average_every-th round is an exact average, W1 and W2 global over
@@ -58,3 +62,5 @@ class DilocoSettings:
     w1_clip_tau: float = setting(0.0, table="hyper", low=0.0)
     min_learners: int = setting(1, table="hyper", low=1)
     catch_up_rounds: int = setting(3, table="hyper", low=1)
+    pacing: str = setting("fixed", table="hyper", choices=("fixed", "adaptive"))
+    w2_floor_s: float = setting(0.5, table="hyper", above=0.0)

@@ -10,6 +10,8 @@ an inbox sized for the steering learners.
 
 from __future__ import annotations
 
+import statistics
+
 CONTRIBUTION_KINDS = 2  # params and pseudo-gradients, each at most the model's size
 
 
@@ -17,3 +19,14 @@ def inbox_budget(model_bytes: int, *, window_rounds: int, steering_learners: int
     """Bytes an inbox may hold: twice what the steering learners (this one aside) can send in the
     inbox's window of rounds, so the half that new senders may fill never takes their room."""
     return 2 * CONTRIBUTION_KINDS * (window_rounds + 1) * max(steering_learners, 1) * model_bytes
+
+
+def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
+    """The round to adopt when ``mine`` is ``threshold`` or more away from the median round of all
+    the learners (this one included; the upper median, so a tie goes to the further-on half);
+    None when in step or alone. One peer advertising a far-off round moves this median by at most
+    one position."""
+    if not others:
+        return None
+    median = statistics.median_high([mine, *others])
+    return median if abs(median - mine) >= threshold else None

@@ -7,8 +7,8 @@ import pytest
 from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.diloco.learner import out_of_step
 from gossamer.peer.roles.diloco.settings import DilocoSettings
+from gossamer.peer.roles.diloco.steering import out_of_step
 from gossamer.peer.run.manifest import RunConfig
 
 

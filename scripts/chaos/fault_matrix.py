@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Fault matrix for gossip-DiLoCo learners: every single fault and every pair of faults, injected
+deterministically by (peer, round, phase), then seeded random chaos (the seed is printed and in
+the JSON, so any run can be replayed).
+
+Each case is five learners on LocalNet (``peer.testing.localnet``: real roles behind real HTTP
+servers in one process, signed messages, one view of signed records) training a tiny byte LM for
+``--rounds`` rounds, mixing globally with an exact-average round every second round (the last
+round is one). Faults (``LocalNet`` injection):
+
+- ``crash_before``: the peer dies at its first message of the round (its parameters), before
+  anything of the round went out;
+- ``crash_mid_send``: the peer dies after one of its pseudo-gradients of the round went out;
+- ``slow_send``: the peer's pseudo-gradients of the round arrive ``--slow_s`` late (inside the
+  deadline).
+
+Not here: a peer whose inbox refuses a round (``tests/peer/roles/diloco/test_learners_localnet.py``:
+it waits its deadline out and is a deadline late after it, so which later windows it makes is a
+race by design), and a hung process (SIGSTOP), which needs processes: ``churn.py``'s crashes are
+the nearest.
+
+A crashed peer's record expires at once (a run with a short TTL), as ``--ttl_s`` would make it in
+a real run. Pass, for every case: every survivor finishes every round; every ledger balances; from
+the round after the last crash on, each survivor used exactly the other survivors' parameters and
+pseudo-gradients (the protocol's result over the survivors); no wait went past its deadline
+(``w2_deadline_s`` = ``w1_grace_s`` = 10 s, 1 s slack for the event loop); after
+the final exact-average round the survivors' parameters and outer momentum are bit-identical.
+
+    .venv/bin/python scripts/chaos/fault_matrix.py [--rounds 4] [--chaos 8] [--seed N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from _diloco import bit_identical, load
+from _diloco import run_config as diloco_run
+
+from gossamer.peer.roles import PLUGINS
+from gossamer.peer.roles.diloco.learner import LearnerRole
+from gossamer.peer.testing.localnet import LocalNet
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS = 5
+DEADLINE_S = 10.0
+SLACK_S = 1.0  # the event loop's own latency past a deadline
+Fault = tuple[str, str, int]  # (kind, peer, round)
+CRASHES = ("crash_before", "crash_mid_send")
+KINDS = (*CRASHES, "slow_send")
+
+
+def run_config(rounds: int) -> dict:
+    return diloco_run("fault-matrix", peers=PEERS, rounds=rounds, deadline_s=DEADLINE_S)
+
+
+def inject(net: LocalNet, fault: Fault, slow_s: float) -> None:
+    kind, peer, round = fault
+    actions: dict[str, Callable[[], None]] = {
+        "crash_before": lambda: net.crash(peer, round, "params", expire=True),
+        "crash_mid_send": lambda: net.crash(peer, round, "pgrad", after=1, expire=True),
+        "slow_send": lambda: net.slow(peer, slow_s, op="pgrad", step=round),
+    }
+    actions[kind]()
+
+
+async def one_case(faults: list[Fault], *, rounds: int, slow_s: float, workdir: Path) -> dict:
+    net = await LocalNet.create(run_config(rounds), plugins=PLUGINS, workdir=workdir)
+    roles: dict[str, LearnerRole] = {f"l{i}": (await net.add(f"l{i}", ("learner",))).role  # type: ignore[misc]
+                                     for i in range(PEERS)}
+    for fault in faults:
+        inject(net, fault, slow_s)
+    crashed = {peer for kind, peer, _ in faults if kind in CRASHES}
+    survivors = {name: role for name, role in roles.items() if name not in crashed}
+    started = time.monotonic()
+    try:
+        await net.start()
+        await asyncio.wait_for(asyncio.gather(*(role.drain() for role in survivors.values())), timeout=600)
+        wall = time.monotonic() - started
+        return {"faults": faults, "wall_s": wall, **check(net, survivors, crashed, faults, rounds)}
+    finally:
+        await net.aclose()
+
+
+def check(net: LocalNet, survivors: dict[str, LearnerRole], crashed: set[str], faults: list[Fault],
+          rounds: int) -> dict:
+    settled_from = max([r + 1 for kind, _, r in faults if kind in CRASHES], default=0)
+    problems: list[str] = []
+    max_wait = 0.0
+    for name, role in survivors.items():
+        if not (role.finished and role.round == rounds):
+            problems.append(f"{name} stopped at round {role.round}")
+        others = sorted(r.peer_id for n, r in survivors.items() if n != name)
+        for t in range(rounds):
+            ledger = role.history.get(t)
+            if ledger is None:
+                problems.append(f"{name} has no ledger for round {t}")
+                continue
+            problems += [f"{name} round {t}: {p}" for p in ledger.balance_problems()]
+            max_wait = max(max_wait, ledger.w1_wait_s, ledger.w2_wait_s)
+            if t >= settled_from and (ledger.params.used != others or ledger.pseudo_gradients.used != others):
+                problems.append(f"{name} round {t} used {len(ledger.params.used)} parameter sets and "
+                                f"{len(ledger.pseudo_gradients.used)} pseudo-gradients, not the {len(others)} survivors'")
+    dead = [peer for peer in crashed if net[peer].alive]
+    problems += [f"{peer} did not crash" for peer in dead]
+    if max_wait > DEADLINE_S + SLACK_S:
+        problems.append(f"a wait went past its deadline ({max_wait:.1f} s)")
+    identical = bit_identical(list(survivors.values()))
+    if not identical:
+        problems.append("the survivors are not bit-identical after the exact-average round")
+    return {"survivors": sorted(survivors), "max_wait_s": max_wait, "identical": identical, "problems": problems,
+            "passed": not problems}
+
+
+def matrix(rounds: int) -> list[list[Fault]]:
+    """Every single fault on l4 in round 1, every pair on l3 and l4 in rounds 1 and 1 or 1 and 2."""
+    singles = [[(kind, "l4", 1)] for kind in KINDS]
+    pairs = [[(a, "l3", 1), (b, "l4", rb)] for a, b in itertools.product(KINDS, KINDS) for rb in (1, 2)
+             if rb < rounds - 1]
+    return singles + pairs
+
+
+def chaos(rng: random.Random, count: int, rounds: int) -> list[list[Fault]]:
+    """``count`` cases of one or two random faults on random peers (at most two crash), rounds 0..rounds-2."""
+    cases = []
+    for _ in range(count):
+        peers = rng.sample([f"l{i}" for i in range(PEERS)], k=rng.choice((1, 2)))
+        cases.append([(rng.choice(KINDS), peer, rng.randrange(rounds - 1)) for peer in peers])
+    return cases
+
+
+async def main_async(args: argparse.Namespace) -> list[dict]:
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    print(f"chaos seed {seed} (replay: --seed {seed})", flush=True)
+    cases = [("matrix", faults) for faults in matrix(args.rounds)]
+    cases += [("chaos", faults) for faults in chaos(random.Random(seed), args.chaos, args.rounds)]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="gossamer-faults-") as tmp:
+        for i, (source, faults) in enumerate(cases):
+            result = await one_case(faults, rounds=args.rounds, slow_s=args.slow_s, workdir=Path(tmp) / str(i))
+            result.update(source=source, seed=seed if source == "chaos" else None)
+            results.append(result)
+            print(f"{source:6s} {describe(faults):60s} {'pass' if result['passed'] else 'FAIL'} "
+                  f"{result['wall_s']:.1f} s {'; '.join(result['problems'][:3])}", flush=True)
+    return results
+
+
+def describe(faults: list[Fault]) -> str:
+    return " + ".join(f"{kind} {peer}@{round}" for kind, peer, round in faults)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--chaos", type=int, default=8, help="random cases after the matrix")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--slow_s", type=float, default=2.0)
+    parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/fault_matrix.json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    load_before = load()
+    results = asyncio.run(main_async(args))
+    passed = sum(r["passed"] for r in results)
+    print(f"\nDiLoCo fault matrix: {PEERS} learners, {args.rounds} rounds; load before {load_before}, after {load()}\n")
+    print("| cases | faults each | passed | survivors bit-identical | longest wait (s) | median case (s) |")
+    print("|---|---|---|---|---|---|")
+    for source in ("matrix", "chaos"):
+        mine = [r for r in results if r["source"] == source]
+        if mine:
+            walls = sorted(r["wall_s"] for r in mine)
+            print(f"| {source} ({len(mine)}) | {min(len(r['faults']) for r in mine)}-{max(len(r['faults']) for r in mine)} "
+                  f"| {sum(r['passed'] for r in mine)} | {sum(r['identical'] for r in mine)} | "
+                  f"{max(r['max_wait_s'] for r in mine):.1f} | {walls[len(walls) // 2]:.1f} |")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+                                     "load_before": load_before, "load_after": load(), "cpus": os.cpu_count()},
+                                    indent=1, default=str))
+    if passed < len(results):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Network faults for gossip-DiLoCo learners through gossamer's WAN proxy (``transport.wan``).
+
+Four learners on LocalNet (real roles, real HTTP, one process), each behind its own WAN link
+(``LocalNet.shape``: everything sent to a learner crosses its link), train ``--rounds`` rounds
+mixing globally, with an exact-average round every second round. Per case, every link gets a base
+profile, and learner l3's link a fault for a window of rounds (applied when l0 has finished the
+round before the window, healed when it has finished the window's last round):
+
+- ``10mbit_50ms`` / ``1mbit_200ms_jitter``: every link 10 Mbit/s 50 ms, or 1 Mbit/s 200 ms +-50 ms;
+- ``stalls``: 5% of chunks stalled 0.2 s (a retransmission);
+- ``resets``: l3's link resets half of its connections partway;
+- ``blackhole``: l3's link delays everything by an hour (bytes go in, nothing comes out);
+- ``partition``: l3's link refuses every connection, then heals.
+
+Not here: 1-byte slicing (the proxy reads up to its chunk size; it has no slicing mode yet).
+
+Pass, for every case: every learner finishes every round (the run does not stall), every ledger
+balances, no wait went past its deadline (10 s, with 1 s slack for the event loop), and after the
+final exact-average round the learners that mixed with everyone in it are bit-identical.
+
+    .venv/bin/python scripts/chaos/wan_faults.py [--rounds 6] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from _diloco import bit_identical, load
+from _diloco import run_config as diloco_run
+
+from gossamer.peer.roles import PLUGINS
+from gossamer.peer.roles.diloco.learner import LearnerRole
+from gossamer.peer.testing.localnet import LocalNet
+from gossamer.transport.wan import LinkProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS = 4
+DEADLINE_S = 10.0
+SLACK_S = 1.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    base: LinkProfile
+    fault: LinkProfile | None = None  # l3's link during rounds [first, last]
+    first: int = 1
+    last: int = 2
+
+
+CASES = [
+    Case("10mbit_50ms", LinkProfile.from_mbit(10, 50)),
+    Case("1mbit_200ms_jitter", LinkProfile.from_mbit(1, 200, jitter_s=0.05)),
+    Case("stalls", LinkProfile.from_mbit(10, 50, drop_probability=0.05, retransmit_delay_s=0.2)),
+    Case("resets", LinkProfile.from_mbit(10, 50), LinkProfile.from_mbit(10, 50, reset_probability=0.5,
+                                                                       reset_window_bytes=64 << 10, seed=3)),
+    Case("blackhole", LinkProfile.from_mbit(10, 50), LinkProfile(latency_s=3600.0)),
+    Case("partition", LinkProfile.from_mbit(10, 50), LinkProfile(refuse_probability=1.0)),
+]
+
+
+def run_config(rounds: int) -> dict:
+    return diloco_run("wan-faults", peers=PEERS, rounds=rounds, deadline_s=DEADLINE_S)
+
+
+async def after_round(net: LocalNet, role: LearnerRole, round: int) -> None:
+    """Until ``role`` has finished ``round`` (its ledger is kept; the view refreshes at every round)."""
+    await net["l0"].ctx.until_view(lambda: role.history.get(round) is not None or role.finished, timeout_s=600)
+
+
+async def one_case(case: Case, *, rounds: int, workdir: Path) -> dict:
+    net = await LocalNet.create(run_config(rounds), plugins=PLUGINS, workdir=workdir)
+    roles = {f"l{i}": (await net.add(f"l{i}", ("learner",))).role for i in range(PEERS)}
+    for name in roles:
+        await net.shape(name, case.base)
+    started = time.monotonic()
+    try:
+        await net.start()
+        if case.fault is not None:
+            await after_round(net, roles["l0"], case.first - 1)  # type: ignore[arg-type]
+            await net.shape("l3", case.fault)
+            await after_round(net, roles["l0"], case.last)  # type: ignore[arg-type]
+            await net.shape("l3", case.base)
+        await asyncio.wait_for(asyncio.gather(*(role.drain() for role in roles.values())), timeout=600)
+        return {"case": case.name, "wall_s": time.monotonic() - started, **check(roles, rounds)}  # type: ignore[arg-type]
+    finally:
+        await net.aclose()
+
+
+def check(roles: dict[str, LearnerRole], rounds: int) -> dict:
+    problems, max_wait, partial = [], 0.0, 0
+    for name, role in roles.items():
+        if not (role.finished and role.round == rounds):
+            problems.append(f"{name} stopped at round {role.round}")
+        for ledger in role.history:
+            problems += [f"{name} round {ledger.round}: {p}" for p in ledger.balance_problems()]
+            max_wait = max(max_wait, ledger.w1_wait_s, ledger.w2_wait_s)
+            partial += ledger.partial()
+    if max_wait > DEADLINE_S + SLACK_S:
+        problems.append(f"a wait went past its deadline ({max_wait:.1f} s)")
+    complete = [role for role in roles.values()
+                if (last := role.history.get(rounds - 1)) is not None and not last.partial()]
+    identical = bit_identical(complete)
+    if not identical:
+        problems.append("the learners complete in the final exact-average round are not bit-identical")
+    return {"partial_rounds": partial, "complete_in_last_round": len(complete), "max_wait_s": max_wait,
+            "identical": identical, "problems": problems, "passed": not problems}
+
+
+async def main_async(args: argparse.Namespace) -> list[dict]:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="gossamer-wan-faults-") as tmp:
+        for case in CASES:
+            result = await one_case(case, rounds=args.rounds, workdir=Path(tmp) / case.name)
+            results.append(result)
+            print(f"{case.name:20s} {'pass' if result['passed'] else 'FAIL'} {result['wall_s']:.1f} s "
+                  f"partial rounds {result['partial_rounds']} {'; '.join(result['problems'][:3])}", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/wan_faults.json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    load_before = load()
+    results = asyncio.run(main_async(args))
+    print(f"\nDiLoCo over WAN links: {PEERS} learners, {args.rounds} rounds, l3's fault in rounds 1-2; "
+          f"load before {load_before}, after {load()}\n")
+    print("| case | passed | wall (s) | partial rounds (of all learners') | longest wait (s) | "
+          "learners complete in the last round, bit-identical |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['case']} | {'yes' if r['passed'] else 'NO'} | {r['wall_s']:.1f} | {r['partial_rounds']} of "
+              f"{PEERS * args.rounds} | {r['max_wait_s']:.1f} | {r['complete_in_last_round']}, "
+              f"{'yes' if r['identical'] else 'NO'} |")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
+                                     "load_before": load_before, "load_after": load(), "cpus": os.cpu_count()},
+                                    indent=1))
+    if not all(r["passed"] for r in results):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
