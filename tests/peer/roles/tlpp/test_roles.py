@@ -334,3 +334,19 @@ async def test_a_resumed_orchestrator_replaying_steps_a_secure_node_answered_kee
         assert all(node2 in ledger.used for ledger in ledgers[3:])
     finally:
         await net.aclose()
+
+
+async def test_the_per_step_figures_are_the_owners_only(tmp_path: Path) -> None:
+    """The orchestrator's per-step loss, accuracy and batch makeup, and a node's data path, are in
+    its owner's status only: anyone else reading /status or /metrics gets them withheld."""
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "base", "steps": 2}, sources=SOURCES, helper=False)
+    try:
+        await train(net)
+        role, node = net.orchestrator, net.peers["node0"].role
+        assert role.status()["ledgers"] and role.gauges()["tlpp_train_loss"] > 0
+        public, gauges = role.public_status(), role.public_gauges()
+        assert not {"ledgers", "series", "evaluation"} & set(public) and public["step"] == 2
+        assert set(gauges) == {"tlpp_step"}
+        assert "data" in node.status() and "data" not in node.public_status()
+    finally:
+        await net.aclose()
