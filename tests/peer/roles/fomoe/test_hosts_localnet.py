@@ -174,6 +174,9 @@ async def test_a_late_host_joins_with_the_dense_state_and_its_experts_from_their
         everyone = sorted([*(r.peer_id for r in roles), joiner.peer_id])
         for ledger in joined:  # agreed: the digests in every commit (dense part, each expert) matched
             assert sorted(ledger.agreed) == everyone
+        rounds = [ledger.round for ledger in joined]  # the others may close those rounds a moment after the joiner
+        assert await net.peers["h0"].ctx.until_view(
+            lambda: all(role.history.get(r) is not None for role in roles for r in rounds), timeout_s=120)
         for role in roles:
             for ledger in joined:
                 theirs = role.history.get(ledger.round)
@@ -185,7 +188,8 @@ async def test_a_late_host_joins_with_the_dense_state_and_its_experts_from_their
 
 
 async def test_both_holders_of_an_expert_dying_at_once_lose_it_and_the_two_left_go_on_in_sync(tmp_path: Path) -> None:
-    net, roles = await hosts(tmp_path, run_with(rounds=4))
+    # a kill that lands mid-round makes the two left wait out both deadlines once: 20 s each, not 60
+    net, roles = await hosts(tmp_path, run_with(rounds=4, update_deadline_s=20.0, commit_deadline_s=20.0))
     try:
         await net.start()
         assert await net.peers["h0"].ctx.until_view(lambda: all(role.round >= 1 for role in roles), timeout_s=120)
