@@ -295,7 +295,8 @@ def test_blocktrain_train_serve_generate(walk_of) -> None:
     owner, owner_log = walk.owner_started(orchestrator)
     proc, _log = walk.start(worker)
     walk.wait_for(owner_log, r"the run is finished .*still serving as orchestrator", owner, timeout_s=300)
-    walk.wait_for(owner_log, r"\n  sample \(prompt 'The '\): '", owner)  # the final stack's continuation
+    # the final stack's continuation, as repr() quotes it (double quotes when the text holds a ')
+    walk.wait_for(owner_log, r"\n  sample \(prompt 'The '\): ['\"]", owner)
     assert proc.wait(timeout=120) == 0, "a worker exits by itself once the run is finished"
     for line in (serve_low, serve_high):
         server, server_log = walk.start(line)
