@@ -33,6 +33,7 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.events import EventSink
+from gossamer.peer.kit.conditions import wait_until
 from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import ProtocolPlugin
 from gossamer.peer.run.manifest import Manifest
@@ -103,12 +104,7 @@ class RoleContext:
 
     async def until_view(self, predicate: Callable[[], bool], *, timeout_s: float) -> bool:
         """Wait until ``predicate()`` holds after a view refresh (or already holds); False at the timeout."""
-        async with self.view_refreshed:
-            try:
-                await asyncio.wait_for(self.view_refreshed.wait_for(predicate), timeout=max(0.0, timeout_s))
-            except TimeoutError:
-                return predicate()
-        return True
+        return await wait_until(self.view_refreshed, predicate, timeout_s=timeout_s)
 
     @property
     def is_run_owner(self) -> bool:

@@ -3,6 +3,7 @@
 - ``settings``     one reader from manifest tables into a protocol's settings dataclass.
 - ``messaging``    signed tensor messages over HTTP (``SignedMessenger``: send, request, receive).
 - ``secure_link``  encrypted request/response links over TCP with a confirmed handshake (a package).
+- ``conditions``   waits on an asyncio.Condition with a deadline that always give its lock back.
 - ``inbox``        contributions other peers sent, per (kind, round, sender), bounded.
 - ``ledger``       the one ledger (``Exchange``) and its bounded ``History``.
 - ``rounds``       what a round-based role does on the network: sending to several peers with the

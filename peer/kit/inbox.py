@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 
 import torch
 
+from gossamer.peer.kit.conditions import wait_until
+
 Tensors = dict[str, torch.Tensor]
 T = TypeVar("T")
 
@@ -112,13 +114,7 @@ class Inbox(Generic[T]):
             return wanted <= self._items.get((kind, round), {}).keys()
 
         if not have_all():
-            async with self._changed:
-                try:  # asyncio.timeout, not wait_for: the wait stays in this task, so a cancelled
-                    # collect gives the condition's lock back before ``async with`` releases it
-                    async with asyncio.timeout(max(0.0, timeout_s)):
-                        await self._changed.wait_for(have_all)
-                except TimeoutError:
-                    pass
+            await wait_until(self._changed, have_all, timeout_s=timeout_s)
         box = self._items.get((kind, round), {})
         return {sender: box[sender] for sender in senders if sender in box}
 

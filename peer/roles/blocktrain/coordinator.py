@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from gossamer.peer.kit.conditions import wait_until
 from gossamer.peer.kit.messaging import SignedMessenger, body_cap
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
 from gossamer.peer.roles.blocktrain import names
@@ -149,10 +150,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
             self.polls_waiting += 1
             self.poll_waiting.set()
             try:
-                async with self._moved:
-                    await asyncio.wait_for(self._moved.wait_for(moved), timeout=max(0.0, wait_s))
-            except TimeoutError:
-                pass
+                await wait_until(self._moved, moved, timeout_s=wait_s)
             finally:
                 self.polls_waiting -= 1
                 if not self.polls_waiting:

@@ -29,7 +29,6 @@ Each attempt leaves a ledger (``ledger``) and an event. Frames and their checks:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ import torch
 
 from gossamer.crypto.envelope import ReplayGuard
 from gossamer.peer.kit.checkpoint import Checkpoints
+from gossamer.peer.kit.conditions import wait_notified, wait_until
 from gossamer.peer.kit.ledger import History
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth, TcpMethod
@@ -144,12 +144,7 @@ class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSett
 
     async def until_step(self, step: int, *, timeout_s: float) -> bool:
         """Wait until this shard's model is at ``step`` or later (False at the timeout)."""
-        async with self._stepped:
-            try:
-                await asyncio.wait_for(self._stepped.wait_for(lambda: self.replica.version >= step), timeout_s)
-            except TimeoutError:
-                return False
-        return True
+        return await wait_until(self._stepped, lambda: self.replica.version >= step, timeout_s=timeout_s)
 
     # -- the ring: who is in it and who leads -----------------------------------------------------
 
@@ -356,10 +351,7 @@ class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSett
 
     async def next_refresh(self) -> None:
         """Wait for the next view refresh (at most a heartbeat)."""
-        condition = self.ctx.view_refreshed
-        async with condition:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(condition.wait(), timeout=self.ctx.manifest.config.heartbeat_s)
+        await wait_notified(self.ctx.view_refreshed, timeout_s=self.ctx.manifest.config.heartbeat_s)
 
     # -- the end --------------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from torch import nn
 
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.conditions import wait_until
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkServer
 from gossamer.peer.role import ProtocolRole, RoleContext, RoleHealth, TcpGate, TcpMethod
 from gossamer.peer.roles.tlpp import names
@@ -107,11 +108,7 @@ class ShareStore:
             held = self._shares.get(step, {})
             return {n: held[n][kind] for n in nodes if kind in held.get(n, {})}
 
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: len(present()) == len(nodes)), timeout_s)
-            except TimeoutError:
-                pass
+        await wait_until(self._changed, lambda: len(present()) == len(nodes), timeout_s=timeout_s)
         return present()
 
     def announce(self, step: int) -> None:
