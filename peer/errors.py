@@ -12,6 +12,7 @@
      ├── SecureLinkError    (kit.secure_link) an encrypted link failed; it is closed
      ├── RequestRefused     (kit.secure_link) the peer refused a request, with a code; the link stays
      ├── RouteFailed        (route.client) no live host is left for a unit of the route
+     │    └── NoReachableHost   only private hosts (no relay reaches them) hold that unit
      ├── ExpertMessageRefused  (roles.fomoe.wire) a FoMoE message that does not fit the run's model
      │                      or placement (a commit, an update, an expert's state)
      ├── FrameRefused       (roles.context.wire) a ring frame refused, with a code; the shard serves on

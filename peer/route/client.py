@@ -9,11 +9,17 @@ host that dies mid-request costs a retry through another host serving the same u
 avoided for a while after, since its record outlives it by up to a TTL). When no live host is
 left for some unit it raises ``RouteFailed`` saying which unit and what went wrong with each
 host tried.
+
+Only hosts others can dial are hops: a host whose record says ``private`` (no relay forwards to it;
+``PeerRecord.reachable``) is left out of every route, and ``RemoteRoute`` logs it once and lists it
+in ``unreachable``; a relayed host's record carries its relay's addresses and is routed through
+like any other. A unit that only such hosts hold fails with ``NoReachableHost`` naming them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -27,6 +33,7 @@ from gossamer.peer.route.wire import FailedHop, Hop, parse_answer
 from gossamer.peer.run.view import PeerView
 from gossamer.transport.errors import DecodeError
 
+log = logging.getLogger(__name__)
 REREAD_PAUSE_S = 0.1
 
 
@@ -34,31 +41,38 @@ class RouteFailed(PeerError):
     """A route request could not be completed: no live host is left for some unit, or every try failed."""
 
 
+class NoReachableHost(RouteFailed):
+    """The only live hosts of some unit are private peers no relay reaches: nobody can dial them."""
+
+
 @dataclass(frozen=True)
 class HostEntry:
-    """A host announcing ``units`` at TCP address ``addr``."""
+    """A host announcing ``units`` at TCP address ``addr``; ``reachable``: others can dial it."""
 
     peer_id: str
     addr: str
     units: tuple[int, ...]
+    reachable: bool = True
 
 
 def hosts_from_view(view: PeerView, *, now: float, role: str, key: str) -> list[HostEntry]:
-    """Live peers with ``role`` and the units they announce under ``assignment[key]``."""
+    """Live peers with ``role`` and the units they announce under ``assignment[key]`` (the private
+    ones too, marked: a route leaves them out, and says so)."""
     hosts = []
     for peer in view.live(now=now):
         record = peer.record
         units = record.assignment.get(key)
         if role in record.roles and record.tcp_addr and isinstance(units, list) \
                 and all(isinstance(u, int) and not isinstance(u, bool) for u in units):
-            hosts.append(HostEntry(peer_id=record.peer_id, addr=record.tcp_addr, units=tuple(units)))
+            hosts.append(HostEntry(peer_id=record.peer_id, addr=record.tcp_addr, units=tuple(units),
+                                   reachable=record.reachable))
     return hosts
 
 
 def route_through(order: Sequence[int], hosts: Sequence[HostEntry], *,
                   exclude: Collection[str] = ()) -> tuple[Hop, ...]:
     """Hops covering ``order`` (see the module docstring); RouteFailed naming the unit nobody holds."""
-    usable = sorted((h for h in hosts if h.addr not in exclude), key=lambda h: h.peer_id)
+    usable = sorted((h for h in hosts if h.addr not in exclude and h.reachable), key=lambda h: h.peer_id)
     hops: list[Hop] = []
     position = 0
     while position < len(order):
@@ -70,7 +84,12 @@ def route_through(order: Sequence[int], hosts: Sequence[HostEntry], *,
             if run > best_run:
                 best, best_run = host, run
         if best is None:
-            raise RouteFailed(f"no live host serves unit {order[position]} "
+            unit = order[position]
+            private = sorted(h.addr for h in hosts if not h.reachable and unit in h.units and h.addr not in exclude)
+            if private:
+                raise NoReachableHost(f"unit {unit} is held only by private host(s) {', '.join(private)}: "
+                                      f"no relay reaches them, so nobody can dial them")
+            raise RouteFailed(f"no live host serves unit {unit} "
                               f"({len(usable)} usable host(s), {len(exclude)} excluded)")
         hops.append(Hop(addr=best.addr, units=tuple(order[position:position + best_run])))
         position += best_run
@@ -81,8 +100,9 @@ class RemoteRoute:
     """Route requests of one kind (``method``, units in ``order``) over the hosts ``hosts(refresh)`` returns.
 
     A host that failed is avoided for ``avoid_s`` seconds (its record may outlive it by up to a TTL);
-    ``failures`` keeps the last reason of every host that failed. Each attempt may take ``budget_s``
-    to find a route and ``budget_s`` to go along it.
+    ``failures`` keeps the last reason of every host that failed, ``unreachable`` the private hosts
+    (peer id: address) left out of its routes. Each attempt may take ``budget_s`` to find a route
+    and ``budget_s`` to go along it.
     """
 
     def __init__(self, *, method: str, run_id: str, order: Sequence[int],
@@ -95,6 +115,8 @@ class RemoteRoute:
         self.retries = 0
         self.failures: dict[str, str] = {}
         self.last_route: tuple[Hop, ...] = ()
+        self.unreachable: dict[str, str] = {}
+        self._told: set[str] = set()
         self._hosts = hosts
         self._pool = pool
         self._budget_s = budget_s
@@ -129,13 +151,23 @@ class RemoteRoute:
         avoid = {addr for addr, at in self._failed_at.items() if self._now() - at < self._avoid_s}
         pause_s = REREAD_PAUSE_S
         while True:
+            hosts = await self._hosts(refresh)
+            self._note_unreachable(hosts)
             try:
-                return route_through(self.order, await self._hosts(refresh), exclude=avoid)
+                return route_through(self.order, hosts, exclude=avoid)
             except RouteFailed as exc:
                 if self._now() + pause_s > deadline:
-                    raise RouteFailed(f"{exc}; failed hosts: {self._failed()}") from None
+                    raise type(exc)(f"{exc}; failed hosts: {self._failed()}") from None
             await asyncio.sleep(pause_s)
             refresh, pause_s = True, min(2 * pause_s, 1.0)
+
+    def _note_unreachable(self, hosts: Sequence[HostEntry]) -> None:
+        """The private hosts this route leaves out now (each logged the first time only)."""
+        self.unreachable = {host.peer_id: host.addr for host in hosts if not host.reachable}
+        for peer_id, addr in self.unreachable.items():
+            if peer_id not in self._told:
+                self._told.add(peer_id)
+                log.info("not routing through %s (%s): it is private and no relay reaches it", peer_id[:12], addr)
 
     def _failed(self) -> str:
         return "; ".join(f"{addr}: {reason}" for addr, reason in self.failures.items()) or "none"

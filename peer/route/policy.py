@@ -2,7 +2,8 @@
 
 A route comes from the client, so a host never connects to an address just because a frame names
 it: the next hop must be the TCP address of a live, admitted peer with ``role`` whose record
-announces every unit of the hop under ``assignment[key]``.
+announces every unit of the hop under ``assignment[key]``, and that others can dial: a host whose
+record says ``private`` (no relay reaches it, ``PeerRecord.reachable``) is refused as a next hop.
 
 The policy remembers every verified record it has seen (from this peer's view, and from its own
 reads of the DHT) until the record's TTL runs out: one DHT read that comes back incomplete (it
@@ -69,6 +70,8 @@ class LiveHopPolicy:
     def _check(self, hop: Hop) -> str | None:
         for record in self._records.values():
             if record.tcp_addr == hop.addr and self._role in record.roles:
+                if not record.reachable:
+                    return f"{hop.addr} is a private peer and no relay reaches it: it is not dialled"
                 served = record.assignment.get(self._key, [])
                 missing = [u for u in hop.units if u not in served]
                 return f"{hop.addr} does not announce {self._key} {missing}" if missing else None

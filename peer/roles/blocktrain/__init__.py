@@ -70,7 +70,8 @@ def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
 
 
 def panel(records: Sequence[Any]) -> Panel | None:
-    """Block coverage: per block, the workers training it and the servers holding it (with their version)."""
+    """Block coverage: per block, the workers training it and the servers holding it (with their
+    version; a private one that no relay reaches is marked: clients do not route through it)."""
     workers: dict[int, list[str]] = {}
     servers: dict[int, list[str]] = {}
     for record in records:
@@ -81,7 +82,8 @@ def panel(records: Sequence[Any]) -> Panel | None:
         versions = record.assignment.get("block_versions") or {}
         for k in record.assignment.get("blocks") or []:
             version = versions.get(str(k), versions.get(k)) if isinstance(versions, dict) else None
-            servers.setdefault(k, []).append(label + (f" v{version}" if version is not None else ""))
+            servers.setdefault(k, []).append(label + (f" v{version}" if version is not None else "")
+                                             + ("" if record.reachable else " (private: not routed)"))
     blocks = sorted({*workers, *servers})
     if not blocks:
         return None

@@ -4,7 +4,9 @@ The route comes from the DHT: every live block server announces the blocks it ho
 record (``assignment.blocks``), and ``peer.route.client.route_through`` covers blocks
 B-1 .. 0 with as few hosts as possible. E for the readout comes from one of the servers
 (``blocktrain.embedding``). A failed host is routed around (``RemoteRoute``); when no host is
-left for a block the command ends with ``error: ...`` naming it. ``--baseline ar`` generates with
+left for a block the command ends with ``error: ...`` naming it. Private servers that no relay
+reaches are never dialled (neither for a pass nor for E): the summary lists them under
+``unreachable``, and a block only they hold ends the command with an error that says so. ``--baseline ar`` generates with
 the matched autoregressive pipeline instead (hosts started with ``gossamer serve --ar_stages``).
 """
 
@@ -68,8 +70,9 @@ def run_generate(options: GenerateOptions) -> int:
         print(json.dumps(result))
     else:
         sys.stdout.write(options.prompt + result["text"] + "\n")
+        left_out = f", {len(result['unreachable'])} private server(s) left out" if result["unreachable"] else ""
         print(f"[{result['new_bytes']} bytes in {result['seconds']:.2f} s with {result['passes']} "
-              f"passes of {result['hops']} hop(s), {result['retries']} retried]", file=sys.stderr)
+              f"passes of {result['hops']} hop(s), {result['retries']} retried{left_out}]", file=sys.stderr)
     return 0
 
 
@@ -162,6 +165,7 @@ class NetworkGenerator:
                 "passes": client.passes, "seconds": time.monotonic() - started,
                 "retries": route.retries, "failures": dict(route.failures),
                 "hops": len(route.last_route), "route": [hop.to_wire() for hop in route.last_route],
+                "unreachable": sorted(route.unreachable.values()),
                 "baseline": options.baseline or "blocktrain"}
 
     async def aclose(self) -> None:
@@ -186,7 +190,7 @@ async def fetch_embedding(pool: HopPool, hosts: list[HostEntry], *,
                           timeout_s: float) -> dict[str, torch.Tensor]:
     """E from the first block server that gives it."""
     problems = []
-    for host in hosts:
+    for host in (h for h in hosts if h.reachable):
         try:
             request = Frame(FrameType.REQUEST, {"method": EMBEDDING_METHOD})
             answer = parse_answer(await pool.ask(host.addr, request, timeout_s=timeout_s))

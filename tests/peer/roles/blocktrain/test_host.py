@@ -25,7 +25,7 @@ from gossamer.peer.route.wire import FailedHop, Hop, parse_answer, request_frame
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.manifest import build_manifest, run_config_from_dict
-from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.records import UNKNOWN, PeerRecord, seal_record
 from gossamer.peer.run.view import PeerView
 from gossamer.protocols.blocktrain import (
     BlockTrainConfig,
@@ -66,7 +66,8 @@ class Hosts:
         return LiveHopPolicy(view=self.view, manifest=self.manifest, membership=self.membership,
                              now=self.membership.now, role=role, key=key)
 
-    async def add_blocks(self, name: str, blocks: tuple[int, ...]) -> str:
+    async def add_blocks(self, name: str, blocks: tuple[int, ...], *, reachability: str = UNKNOWN) -> str:
+        """A block host holding ``blocks``; its record says ``reachability`` (``run.records``)."""
         identity, pool = Identity.generate(), HopPool()
         stack = partial_stack(CONFIG, blocks, device=torch.device("cpu"))
         stack.load_embedding_state(self.stack.embedding_state())
@@ -75,7 +76,7 @@ class Hosts:
         policy = self.policy("block-server", "blocks")
         host = BlockHost(stack, blocks, run_id=self.manifest.run_id, pool=pool, next_hop_ok=policy,
                          max_batch=4)
-        return await self._serve(name, identity, host, pool)
+        return await self._serve(name, identity, host, pool, reachability=reachability)
 
     async def add_stages(self, name: str, stages: tuple[int, ...], model) -> str:
         identity, pool = Identity.generate(), HopPool()
@@ -85,7 +86,8 @@ class Hosts:
                            run_id=self.manifest.run_id, pool=pool, next_hop_ok=policy)
         return await self._serve(name, identity, host, pool)
 
-    async def _serve(self, name: str, identity: Identity, host: RouteHost, pool: HopPool) -> str:
+    async def _serve(self, name: str, identity: Identity, host: RouteHost, pool: HopPool, *,
+                     reachability: str = UNKNOWN) -> str:
         server = await TcpServer.create(lambda frame, info: host.handle(frame))
         self.servers[name] = (identity, host, server, pool)
         self.addrs[name] = f"127.0.0.1:{server.address[1]}"
@@ -93,7 +95,7 @@ class Hosts:
         now = self.membership.now()
         record = PeerRecord(peer_id=identity.peer_id, public_key=identity.public_key, name=name, http_addr="",
                             tcp_addr=self.addr(name), roles=(role,), version="test", round=0, timestamp=now,
-                            assignment={key: list(host.units)})
+                            assignment={key: list(host.units)}, reachability=reachability)
         await self.membership.store(peers_key(self.manifest.run_id), seal_record(identity, record), signer=identity,
                                     expiration_time=now + 60.0)
         await self.refresh()
