@@ -6,7 +6,11 @@ the other NATed one through it (``peer.reach``, ``transport.relay``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,5 +94,84 @@ def test_nated_learners_find_themselves_private_and_train_through_a_relay(lab: N
             assert mixed["timed_out"] == [], (host, mixed)
         assert "this peer is private" in learners["nat0"].log()
     finally:
+        for proc in procs:
+            proc.stop()
+
+
+BLOCKS = """
+[run]
+name = "nat-blocks"
+protocol = "blocktrain"
+heartbeat_s = 1.0
+[model]
+d_model = 16
+n_heads = 2
+context = 16
+num_blocks = 2
+[hyper]
+min_workers = 1  # nobody trains here: the servers serve the blocks' first version
+route_timeout_s = 10.0
+eval_batches = 0
+"""
+
+
+def status(lab: NetLab, host: str, http_addr: str) -> dict:
+    """``/status`` of the peer at ``http_addr``, asked from ``host``'s namespace."""
+    fetch = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    done = subprocess.run([*lab.wrapper(host), sys.executable, "-c", fetch, f"http://{http_addr}/status"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(done.stdout)
+
+
+def wait_for(read, holds, *, timeout_s: float):
+    """``read()`` again (every 0.25 s) until ``holds`` of it; AssertionError with the last one at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not holds(value := read()):
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {value}"
+        time.sleep(0.25)
+    return value
+
+
+def test_a_nated_client_generates_through_public_block_servers_and_never_a_private_one(
+        lab: NetLab, tmp_path: Path) -> None:
+    (tmp_path / "run.toml").write_text(BLOCKS)
+    orch = GossamerProcess(["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm",
+                            "--identity_path", str(tmp_path / "owner.pem"), "--checkpoint_dir", str(tmp_path / "ckpt"),
+                            *on(lab, "relay")],
+                           log_path=tmp_path / "orch.log", wrapper=lab.wrapper("relay"))
+    procs = [orch]
+    try:
+        ready = orch.wait_ready()
+        join = ["--run", ready["run_id"], "--initial_peers", *ready["maddrs"]]
+        servers = {}
+        for host in ("public", "nat1"):  # no relay in this run: the NATed server stays private
+            servers[host] = GossamerProcess(["serve", *join, "--identity_path", str(tmp_path / f"{host}.pem"),
+                                             *on(lab, host)], log_path=tmp_path / f"{host}.log",
+                                            wrapper=lab.wrapper(host))
+            procs.append(servers[host])
+        for host, proc in servers.items():  # serving, and (the NATed one) found private: in either order
+            def settled(proc: GossamerProcess = proc, host: str = host) -> bool:
+                reach = proc.latest.get("reachability", {})
+                return "blocktrain.serving" in proc.latest and (host == "public" or reach.get("verdict") == "private")
+
+            proc.wait_event(lambda e, settled=settled: settled(), timeout_s=60)
+        assert servers["nat1"].latest["reachability"]["reachability"] == "private"
+        # the public server's view knows which (its block-coverage panel), so the client's will too
+        public, private = (servers[h].latest["ready"]["peer_id"][:12] for h in ("public", "nat1"))
+        panels = json.dumps(wait_for(lambda: status(lab, "public", servers["public"].latest["ready"]["http"])["panels"],
+                                     lambda shown: "(private: not routed)" in json.dumps(shown), timeout_s=30))
+        assert f"{private} v0 (private: not routed)" in panels and f"{public} v0 (private" not in panels, panels
+        generated = subprocess.run([*lab.wrapper("nat0"), sys.executable, "-m", "gossamer.peer.cli", "generate",
+                                    *join, "--json", "--new_bytes", "8", "--passes", "2", "--timeout_s", "30", "The "],
+                                   capture_output=True, text=True, timeout=120)
+        assert generated.returncode == 0, generated.stderr[-2000:]
+        result = json.loads(generated.stdout)
+        assert result["new_bytes"] == 8 and result["retries"] == 0, result
+        assert [addr.split(":")[0] for addr, _ in result["route"]] == [lab.addresses["public"]], result
+        assert [addr.split(":")[0] for addr in result["unreachable"]] == [lab.addresses["nat1"]], result
+    finally:
+        for proc in procs:  # all at once: each takes a moment to shut down
+            if proc.proc.poll() is None:
+                proc.proc.terminate()
         for proc in procs:
             proc.stop()
