@@ -2,7 +2,9 @@
 connection opened towards them is dropped, their own outbound ones work). A public orchestrator
 volunteers as relay, a public learner and two NATed learners train gossip-DiLoCo together: each
 NATed learner finds itself private, takes the relay, and mixes with the public learner and with
-the other NATed one through it (``peer.reach``, ``transport.relay``)."""
+the other NATed one through it (``peer.reach``, ``transport.relay``). In a BlockTrain run with no
+relay, a NATed ``gossamer generate`` client gets text from a public block server, while a NATed
+block server stays private: every view marks it and no route goes through it (``peer.route``)."""
 
 from __future__ import annotations
 
