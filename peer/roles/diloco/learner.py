@@ -38,9 +38,10 @@ import torch
 from aiohttp import web
 
 from gossamer.peer.kit.checkpoint import Checkpoints
-from gossamer.peer.kit.inbox import Inbox, collect_from_live, size_bytes
+from gossamer.peer.kit.inbox import Inbox, size_bytes
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger, body_cap
+from gossamer.peer.kit.rounds import collect_from_live
 from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
@@ -368,7 +369,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s, wait_for=wait_for)
         return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
                                        is_live=lambda s: self.ctx.view.get(s) is not None,
-                                       changes=self.ctx.view_refreshed)
+                                       until_view=self.ctx.until_view)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
               learners: list[str]) -> tuple[Params, Params | None]:
