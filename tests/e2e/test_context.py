@@ -3,8 +3,8 @@ peer --roles cp-shard`` processes form a ring (shards that start later join it a
 boundary) of four and train (the loss falls); one shard is
 SIGKILLed mid-run: the leader's ledger names it (an aborted step, or a plan or update it could not
 deliver), no process hangs, and the three survivors go on as a ring of three with a shorter
-context to the end of the run, each exiting by itself. And the ``context`` preset, run as README.md
-shows it."""
+context; Ctrl+C stops each cleanly. And the ``context`` preset, run as README.md shows it, to
+its end: every shard finishes and exits by itself."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-STEPS = 40
+STEPS = 40  # the leader's steps before the test stops the run (at least)
+SURVIVOR_STEPS = 10  # steps the ring of three trains after the kill (at least)
 CHUNK = 32
 RUN = f"""
 [run]
@@ -39,7 +40,7 @@ rank = 2
 chunk_tokens = {CHUNK}
 batch_size = 4
 min_shards = 2
-steps = {STEPS}
+steps = {{steps}}
 lr = 0.01
 step_timeout_s = 15.0
 plan_timeout_s = 15.0
@@ -64,7 +65,9 @@ def next_event(leader: GossamerProcess, others: list[GossamerProcess], *kinds: s
 
 
 def test_four_shards_train_and_the_survivors_of_a_kill_go_on_shorter(tmp_path: Path) -> None:
-    (tmp_path / "run.toml").write_text(RUN)
+    # no step limit: at load 16 the first two shards once ran all 40 steps before the other two had
+    # joined the ring; the run ends with Ctrl+C (the context preset below runs to its end)
+    (tmp_path / "run.toml").write_text(RUN.format(steps=0))
     orch = start(tmp_path, "orch", ["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm"])
     shards: list[GossamerProcess] = []
     try:
@@ -83,25 +86,26 @@ def test_four_shards_train_and_the_survivors_of_a_kill_go_on_shorter(tmp_path: P
         victim = shards[ids.index(dead)]
         victim.stop(signal.SIGKILL)
         survivors = [shard for shard in others if shard is not victim]
-        after = [next_event(leader, survivors, "context.step", "context.aborted", "context.finished", timeout_s=120)]
-        while after[-1]["event"] != "context.finished":
-            after.append(next_event(leader, survivors, "context.step", "context.aborted", "context.finished",
-                                    timeout_s=120))
-        finished = after.pop()
+        after = [next_event(leader, survivors, "context.step", "context.aborted", timeout_s=120)]
+        while len([e for e in after if e["event"] == "context.step" and e["chunks"] == 3]) < SURVIVOR_STEPS \
+                or after[-1].get("step", 0) < STEPS - 1:  # 40 steps in all, as the loss needs
+            after.append(next_event(leader, survivors, "context.step", "context.aborted", timeout_s=120))
 
         assert any(named(ledger, dead) for ledger in after), [e["event"] for e in after]
         assert all(e["applied"] is False and e["aborted"] for e in after if e["event"] == "context.aborted")
         applied = [e for e in after if e["event"] == "context.step"]
-        assert [e["step"] for e in early + applied] == list(range(early[0]["step"], STEPS))  # it may have joined late
+        steps = [e["step"] for e in early + applied]
+        assert steps == list(range(steps[0], steps[0] + len(steps)))  # it may have joined late; no step lost
         last = applied[-1]
         assert last["chunks"] == 3 and last["context"] == 3 * CHUNK and dead not in last["members"]
         losses = [e["loss"] for e in early + applied]
         assert statistics.mean(losses[-5:]) < statistics.mean(losses[:5]) - 0.5, losses
-        assert finished["step"] == STEPS and Path(finished["checkpoint"]).is_file()
-        for shard in [leader, *survivors]:
-            if shard is not leader:
-                assert shard.wait_event(lambda e: e["event"] == "context.finished", timeout_s=120)["step"] == STEPS
-            assert shard.proc.wait(timeout=60) == 0, "a shard exits by itself once it finished"
+        live = [leader, *survivors]
+        for shard in live:  # signal all first: they shut down side by side
+            shard.proc.send_signal(signal.SIGINT)
+        assert [shard.stop(sig=0, timeout_s=60) for shard in live] == [0, 0, 0], "Ctrl+C stops each cleanly"
+        for shard in live:  # each wrote what a restart resumes from
+            assert "cp-shard: checkpoint written to" in shard.log_path.read_text()
     finally:
         for proc in [*shards, orch]:
             proc.stop()
