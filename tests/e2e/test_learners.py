@@ -106,7 +106,8 @@ def test_a_stalled_learner_catches_up_instead_of_running_out_of_step(tmp_path: P
     """A learner frozen (SIGSTOP) for several rounds drops out of the others' view and they go on
     without it. Resumed, it is ``catch_up_rounds`` behind the median round, adopts the swarm's
     state from the others and trains in step with them again."""
-    orch, procs, _ids, _ready = start_run(tmp_path, name="stall", learners=3, rounds=40, aggregator="mean",
+    # no round limit: the run must not end before the frozen learner is back (it is stopped at the end)
+    orch, procs, _ids, _ready = start_run(tmp_path, name="stall", learners=3, rounds=0, aggregator="mean",
                                          w2_deadline_s=4.0)
     try:
         stalled = procs[2]

@@ -22,7 +22,8 @@ from gossamer.peer.roles.diloco.commands import SAMPLE
 from gossamer.peer.run.manifest import RunConfig
 
 EVENTS = {
-    "waiting": EventSchema("round 0 waits for min_learners learners to be live", ("learners", "wanted")),
+    "waiting": EventSchema("round 0 waits for min_learners learners to be live (mid-run: for any other learner, "
+                           "once, when none is in view)", ("learners", "wanted")),
     "ahead": EventSchema("this learner is ahead of the learners' median round and waits for them",
                          ("round", "median", "wait_s")),
     "adopted": EventSchema("the learner downloaded the swarm's state and jumped to its round",

@@ -82,6 +82,22 @@ class Joining:
         await self._adopt_state(donors, why=f"caught up ({target - self.replica.round} rounds behind the median "
                                             f"of the learners)")
 
+    async def _wait_for_company(self: LearnerRole) -> None:
+        """Mid-run with no other learner in view (this host was stalled and the records it holds
+        lapsed meanwhile, or the others are restarting): wait up to ``catch_up_rounds`` W2 deadlines
+        for one to show up, once per such spell, rather than race through rounds alone (each
+        round then costs nothing) and come back far ahead of the swarm it was in step with."""
+        if self.replica.round == 0 or self.settings.min_learners <= 1 or self._other_learners():
+            self.alone_waited = False
+            return
+        if self.alone_waited:
+            return
+        self.alone_waited = True
+        limit_s = self.settings.catch_up_rounds * self.settings.w2_deadline_s
+        log.info("no other learner in view at round %d; waiting up to %.0f s for one", self.replica.round, limit_s)
+        self.emit("waiting", learners=1, wanted=self.settings.min_learners)
+        await self.ctx.until_view(lambda: bool(self._other_learners()), timeout_s=limit_s)
+
     def _out_of_step(self: LearnerRole) -> int | None:
         return out_of_step(self.replica.round, [p.record.round for p in self._other_learners()],
                            threshold=self.settings.catch_up_rounds)

@@ -95,6 +95,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
         self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
         self.finished = False
+        self.alone_waited = False  # this learner found itself alone mid-run and has waited once
         self.ended_before_join: int | None = None  # the round the run had finished at when this one came
         self.checkpoint_path = ""
         self.kept = KeptState(self.checkpoints, f"{ctx.manifest.config.name}-{self.peer_id[:12]}-state",
@@ -191,6 +192,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         if self.replica.round == 0 and not await self._wait_for_learners():
             return
         while not self.settings.rounds or self.replica.round < self.settings.rounds:
+            await self._wait_for_company()
             await self._catch_up()
             if self.settings.rounds and self.replica.round >= self.settings.rounds:
                 break

@@ -147,3 +147,24 @@ async def test_a_learner_that_comes_after_the_run_finished_says_so_instead_of_wa
         assert health.state == FINISHED and "finished at round 2 before this learner came" in health.detail
     finally:
         await net.aclose()
+
+
+async def test_a_learner_left_alone_mid_run_waits_once_for_company_then_trains_on(tmp_path: Path) -> None:
+    """With no other learner in view mid-run (its peer died and the record expired), a learner
+    waits for one once (``catch_up_rounds`` W2 deadlines) instead of racing on alone, then trains on
+    alone to the end."""
+    run = {**RUN, "hyper": {**RUN["hyper"], "rounds": 4, "min_learners": 2, "eval_batches": 1, "w2_deadline_s": 1.0,
+                            "w1_grace_s": 1.0, "diloco": {"inner_steps": 2, "inner_lr": 0.003}}}
+    net, (l0, l1) = await learners(tmp_path, run, count=2)
+    try:
+        await net.start()
+        assert await net.peers["l0"].ctx.until_view(lambda: l0.round >= 1, timeout_s=120)
+        await net.kill("l1")
+        net.forget("l1")
+        await net.publish()
+        await asyncio.wait_for(l0.drain(), timeout=240)
+
+        assert l0.finished and l0.round == 4 and l0.alone_waited
+        assert l1.round < 4
+    finally:
+        await net.aclose()
