@@ -235,7 +235,8 @@ class LocalNet:
         if self.sent is None:
             return self.http_client
         return TappedClient(self.http_client, sender=name, sent=self.sent,  # type: ignore[return-value]
-                            recipient_of=lambda addr: next((n for n, p in self.peers.items() if p.http_addr == addr), None))
+                            recipient_of=lambda addr: next((n for n, p in self.peers.items()
+                                                      if p.alive and p.http_addr == addr), None))
 
     def _observe(self, name: str, event: str, fields: Mapping[str, Any]) -> None:
         for watcher in self.watchers:

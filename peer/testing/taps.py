@@ -43,7 +43,8 @@ class SentBodies:
 
 class TappedClient:
     """``client`` as peer ``sender`` uses it, its successful PUT bodies kept in ``sent``;
-    ``recipient_of(host:port)`` names the peer an address belongs to (None: not one of the net's)."""
+    ``recipient_of(host:port)`` names the live peer an address belongs to (None: none of the net's);
+    it must not raise (whatever this raises, the role takes for a failed send)."""
 
     def __init__(self, client: HttpClient, *, sender: str, sent: SentBodies,
                  recipient_of: Callable[[str], str | None]) -> None:
@@ -54,10 +55,10 @@ class TappedClient:
 
     async def put_body(self, url: str, total_bytes: int, chunks: list[memoryview], *,
                        extra_headers: Mapping[str, str] | None = None) -> Any:
-        body = b"".join(bytes(chunk) for chunk in chunks)  # copied before it goes, as it went
-        answer = await self._client.put_body(url, total_bytes, chunks, extra_headers=extra_headers)
         target = URL(url)
         recipient = self._recipient_of(f"{target.host}:{target.port}")
+        body = b"".join(bytes(chunk) for chunk in chunks) if recipient is not None else b""  # as it went
+        answer = await self._client.put_body(url, total_bytes, chunks, extra_headers=extra_headers)
         if recipient is not None:
             self._sent.keep(self._sender, recipient, target.path, body)
         return answer
