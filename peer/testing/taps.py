@@ -37,8 +37,6 @@ class SentBodies:
             raise KeyError(f"{recipient} took no body from {sender} at {path}")
         return decode_safetensors(body)[0]
 
-    def __len__(self) -> int:
-        return len(self._bodies)
 
 
 class TappedClient:
