@@ -192,6 +192,12 @@ class Role:
     def round(self) -> int:
         return 0
 
+    @property
+    def run_round(self) -> int:
+        """What this peer's record says of the whole run's progress (the orchestrator's: the
+        highest round the run's members announced; 0 from every other role)."""
+        return 0
+
     def gauges(self) -> dict[str, float]:
         """Extra numbers for ``/metrics`` (exported as ``gossamer_<name>``)."""
         return {}

@@ -101,4 +101,5 @@ def peer_record(*, identity: Identity, config: PeerConfig, roles: Sequence[Role]
         round=max((role.round for role in roles), default=0), timestamp=now, capacity=dict(capacity),
         assignment={k: v for role in roles for k, v in role.status().get("assignment", {}).items()},
         join_token=config.join_token, state=state or {}, tenured=tenured, reachability=reachability, relay=relay,
+        run_round=max((role.run_round for role in roles), default=0),
     )

@@ -1,6 +1,6 @@
 """Deadline-bounded waits on an ``asyncio.Condition`` that always give its lock back.
 
-The wait stays in the calling task (``asyncio.timeout``). ``asyncio.wait_for(cond.wait_for(...))``
+The wait stays in the calling task (``asyncio.timeout``). ``asyncio.wait_for`` around ``cond.wait_for``
 runs it in a second task instead: when the caller is cancelled twice (a role stopped, then its
 event loop torn down), the caller leaves without waiting for that task, which later takes the
 lock back and finishes holding it; every other waiter on the condition then hangs for good. A

@@ -132,25 +132,3 @@ class Inbox(Generic[T]):
         for key in [key for key in self._sizes if key[1] < current_round]:
             del self._sizes[key]
 
-
-async def collect_from_live(inbox: Inbox, kind: str, round: int, senders: Iterable[str], *, timeout_s: float,
-                            wait_for: Iterable[str], is_live: Callable[[str], bool],
-                            changes: asyncio.Condition) -> dict[str, Tensors]:
-    """``inbox.collect``, waiting only for those of ``wait_for`` that are still live (``is_live``,
-    asked again whenever ``changes`` is notified: a peer view refreshed), so a sender known to be
-    gone (it stopped, or its record expired) no longer holds the wait."""
-    wait_for = list(wait_for)
-
-    async def wake_on_changes() -> None:
-        while True:
-            async with changes:
-                await changes.wait()
-            await inbox.wake()
-
-    watch = asyncio.create_task(wake_on_changes())
-    try:
-        return await inbox.collect(kind, round, senders, timeout_s=timeout_s,
-                                   wait_for=lambda: [s for s in wait_for if is_live(s)])
-    finally:
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)

@@ -68,12 +68,15 @@ async def finish_sends(sending: Iterable[asyncio.Task[Any]], *, timeout_s: float
 
 
 async def collect_from_live(inbox: Inbox[T], kind: str, round: int, senders: Iterable[str], *, timeout_s: float,
-                            is_live: Callable[[str], bool], until_view: UntilView) -> dict[str, T]:
-    """What ``senders`` sent for (kind, round): waits until each has sent or has left the live
-    view (a killed peer's record expires), or ``timeout_s`` passed, whichever comes first."""
+                            is_live: Callable[[str], bool], until_view: UntilView,
+                            wait_for: Iterable[str] | None = None) -> dict[str, T]:
+    """What ``senders`` sent for (kind, round): waits until each of ``wait_for`` (all of
+    ``senders`` when None) has sent or has left the live view (a killed peer's record expires),
+    or ``timeout_s`` passed, whichever comes first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    wanted = set(senders)
+    senders = set(senders)
+    wanted = senders if wait_for is None else set(wait_for)
     while True:
         live = {sender for sender in wanted if is_live(sender)}
         remaining = deadline - loop.time()
@@ -88,4 +91,4 @@ async def collect_from_live(inbox: Inbox[T], kind: str, round: int, senders: Ite
             for task in waiters:
                 task.cancel()
             await asyncio.gather(*waiters, return_exceptions=True)
-    return await inbox.collect(kind, round, wanted, timeout_s=0.0)
+    return await inbox.collect(kind, round, senders, timeout_s=0.0)

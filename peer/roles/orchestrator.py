@@ -6,6 +6,10 @@ HTTP: ``GET /manifest`` as JSON (the run, its owner and config, and the signed b
 ``GET /manifest?format=signed`` as the signed bytes themselves (what ``--manifest FILE`` takes).
 The protocol's own run-owner roles (``ProtocolPlugin.owner_roles``) come beside it. It has no end
 of its own: it serves until stopped.
+
+Its record's ``run_round`` is the highest round the run's steering members (the tenured ones,
+``run.tenure``) announced while it watched: after the members of a finished run have left, a peer
+that joins reads there that the run is over instead of waiting for members that will never come.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from typing import Any
 from aiohttp import web
 
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.conditions import wait_notified
 from gossamer.peer.role import Role, RoleContext
 from gossamer.peer.run.keys import manifest_key
 from gossamer.peer.run.publisher import Publisher
+from gossamer.peer.run.tenure import steering
 
 
 class OrchestratorRole(Role):
@@ -35,6 +41,7 @@ class OrchestratorRole(Role):
         self.publisher = Publisher(ctx.membership, what="manifest", key=manifest_key(ctx.manifest.run_id),
                                    signer=ctx.identity, heartbeat_s=ctx.manifest.config.heartbeat_s,
                                    store_log=ctx.store_log)
+        self.highest_round = 0
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/manifest", self._serve_manifest)]
@@ -57,6 +64,27 @@ class OrchestratorRole(Role):
     async def start(self) -> None:
         await self.publish_once()
         self.spawn(self._publish_loop(), name="manifest")
+        self.spawn(self._follow_rounds(), name="rounds")
+
+    @property
+    def run_round(self) -> int:
+        return self.highest_round
+
+    async def _follow_rounds(self) -> None:
+        while True:
+            if self.note_rounds():
+                self.ctx.announce()
+            await wait_notified(self.ctx.view_refreshed, timeout_s=self.ctx.manifest.config.heartbeat_s)
+
+    def note_rounds(self) -> bool:
+        """Raise ``highest_round`` to what the steering members announce now; True if it rose."""
+        now, me = self.ctx.now(), self.ctx.identity.peer_id
+        members = [p for p in self.ctx.view.live(now=now) if p.record.peer_id != me]
+        rounds = [p.record.round for p in steering(members, now=now, tenure_s=self.ctx.manifest.tenure_s, owner=None)]
+        if max(rounds, default=0) <= self.highest_round:
+            return False
+        self.highest_round = max(rounds)
+        return True
 
     async def publish_once(self) -> bool:
         """Store the manifest until a TTL from now; False (and the alarm raised) if no node took it."""
@@ -71,4 +99,4 @@ class OrchestratorRole(Role):
     def status(self) -> dict[str, Any]:
         return {"run_id": self.ctx.manifest.run_id, "protocol": self.ctx.manifest.config.protocol,
                 "manifest_publications": self.ctx.store_log.stored["manifest"],
-                "manifest_store_failures": self.ctx.store_log.failed["manifest"]}
+                "manifest_store_failures": self.ctx.store_log.failed["manifest"], "run_round": self.highest_round}

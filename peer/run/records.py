@@ -54,6 +54,7 @@ class PeerRecord:
     tenured: tuple[str, ...] = ()  # the run owner's: peer id prefixes it has seen live for the run's tenure
     reachability: str = UNKNOWN  # one of REACHABILITY
     relay: str = ""  # "host:port" of the relay service this peer volunteers ("" if none)
+    run_round: int = 0  # the run owner's: the highest round the run's steering members announced
 
     @property
     def reachable(self) -> bool:
@@ -99,9 +100,9 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "peer_id": str, "public_key": bytes, "name": str, "http_addr": str, "tcp_addr": str,
     "roles": list, "version": str, "round": int, "timestamp": (int, float),
     "assignment": dict, "capacity": dict, "join_token": str, "state": dict, "tenured": list,
-    "reachability": str, "relay": str,
+    "reachability": str, "relay": str, "run_round": int,
 }
-_OPTIONAL = {"tenured": [], "reachability": UNKNOWN, "relay": ""}  # fields records of earlier versions lack
+_OPTIONAL = {"tenured": [], "reachability": UNKNOWN, "relay": "", "run_round": 0}  # fields records of earlier versions lack
 
 
 def _record_from_body(body: dict[str, Any]) -> PeerRecord:
@@ -118,6 +119,8 @@ def _record_from_body(body: dict[str, Any]) -> PeerRecord:
     if len(tenured) > MAX_TENURED or not all(isinstance(t, str) and _TENURED_ID.fullmatch(t) for t in tenured):
         raise RecordRejected(f"record field 'tenured' must be at most {MAX_TENURED} peer id prefixes",
                              reason="malformed")
+    if body["round"] < 0 or body["run_round"] < 0:
+        raise RecordRejected("record fields 'round' and 'run_round' must not be negative", reason="malformed")
     if body["reachability"] not in REACHABILITY:
         raise RecordRejected(f"record field 'reachability' must be one of {REACHABILITY}", reason="malformed")
     fields = {name: body[name] for name in _FIELD_TYPES}

@@ -38,9 +38,10 @@ import torch
 from aiohttp import web
 
 from gossamer.peer.kit.checkpoint import Checkpoints
-from gossamer.peer.kit.inbox import Inbox, collect_from_live, size_bytes
+from gossamer.peer.kit.inbox import Inbox, size_bytes
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger, body_cap
+from gossamer.peer.kit.rounds import collect_from_live
 from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
@@ -95,6 +96,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         self._late_rejections: dict[tuple[str, int], dict[str, str]] = {}
         self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
         self.finished = False
+        self.ended_before_join: int | None = None  # the round the run had finished at when this one came
         self.checkpoint_path = ""
         self.kept = KeptState(self.checkpoints, f"{ctx.manifest.config.name}-{self.peer_id[:12]}-state",
                               model_json=json.dumps(self.settings.model.to_dict()))
@@ -141,6 +143,9 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
 
     def health(self) -> RoleHealth:
         health = super().health()
+        if health.state != FAILED and self.ended_before_join is not None:
+            return RoleHealth(FINISHED, f"the run had finished at round {self.ended_before_join} before this "
+                                        f"learner came; nothing to train")
         if health.state != FAILED and self.finished:
             return RoleHealth(FINISHED, f"{self.replica.round} rounds; checkpoint {self.checkpoint_path}")
         return health
@@ -156,14 +161,36 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         if any(p.record.state.get("version", 0) > 0 for p in others):
             await self._adopt_state(others, why="joined")
 
-    async def _wait_for_learners(self) -> None:
+    async def _wait_for_learners(self) -> bool:
         """Round 0 starts once ``min_learners`` learners (this one included) are live, so learners
-        started together begin in step instead of the first one racing ahead alone."""
+        started together begin in step instead of the first one racing ahead alone. False when
+        the run owner's record says the run had already finished (its learners have left)."""
         wanted = self.settings.min_learners
-        while (have := len(self._learners())) < wanted:
+
+        def ready() -> bool:
+            return len(self._learners()) >= wanted or self._run_finished_at() is not None
+
+        while not ready():
+            have = len(self._learners())
             log.info("waiting for learners before round 0: %d of %d live", have, wanted)
             self.emit("waiting", learners=have, wanted=wanted)
-            await self.ctx.until_view(lambda: len(self._learners()) >= wanted, timeout_s=10.0)
+            await self.ctx.until_view(ready, timeout_s=10.0)
+        self.ended_before_join = self._run_finished_at()
+        if self.ended_before_join is not None:
+            self.finished = True
+            log.warning("the run had finished at round %d before this learner came (its learners have left); "
+                        "nothing to train", self.ended_before_join)
+            return False
+        return True
+
+    def _run_finished_at(self) -> int | None:
+        """The round the run finished at, if its owner's record says it did (``run_round``, the
+        highest round its members announced, reached ``hyper.rounds``); None otherwise."""
+        owner = self.ctx.view.get(self.ctx.manifest.owner_peer_id)
+        rounds = self.settings.rounds
+        if rounds and owner is not None and owner.record.run_round >= rounds:
+            return owner.record.run_round
+        return None
 
     async def _catch_up(self) -> None:
         """Get back in step when ``catch_up_rounds`` or more away from the median round of the
@@ -251,8 +278,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
     # -- rounds ---------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        if self.replica.round == 0:
-            await self._wait_for_learners()
+        if self.replica.round == 0 and not await self._wait_for_learners():
+            return
         while not self.settings.rounds or self.replica.round < self.settings.rounds:
             await self._catch_up()
             if self.settings.rounds and self.replica.round >= self.settings.rounds:
@@ -343,7 +370,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s, wait_for=wait_for)
         return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
                                        is_live=lambda s: self.ctx.view.get(s) is not None,
-                                       changes=self.ctx.view_refreshed)
+                                       until_view=self.ctx.until_view)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
               learners: list[str]) -> tuple[Params, Params | None]:

@@ -5,6 +5,8 @@ is woken (with ``asyncio.wait_for`` around ``Condition.wait_for`` the lock staye
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 from gossamer.peer.kit.conditions import wait_notified, wait_until
 
@@ -68,3 +70,15 @@ async def test_waiters_cancelled_twice_give_the_lock_back_and_the_next_waiter_is
     async with condition:
         condition.notify_all()
     assert await later is True
+
+
+def test_no_condition_wait_runs_in_a_second_task_under_asyncio_wait_for() -> None:
+    """The pattern that hung: ``asyncio.wait_for(condition.wait_for(...))`` anywhere in the code."""
+    root = Path(__file__).resolve().parents[3]
+    pattern = re.compile(r"asyncio\.wait_for\(\s*[\w.]*\.wait_for\(")
+    found = [f"{path.relative_to(root)}:{text[:match.start()].count(chr(10)) + 1}"
+             for folder in ("peer", "transport", "protocols", "crypto", "scripts")
+             for path in sorted((root / folder).rglob("*.py"))
+             for text in [path.read_text(encoding="utf-8")]
+             for match in pattern.finditer(text)]
+    assert found == [], f"use gossamer.peer.kit.conditions.wait_until instead: {found}"

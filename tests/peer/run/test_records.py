@@ -32,13 +32,21 @@ def test_record_round_trip() -> None:
     assert open_record(seal_record(me, record), subkey=me.peer_id, now=NOW + 1, ttl_s=TTL) == record
 
 
+def test_a_record_of_an_earlier_version_without_run_round_reads_as_zero() -> None:
+    me = Identity.generate()
+    body = make_record(me).body()
+    del body["run_round"]
+    assert open_record(sign_object(me, body), subkey=me.peer_id, now=NOW + 1, ttl_s=TTL).run_round == 0
+
+
 def test_a_peer_cannot_sign_another_peers_record() -> None:
     me, other = Identity.generate(), Identity.generate()
     with pytest.raises(ValueError):
         seal_record(me, make_record(other))
 
 
-@pytest.mark.parametrize("case", ["forged_key", "wrong_subkey", "expired", "future", "tampered", "unsigned"])
+@pytest.mark.parametrize("case", ["forged_key", "wrong_subkey", "expired", "future", "tampered", "unsigned",
+                                  "negative_round", "negative_run_round"])
 def test_bad_records_are_rejected(case: str) -> None:
     me, mallory = Identity.generate(), Identity.generate()
     blob, subkey, now = seal_record(me, make_record(me)), me.peer_id, NOW
@@ -54,6 +62,8 @@ def test_bad_records_are_rejected(case: str) -> None:
         blob = blob[:-70] + bytes([blob[-70] ^ 1]) + blob[-69:]
     elif case == "unsigned":
         blob = b"\x81\xa4body\xc4\x00"
+    elif case.startswith("negative_"):  # seal_record would build it; a hostile peer signs the body itself
+        blob = sign_object(me, {**make_record(me).body(), case.removeprefix("negative_"): -1})
     with pytest.raises(RecordRejected):
         open_record(blob, subkey=subkey, now=now, ttl_s=TTL)
 

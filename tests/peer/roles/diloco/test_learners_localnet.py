@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gossamer.peer.role import FINISHED
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.learner import LearnerRole
+from gossamer.peer.roles.orchestrator import OrchestratorRole
 from gossamer.peer.testing.localnet import LocalNet
 from gossamer.protocols.models import flat_parameters
 
@@ -113,5 +115,35 @@ async def test_ring_learners_leave_an_exact_average_round_identical_momentum_inc
         for role in roles[1:]:
             other, other_u = flat_parameters(role.replica.module), role.replica.outer.state_dict()
             assert all(torch.equal(first[k], other[k]) and torch.equal(first_u[k], other_u[k]) for k in first)
+    finally:
+        await net.aclose()
+
+
+async def test_a_learner_that_comes_after_the_run_finished_says_so_instead_of_waiting(tmp_path: Path) -> None:
+    """The orchestrator's record keeps the highest round the learners announced (``run_round``);
+    once they have finished and left, a new learner reads there that the run is over and ends,
+    where before it waited for ``min_learners`` for good."""
+    run = {**RUN, "hyper": {**RUN["hyper"], "rounds": 2, "min_learners": 2, "eval_batches": 1,
+                            "diloco": {"inner_steps": 2, "inner_lr": 0.003}}}
+    net = await LocalNet.create(run, plugins=PLUGINS, workdir=tmp_path, dht=True)
+    try:
+        owner: OrchestratorRole = (await net.add("owner", ("orchestrator",))).role  # type: ignore[assignment]
+        roles: list[LearnerRole] = [(await net.add(f"l{i}", ("learner",))).role for i in range(2)]  # type: ignore[misc]
+        await net.start()
+        await asyncio.wait_for(asyncio.gather(*(role.drain() for role in roles)), timeout=240)
+        await net.publish()  # the learners' records say round 2
+        assert await net.peers["owner"].ctx.until_view(lambda: owner.run_round == 2, timeout_s=60)
+        for name in ("l0", "l1"):
+            await net.kill(name)
+            net.forget(name)
+        await net.publish()  # only the owner is left; its record says run_round = 2
+
+        late: LearnerRole = (await net.add("late", ("learner",))).role  # type: ignore[assignment]
+        await net.start("late")
+        await asyncio.wait_for(late.drain(), timeout=60)
+
+        assert late.finished and late.ended_before_join == 2 and late.round == 0 and len(late.history) == 0
+        health = late.health()
+        assert health.state == FINISHED and "finished at round 2 before this learner came" in health.detail
     finally:
         await net.aclose()
