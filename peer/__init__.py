@@ -4,6 +4,7 @@ docs/ARCHITECTURE.md for the layers, the plugin contract and each protocol's mes
 Map of the package:
 
 - ``daemon``     one running peer: identity, DHT membership, servers, heartbeat, its roles.
+- ``introspection`` what a daemon says about itself: state, ``/status``, metrics, peer rows.
 - ``serving``    what any peer serves and announces: role routes and methods, state, its record.
 - ``plugin``     ``ProtocolPlugin`` (what a protocol brings) and ``PluginRegistry``.
 - ``role``       ``Role``, ``ProtocolRole[S]`` and the ``RoleContext`` the daemon hands them.

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from gossamer.peer.config import PeerConfig
-from gossamer.peer.daemon import peer_row
+from gossamer.peer.introspection import peer_row
 from gossamer.peer.plugin import PluginRegistry
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, start_membership

@@ -1,6 +1,6 @@
 """Gossip-DiLoCo learners as real daemons through the CLI on 127.0.0.1: the held-out loss falls;
-a learner SIGKILLed mid-run is recorded as failed while the others finish their rounds; a learner
-that joins mid-run downloads the state and starts at the current round; a learner frozen for
+a learner SIGKILLed mid-run is recorded as failed while the others go on; a learner that joins
+mid-run downloads the state and starts at the current round (and Ctrl+C stops each cleanly); a learner frozen for
 several rounds catches up with the swarm; a sign-flipping learner does not stop the honest ones
 under centered clipping."""
 
@@ -75,26 +75,28 @@ def rounds_of(proc: GossamerProcess, count: int, *, timeout_s: float = 200) -> l
 
 
 def test_learners_train_a_killed_learner_is_recorded_and_a_joiner_starts_at_the_current_round(tmp_path: Path) -> None:
-    # 8 rounds: the joiner, started after round 0, must be up before the others finish, loaded machine or not
-    orch, procs, ids, ready = start_run(tmp_path, name="kill", learners=4, rounds=8, aggregator="mean")
+    # no round limit: however slow the machine, the joiner cannot come after the end (with 8 rounds
+    # at load 15 it did, and rightly read in the owner's record that the run was over); Ctrl+C ends it
+    orch, procs, ids, ready = start_run(tmp_path, name="kill", learners=4, rounds=0, aggregator="mean")
     try:
         first = [proc.wait_event(lambda e: e["event"] == "diloco.round", timeout_s=200) for proc in procs]
         procs[3].stop(signal.SIGKILL)
         joiner, _ = start_learner(tmp_path, ready, 4)
         procs.append(joiner)
         later = [rounds_of(proc, 4) for proc in procs[:3]]
-        # the joiner's first round, or its finish if the swarm reached the last round while it was
-        # starting (a loaded machine): either way it carries the round the joiner started at
-        joined = joiner.wait_event(lambda e: e["event"] in ("diloco.round", "diloco.finished"), timeout_s=180)
+        joined = joiner.wait_event(lambda e: e["event"] == "diloco.round", timeout_s=180)
         assert joined["round"] >= 1, "a joiner starts at the swarm's round, not at 0"
+        assert "joined at round" in joiner.log()
         for events in later:
             failed = {peer for e in events for peer in e["timed_out"]}
             assert ids[3] in failed, "the killed learner must be recorded as failed in some round"
             assert events[-1]["heldout_loss"] < first[0]["heldout_loss"] - 0.1
-        for proc in procs[:3]:
-            finished = proc.wait_event(lambda e: e["event"] == "diloco.finished", timeout_s=60)
-            assert Path(finished["checkpoint"]).is_file() and finished["round"] == 8
-        assert "joined at round" in joiner.log()
+        live = [*procs[:3], joiner]
+        for proc in live:  # signal all first: they shut down side by side
+            proc.proc.send_signal(signal.SIGINT)
+        assert [proc.stop(sig=0, timeout_s=60) for proc in live] == [0, 0, 0, 0]
+        for proc in live:  # each wrote what a restart resumes from
+            assert "learner: checkpoint written to" in proc.log_path.read_text()
     finally:
         for proc in [*procs, orch]:
             proc.stop()

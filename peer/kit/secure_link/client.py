@@ -20,6 +20,7 @@ from gossamer.peer.kit.secure_link.message import (
     associated_data,
     check_op,
     pack_body,
+    traffic_kind,
     unpack_body,
 )
 from gossamer.peer.metrics import Traffic
@@ -133,8 +134,9 @@ class SecureLink:
 
     def _count(self, op: str, sent: int, received: int) -> None:
         if self._traffic is not None:
-            self._traffic.add_sent(f"tlpp_{op}", sent)
-            self._traffic.add_received(f"tlpp_{op}", received)
+            kind = traffic_kind(self._method, op)
+            self._traffic.add_sent(kind, sent)
+            self._traffic.add_received(kind, received)
 
     async def aclose(self) -> None:
         """Close the connection (idempotent)."""

@@ -67,6 +67,12 @@ def unpack_body(op: str, step: int, body: bytes, *, limits: Limits) -> LinkMessa
     return LinkMessage(op=op, step=step, fields=meta["fields"], tensors=tensors)
 
 
+def traffic_kind(method: str, op: str) -> str:
+    """The traffic counter a link's op is counted under: the method's first word (its protocol)
+    and the op, e.g. ``tlpp-node`` and ``forward`` -> ``tlpp_forward``."""
+    return f"{method.partition('-')[0]}_{op}"
+
+
 def associated_data(sid: str, op: str, step: int, direction: str) -> bytes:
     """What each frame's ciphertext is bound to: its session, op, step and direction."""
     return pack_header([sid, op, step, direction])

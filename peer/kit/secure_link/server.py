@@ -32,6 +32,7 @@ from gossamer.peer.kit.secure_link.message import (
     associated_data,
     check_op,
     pack_body,
+    traffic_kind,
     unpack_body,
 )
 from gossamer.peer.metrics import Traffic
@@ -211,8 +212,9 @@ class SecureLinkServer:
             reply, reply_op = LinkMessage(ERROR_OP, step, {"error": str(exc), "code": code}), ERROR_OP
         sealed = session.channel.encrypt(pack_body(reply), associated_data(sid, reply_op, step, "reply"))
         if self._traffic is not None:
-            self._traffic.add_received(f"tlpp_{op}", len(memoryview(payload)))
-            self._traffic.add_sent(f"tlpp_{op}", len(sealed))
+            kind = traffic_kind(self.method, op)
+            self._traffic.add_received(kind, len(memoryview(payload)))
+            self._traffic.add_sent(kind, len(sealed))
         return Frame(FrameType.RESPONSE, {"sid": sid, "op": reply_op, "step": step}, sealed)
 
     def _drop(self, sid: str, session: _Session) -> None:

@@ -2,7 +2,8 @@
 on its shard for H inner steps, mixes parameters with its peers in the background (W1) and
 pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
 private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
-``learner`` (the role), ``pacing`` (its W2 deadline and the fail-slow learners), ``aggregate``
+``learner`` (the role), ``joining`` (how a learner gets in step: round 0, joining mid-run,
+catching up), ``pacing`` (its W2 deadline and the fail-slow learners), ``aggregate``
 (the W1 and W2 mixes), ``ledger`` (a round's ledger), ``contributions`` (what its messages carry),
 ``keeping`` (the state it keeps between rounds and writes for a restart),
 ``steering`` (which learners steer one: its median round, its state donors, its inbox's room),

@@ -4,9 +4,9 @@ Data owners run ``node`` peers: their samples never leave them, and they run the
 below the cut. The run owner's ``tlpp-server`` holds the layers above the cut and the optimizer
 and drives virtual batches drawn across the nodes; in secure mode the cut tensors travel as
 additive secret shares to it and to an independent ``helper`` (``gossamer helper``). Modules:
-``settings``, ``names``, ``data`` (where a node's samples come from), ``server`` (+ ``steps``),
-``node``, ``helper``, ``secure`` (each party's share arithmetic), ``wire`` (what they say),
-``ledger`` (what one virtual batch did) and ``commands``.
+``settings``, ``names``, ``data`` (where a node's samples come from), ``server`` (+ ``steps``;
+``scheduling``: who it trains with), ``node``, ``helper``, ``secure`` (each party's share
+arithmetic), ``wire`` (what they say), ``ledger`` (what one virtual batch did) and ``commands``.
 """
 
 from __future__ import annotations

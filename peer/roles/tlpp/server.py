@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import Any
 
@@ -58,6 +57,7 @@ from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, Role
 from gossamer.peer.roles.tlpp import names
 from gossamer.peer.roles.tlpp.data import DataSourceError, load_run_data
 from gossamer.peer.roles.tlpp.ledger import StepLedger
+from gossamer.peer.roles.tlpp.scheduling import Scheduling
 from gossamer.peer.roles.tlpp.settings import TlppSettings, check_secure_admission
 from gossamer.peer.roles.tlpp.steps import StepDriver, TrainingStopped, grads_finite
 from gossamer.peer.roles.tlpp.wire import ShareLog
@@ -65,17 +65,13 @@ from gossamer.protocols.tlpp import (
     ChannelStats,
     TraversalError,
     VirtualBatch,
-    VirtualBatchScheduler,
     affine_server,
-    pool_stats,
-    read_stats,
 )
 
 log = logging.getLogger(__name__)
-WAIT_POLL_S = 10.0
 
 
-class TlppServerRole(ProtocolRole[TlppSettings]):
+class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
     """The TL++ orchestrator's server side (see the module docstring)."""
 
     name = names.SERVER
@@ -189,112 +185,6 @@ class TlppServerRole(ProtocolRole[TlppSettings]):
                 index += 1
             epoch += 1
             scheduler = await self._schedule(self._fewest)
-
-    @property
-    def _fewest(self) -> int:
-        """The fewest nodes a schedule needs: secure mode's k (``min_sum_nodes``), else one."""
-        return self.settings.min_sum_nodes if self.settings.secure else 1
-
-    def _live(self, role: str) -> list[str]:
-        return [p.record.peer_id for p in self.peers_with(role)]
-
-    def _node_counts(self) -> dict[str, int]:
-        return {peer: samples for peer, (samples, _) in self._nodes().items()}
-
-    def _nodes(self) -> dict[str, tuple[int, ChannelStats | None]]:
-        """The live data nodes with a valid sample count in their records, and their per-channel
-        statistics (with ``data.normalize = "nodes"``; a node without valid ones is left out)."""
-        nodes = {}
-        for peer in self.ctx.view.live(now=self.ctx.now()):
-            assignment = peer.record.assignment
-            samples = assignment.get("tlpp_samples")
-            if names.NODE not in peer.record.roles or isinstance(samples, bool) or not isinstance(samples, int) \
-                    or samples < 1:
-                continue
-            stats = None
-            if self.settings.normalize == "nodes":
-                try:
-                    stats = read_stats(assignment.get("tlpp_stats"), channels=self.settings.input_shape[0],
-                                       count=samples)
-                except TraversalError:
-                    continue
-            nodes[peer.record.peer_id] = (samples, stats)
-        return nodes
-
-    def _normalize(self) -> None:
-        """Pool the per-channel statistics of the nodes training starts with into the model's input
-        normalisation (its buffers go to the nodes with the node-side weights)."""
-        used = sorted(self._scheduled)
-        stats = [s for _, s in (self._scheduled[n] for n in used) if s is not None]
-        mean, std = pool_stats(stats, positions=math.prod(self.settings.input_shape[1:]))
-        layer = self.settings.normalization(self.model)
-        assert layer is not None  # data.normalize = "nodes" builds it
-        layer.set(mean, std)
-        self.emit("normalized", nodes=used, samples=sum(s.count for s in stats), mean=list(mean), std=list(std))
-        log.info("input normalisation pooled from %d node(s): mean %s, std %s", len(used),
-                 [round(m, 4) for m in mean[:8]], [round(v, 4) for v in std[:8]])
-
-    async def _schedule(self, wanted: int) -> VirtualBatchScheduler:
-        """A schedule over the live nodes, once ``wanted`` of them (and a helper, in secure mode) are
-        live: ``min_nodes`` before the first step, then one (``min_nodes`` gates the start only; a
-        run whose nodes leave goes on with those that are left)."""
-        least = self.settings.smallest_batch if self.settings.secure else 1
-
-        def ready() -> bool:
-            counts = self._node_counts()
-            return len(counts) >= wanted and sum(counts.values()) >= least and (
-                not self.settings.secure or self._helper_live())
-
-        while not ready():
-            nodes, helpers = len(self._node_counts()), int(self._helper_live())
-            log.info("waiting for TL++ nodes: %d of %d live%s", nodes, wanted,
-                     f", {helpers} helper(s)" if self.settings.secure else "")
-            self.emit("waiting", nodes=nodes, wanted=wanted, helpers=helpers, helper_sees=None)
-            await self.ctx.until_view(ready, timeout_s=WAIT_POLL_S)
-        self._scheduled = self._nodes()
-        return VirtualBatchScheduler({n: samples for n, (samples, _) in self._scheduled.items()},
-                                     batch_size=self.settings.batch_size, seed=self.settings.seed,
-                                     drop_last=self.settings.drop_last, min_size=least)
-
-    async def _until_helper_sees(self, scheduler: VirtualBatchScheduler, wanted: int) -> VirtualBatchScheduler:
-        """Secure mode, before the first step: a schedule of which the helper sees at least
-        ``wanted`` nodes live, so that step 0 does not race the helper's view of the nodes (a
-        node it cannot see could not push it a share)."""
-        while True:
-            helper = await self._helper()
-            seen = await self.driver.confirm(helper, scheduler.counts, step=self.step)
-            if len(seen) >= wanted:
-                return scheduler
-            log.info("waiting for the helper to see the TL++ nodes: %d of %d", len(seen), wanted)
-            self.emit("waiting", nodes=len(scheduler.counts), wanted=wanted, helpers=1, helper_sees=len(seen))
-            scheduler = await self._schedule(wanted)
-
-    async def _until_nodes_change(self, failed: set[str]) -> None:
-        """Every scheduled node failed: give their records up to a TTL to expire (or others to
-        come) instead of spending steps on nodes that are gone."""
-        await self.ctx.until_view(lambda: set(self._node_counts()) != failed, timeout_s=self.ctx.manifest.ttl_s)
-
-    def _helper_live(self) -> bool:
-        return self.settings.helper in self._live(names.HELPER)
-
-    async def _helper(self) -> str:
-        """The helper the manifest pins, once it is live (never another peer with the role)."""
-        while not self._helper_live():
-            self.emit("waiting", nodes=len(self._node_counts()), wanted=1, helpers=0, helper_sees=None)
-            await self.ctx.until_view(self._helper_live, timeout_s=WAIT_POLL_S)
-        return self.settings.helper
-
-    def _reduced(self, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
-        """The schedule without the nodes that failed this step; None if none is left."""
-        leaving = {n for n in scheduler.counts if n in ledger.rejected and n not in self.driver.behind}
-        if not leaving:
-            return scheduler
-        self.driver.forget(leaving)
-        left = {n: c for n, c in scheduler.counts.items() if n not in leaving}
-        if len(left) < self._fewest or (self.settings.secure and sum(left.values()) < self.settings.smallest_batch):
-            return None
-        log.info("taking %d node(s) out of the schedule: %s", len(leaving), sorted(n[:12] for n in leaving))
-        return scheduler.without(leaving)
 
     async def _one_step(self, batch: VirtualBatch, helper: str | None) -> StepLedger:
         ledger = StepLedger(step=self.step, epoch=batch.epoch, index=batch.index, mode=self.settings.mode)

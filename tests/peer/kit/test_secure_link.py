@@ -45,8 +45,8 @@ async def test_round_trip_authenticates_both_sides_and_counts_bytes(harness: Har
             assert torch.equal(reply.tensors["r"], torch.tensor([-(2**62), 5]) * 2)
     finally:
         await link.aclose()
-    assert harness.traffic.received["tlpp_echo"] > 3 * (6 * 4 + 2 * 8)
-    assert harness.traffic.sent["tlpp_echo"] > 3 * (6 * 4 + 2 * 8)
+    assert harness.traffic.received["test_echo"] > 3 * (6 * 4 + 2 * 8)
+    assert harness.traffic.sent["test_echo"] > 3 * (6 * 4 + 2 * 8)
 
 
 async def test_client_refuses_a_server_that_is_not_the_expected_key(harness: Harness) -> None:

@@ -11,7 +11,8 @@ import pytest
 from gossamer.crypto.identity import Identity
 from gossamer.peer.cli.status import format_table
 from gossamer.peer.config import PeerConfig
-from gossamer.peer.daemon import Daemon, peer_row
+from gossamer.peer.daemon import Daemon
+from gossamer.peer.introspection import peer_row
 from gossamer.peer.kit.state_join import choose_donors
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.roles import PLUGINS
