@@ -101,6 +101,10 @@ class RoleContext:
     announce: Callable[[], None] = lambda: None  # republish this peer's record now (e.g. a new round)
     view_refreshed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified after each refresh
     store_log: StoreLog = field(default_factory=StoreLog)  # this daemon's DHT stores, done and failed
+    fault_point: Callable[[str, int], Awaitable[None]] = field(default=lambda phase, step: _nothing())
+    """Awaited by a role at a named phase of a step (e.g. ``aggregate`` of round 7) where a test may
+    crash the peer (``LocalNet.crash(name, step, phase)``: it never returns, the peer is killed);
+    a daemon's does nothing."""
 
     async def until_view(self, predicate: Callable[[], bool], *, timeout_s: float) -> bool:
         """Wait until ``predicate()`` holds after a view refresh (or already holds); False at the timeout."""
@@ -109,6 +113,10 @@ class RoleContext:
     @property
     def is_run_owner(self) -> bool:
         return self.manifest.owner_public_key == self.identity.public_key
+
+
+async def _nothing() -> None:
+    return None
 
 
 class Role:

@@ -12,6 +12,8 @@ Map of the package:
 - ``mixing``     gossip topologies and the factored update (non-blocking parameter mix W1, blocking
                  pseudo-gradient mix W2 on a parameter subset), renormalised over what arrived;
                  a periodic exact average.
+- ``learner_round`` one gossip-DiLoCo learner's round recomputed from the contributions it used
+                 (what the fault tests compare a survivor's applied round with).
 - ``consensus``  how far replicas disagree: consensus distance per parameter group, norms, the
                  contraction factor of a mixing matrix.
 - ``robust``     Byzantine-robust aggregators over (arrived, failures), the registry and

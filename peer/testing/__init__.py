@@ -2,6 +2,7 @@
 
 - ``localproc``    ``gossamer`` processes started through the CLI, their events read from stdout.
 - ``localnet``     an in-process network of any protocol's roles behind real servers.
+- ``taps``         what a ``LocalNet``'s peers sent (bodies by sender, recipient and path).
 - ``fomoe_hosts``  FoMoE expert hosts as CLI daemons: the run and the kill scenario.
 - ``netns``        network namespaces on one bridge, some "behind NAT" (inbound connections
                    dropped), optionally shaped: the NAT test and the relay benchmark.

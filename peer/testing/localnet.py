@@ -22,13 +22,18 @@ a kind, the request path). Faults of a sender, seen by every receiver of its sig
 messages: ``slow(name, seconds, op=..., step=...)`` holds them that long before they are handled
 (a slow sender or link; every step when ``step`` is None), and ``crash(name, step, op, after=k)``
 lets ``k`` of them for (step, op) through and kills the peer at the next (a crash before a round's
-exchange with ``after=0``, mid-send with ``after >= 1``). Links: ``shape(name, up, down)`` puts a
+exchange with ``after=0``, mid-send with ``after >= 1``); ``crash(name, step, phase)`` with a
+phase a role marks (``RoleContext.fault_point``) kills it there (a learner's ``aggregate``: after
+it received the round's contributions, before it applied them). Links: ``shape(name, up, down)`` puts a
 WAN proxy (latency, jitter, rate, stalls, resets, refusals) in front of the peer's HTTP server and
 points its record there; shaping it again on the same port resets what was in flight (a
 partition is a link that refuses every connection; it heals when shaped back). ``kill(name)`` closes a peer's servers and roles; its record stays in
 the view until the run's TTL, as a killed process's would; ``stop(name)`` is a clean shutdown
 (the roles write their checkpoints too). ``received`` keeps every TCP request
-each peer got, as sent, so a test can replay or tamper with a real one.
+each peer got, as sent, so a test can replay or tamper with a real one; with ``keep_sent``,
+``sent`` keeps every HTTP body a peer sent and its recipient took (``peer.testing.taps``), and
+``watchers`` see every event a role emits, as it is emitted (a test can read the role's state at
+that instant).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import asyncio
 import base64
 import binascii
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +74,7 @@ from gossamer.peer.serving import (
     role_gate,
     state_donor,
 )
+from gossamer.peer.testing.taps import SentBodies, TappedClient
 from gossamer.transport.dht import DhtConfig, DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
@@ -159,15 +165,19 @@ class LocalNet:
         self.peers: dict[str, LocalPeer] = {}
         self.faults = _Faults()
         self.received: dict[str, list[Frame]] = {}
+        self.sent: SentBodies | None = None  # ``create(keep_sent=True)``: see ``peer.testing.taps``
+        self.watchers: list[Callable[[str, str, Mapping[str, Any]], None]] = []  # (peer, event, fields)
         self._publishing: set[asyncio.Task[None]] = set()
         self._records: dict[str, tuple[bytes, float]] = {}
         self._skipped_s = 0.0
 
     @classmethod
     async def create(cls, run: RunConfig | Mapping[str, Any], *, plugins: PluginRegistry, workdir: Path,
-                     owner: Identity | None = None, dht: bool = False, device: str = "cpu") -> LocalNet:
+                     owner: Identity | None = None, dht: bool = False, device: str = "cpu",
+                     keep_sent: bool = False) -> LocalNet:
         """A network for the run ``run`` (a RunConfig, or a run config document as TOML would give),
-        its manifest signed by ``owner`` (a fresh identity by default)."""
+        its manifest signed by ``owner`` (a fresh identity by default); ``keep_sent`` keeps every
+        body a peer PUT and its recipient took in ``sent``."""
         run_config = run if isinstance(run, RunConfig) else run_config_from_dict(dict(run))
         owner = owner or Identity.generate()
         membership, run_keys = None, RunKeys()
@@ -178,8 +188,10 @@ class LocalNet:
         http_client = await HttpClient.create(config=HttpConfig())
         manifest = build_manifest(owner, run_config, now=now)
         run_keys.learn(manifest)
-        return cls(manifest=manifest, owner=owner, plugins=plugins, workdir=Path(workdir), http_client=http_client,
-                   membership=membership, device=torch.device(device))
+        net = cls(manifest=manifest, owner=owner, plugins=plugins, workdir=Path(workdir), http_client=http_client,
+                  membership=membership, device=torch.device(device))
+        net.sent = SentBodies() if keep_sent else None
+        return net
 
     def now(self) -> float:
         return (self.membership.now() if self.membership is not None else time.time()) + self._skipped_s
@@ -204,9 +216,11 @@ class LocalNet:
         peer_config = PeerConfig(roles=tuple(roles), data=data, **options)
         ctx = RoleContext(identity=identity, config=peer_config, manifest=self.manifest, plugin=self.plugin,
                           settings=self.settings, membership=self.membership,  # type: ignore[arg-type]
-                          http_client=self.http_client, view=self.view, device=self.device, traffic=traffic,
-                          now=self.now, http_config=HttpConfig(), events=EventSink(enabled=False),
-                          announce=self.announce, view_refreshed=self.view_refreshed)
+                          http_client=self._client_of(name), view=self.view, device=self.device, traffic=traffic,
+                          now=self.now, http_config=HttpConfig(),
+                          events=EventSink(enabled=False, observer=lambda event, fields: self._observe(name, event, fields)),
+                          announce=self.announce, view_refreshed=self.view_refreshed,
+                          fault_point=lambda phase, step: self._fault_point(name, phase, step))
         built = build_roles(self.plugins, self.plugin.name, roles, ctx, role_options)
         peer = LocalPeer(name=name, identity=identity, ctx=ctx, roles=built, traffic=traffic, donor=state_donor(built))
         peer.http = await HttpServer.create(role_app(built, peer.donor, middlewares=[self._http_faults(name)]),
@@ -216,6 +230,17 @@ class LocalNet:
         self.peers[name] = peer
         await self.publish()
         return peer
+
+    def _client_of(self, name: str) -> HttpClient:
+        if self.sent is None:
+            return self.http_client
+        return TappedClient(self.http_client, sender=name, sent=self.sent,  # type: ignore[return-value]
+                            recipient_of=lambda addr: next((n for n, p in self.peers.items()
+                                                      if p.alive and p.http_addr == addr), None))
+
+    def _observe(self, name: str, event: str, fields: Mapping[str, Any]) -> None:
+        for watcher in self.watchers:
+            watcher(name, event, fields)
 
     async def start(self, *names: str) -> None:
         """Start the named peers' roles (every peer's, in the order added, when none is named)."""
@@ -277,8 +302,10 @@ class LocalNet:
 
     def crash(self, name: str, step: int, op: str, *, after: int = 0, expire: bool = False) -> None:
         """Peer ``name`` is killed at its message of ``op`` for ``step`` that comes after ``after``
-        of them were let through (that message and every later one are refused); with ``expire``
-        its record is dropped from the view once it is dead (``forget``: a run with a short TTL)."""
+        of them were let through (that message and every later one are refused), or, when ``op`` is
+        a phase a role marks (``RoleContext.fault_point``, e.g. ``aggregate``), when its role
+        reaches that phase of ``step`` (nothing of the role runs past it); with ``expire`` its
+        record is dropped from the view once it is dead (``forget``: a run with a short TTL)."""
         self.faults.crash[name, step, op] = after
         if expire:
             self.faults.expire.add(name)
@@ -360,6 +387,13 @@ class LocalNet:
             return await handler(request)
 
         return middleware
+
+    async def _fault_point(self, name: str, phase: str, step: int) -> None:
+        """A role of ``name`` reached ``phase`` of ``step``: if the peer crashes there, it is killed
+        (in the background, as by another process) and this never returns: the kill cancels it."""
+        if self.peers[name].alive and self.faults.crashes(name, step, phase):
+            self._background(self._crash(name), name=f"localnet-crash-{name}")
+            await asyncio.Event().wait()  # the dead process's last instruction; ended by the kill
 
     async def _crash(self, name: str) -> None:
         await self.kill(name)

@@ -12,7 +12,9 @@ round is one). Faults (``LocalNet`` injection):
   anything of the round went out;
 - ``crash_mid_send``: the peer dies after one of its pseudo-gradients of the round went out;
 - ``slow_send``: the peer's pseudo-gradients of the round arrive ``--slow_s`` late (inside the
-  deadline).
+  deadline);
+- ``crash_mid_aggregate``: the peer dies after it received the round's pseudo-gradients and
+  aggregated them, before its outer step applied them (``RoleContext.fault_point``).
 
 Not here: a peer whose inbox refuses a round (``tests/peer/roles/diloco/test_learners_localnet.py``:
 it waits its deadline out and is a deadline late after it, so which later windows it makes is a
@@ -22,7 +24,11 @@ the nearest.
 A crashed peer's record expires at once (a run with a short TTL), as ``--ttl_s`` would make it in
 a real run. Pass, for every case: every survivor finishes every round; every ledger balances; from
 the round after the last crash on, each survivor used exactly the other survivors' parameters and
-pseudo-gradients (the protocol's result over the survivors); no wait went past its deadline
+pseudo-gradients (the protocol's result over the survivors); every survivor's every round,
+recomputed from the protocol's pure functions (``protocols.learner_round``) over the contributions
+its ledger says it used, as they were sent, from its state at the end of the round before, is
+within 1e-5 (max abs) of what it applied (``peer/roles/diloco/recheck.py``); a peer that crashed
+mid-aggregate died with its round's outer step not taken; no wait went past its deadline
 (``w2_deadline_s`` = ``w1_grace_s`` = 10 s, 1 s slack for the event loop); after
 the final exact-average round the survivors' parameters and outer momentum are bit-identical.
 
@@ -48,14 +54,16 @@ from _diloco import run_config as diloco_run
 
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.learner import LearnerRole
+from gossamer.peer.roles.diloco.recheck import RoundStates, recheck
 from gossamer.peer.testing.localnet import LocalNet
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = 5
 DEADLINE_S = 10.0
 SLACK_S = 1.0  # the event loop's own latency past a deadline
+TOLERANCE = 1e-5  # max abs gap between a survivor's applied round and the recomputed one (float32)
 Fault = tuple[str, str, int]  # (kind, peer, round)
-CRASHES = ("crash_before", "crash_mid_send")
+CRASHES = ("crash_before", "crash_mid_send", "crash_mid_aggregate")
 KINDS = (*CRASHES, "slow_send")
 
 
@@ -69,14 +77,17 @@ def inject(net: LocalNet, fault: Fault, slow_s: float) -> None:
         "crash_before": lambda: net.crash(peer, round, "params", expire=True),
         "crash_mid_send": lambda: net.crash(peer, round, "pgrad", after=1, expire=True),
         "slow_send": lambda: net.slow(peer, slow_s, op="pgrad", step=round),
+        "crash_mid_aggregate": lambda: net.crash(peer, round, "aggregate", expire=True),
     }
     actions[kind]()
 
 
 async def one_case(faults: list[Fault], *, rounds: int, slow_s: float, workdir: Path) -> dict:
-    net = await LocalNet.create(run_config(rounds), plugins=PLUGINS, workdir=workdir)
+    net = await LocalNet.create(run_config(rounds), plugins=PLUGINS, workdir=workdir, keep_sent=True)
     roles: dict[str, LearnerRole] = {f"l{i}": (await net.add(f"l{i}", ("learner",))).role  # type: ignore[misc]
                                      for i in range(PEERS)}
+    states = RoundStates(roles)
+    net.watchers.append(states)
     for fault in faults:
         inject(net, fault, slow_s)
     crashed = {peer for kind, peer, _ in faults if kind in CRASHES}
@@ -86,13 +97,13 @@ async def one_case(faults: list[Fault], *, rounds: int, slow_s: float, workdir: 
         await net.start()
         await asyncio.wait_for(asyncio.gather(*(role.drain() for role in survivors.values())), timeout=600)
         wall = time.monotonic() - started
-        return {"faults": faults, "wall_s": wall, **check(net, survivors, crashed, faults, rounds)}
+        return {"faults": faults, "wall_s": wall, **check(net, survivors, crashed, faults, rounds, states)}
     finally:
         await net.aclose()
 
 
 def check(net: LocalNet, survivors: dict[str, LearnerRole], crashed: set[str], faults: list[Fault],
-          rounds: int) -> dict:
+          rounds: int, states: RoundStates) -> dict:
     settled_from = max([r + 1 for kind, _, r in faults if kind in CRASHES], default=0)
     problems: list[str] = []
     max_wait = 0.0
@@ -112,13 +123,26 @@ def check(net: LocalNet, survivors: dict[str, LearnerRole], crashed: set[str], f
                                 f"{len(ledger.pseudo_gradients.used)} pseudo-gradients, not the {len(others)} survivors'")
     dead = [peer for peer in crashed if net[peer].alive]
     problems += [f"{peer} did not crash" for peer in dead]
+    for kind, peer, r in faults:
+        replica = net[peer].role.replica  # type: ignore[attr-defined]
+        if kind == "crash_mid_aggregate" and (replica.round, replica.phase) != (r, "outer"):
+            problems.append(f"{peer} died at round {replica.round} in phase {replica.phase}, not mid-aggregate of {r}")
+    names = {net[name].peer_id: name for name in net.peers}
+    try:
+        gap = max(recheck(name, t, states=states, sent=net.sent.tensors, names=names)  # type: ignore[union-attr]
+                  for name in survivors for t in range(rounds))
+    except (KeyError, ValueError) as exc:
+        gap = float("inf")
+        problems.append(f"a survivor's round could not be recomputed: {exc}")
+    if not gap <= TOLERANCE:
+        problems.append(f"a survivor's applied round is {gap:.2e} from the protocol's result over what it used")
     if max_wait > DEADLINE_S + SLACK_S:
         problems.append(f"a wait went past its deadline ({max_wait:.1f} s)")
     identical = bit_identical(list(survivors.values()))
     if not identical:
         problems.append("the survivors are not bit-identical after the exact-average round")
-    return {"survivors": sorted(survivors), "max_wait_s": max_wait, "identical": identical, "problems": problems,
-            "passed": not problems}
+    return {"survivors": sorted(survivors), "max_wait_s": max_wait, "identical": identical, "recheck_gap": gap,
+            "problems": problems, "passed": not problems}
 
 
 def matrix(rounds: int) -> list[list[Fault]]:
@@ -171,14 +195,16 @@ def main() -> None:
     results = asyncio.run(main_async(args))
     passed = sum(r["passed"] for r in results)
     print(f"\nDiLoCo fault matrix: {PEERS} learners, {args.rounds} rounds; load before {load_before}, after {load()}\n")
-    print("| cases | faults each | passed | survivors bit-identical | longest wait (s) | median case (s) |")
-    print("|---|---|---|---|---|---|")
+    print("| cases | faults each | passed | survivors bit-identical | largest recheck gap | longest wait (s) "
+          "| median case (s) |")
+    print("|---|---|---|---|---|---|---|")
     for source in ("matrix", "chaos"):
         mine = [r for r in results if r["source"] == source]
         if mine:
             walls = sorted(r["wall_s"] for r in mine)
             print(f"| {source} ({len(mine)}) | {min(len(r['faults']) for r in mine)}-{max(len(r['faults']) for r in mine)} "
                   f"| {sum(r['passed'] for r in mine)} | {sum(r['identical'] for r in mine)} | "
+                  f"{max(r['recheck_gap'] for r in mine):.1e} | "
                   f"{max(r['max_wait_s'] for r in mine):.1f} | {walls[len(walls) // 2]:.1f} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,

@@ -7,7 +7,8 @@ catching up), ``pacing`` (its W2 deadline and the fail-slow learners), ``aggrega
 (the W1 and W2 mixes), ``ledger`` (a round's ledger), ``contributions`` (what its messages carry),
 ``keeping`` (the state it keeps between rounds and writes for a restart),
 ``steering`` (which learners steer one: its median round, its state donors, its inbox's room),
-``commands`` (``gossamer sample``) and ``sampling`` (running a learner's checkpoint locally).
+``commands`` (``gossamer sample``), ``sampling`` (running a learner's checkpoint locally) and
+``recheck`` (fault tests: a learner's applied round against the protocol's result).
 """
 
 from __future__ import annotations

@@ -261,6 +261,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
                                             ledger=ledger.pseudo_gradients, round=t)
         ledger.note = self.aggregator.note
+        await self.ctx.fault_point("aggregate", t)  # a test's crash mid-aggregate: received, not applied
         self.replica.finish_round(m, d_mixed, u_mixed)
         await self._drain(sending)
         evaluated = time.monotonic()
