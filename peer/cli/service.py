@@ -82,16 +82,29 @@ async def _serve(config: PeerConfig, plugins: PluginRegistry, run_config: RunCon
     _announce(daemon)
     code = await supervise(daemon, stop)
     log.info("shutting down (press Ctrl+C again to force)")
-    try:
-        await asyncio.wait_for(daemon.aclose(checkpoint=True), timeout=SHUTDOWN_TIMEOUT_S)
-    except TimeoutError:
-        log.error("clean shutdown took longer than %.0fs; forcing exit", SHUTDOWN_TIMEOUT_S)
+    closing = asyncio.create_task(daemon.aclose(checkpoint=True), name="shutdown")
+    done, _ = await asyncio.wait({closing}, timeout=SHUTDOWN_TIMEOUT_S)
+    if not done:
+        log.error("clean shutdown took longer than %.0fs; forcing exit. Still waiting:\n%s", SHUTDOWN_TIMEOUT_S,
+                  "\n".join(awaiting(task) for task in asyncio.all_tasks() if task is not asyncio.current_task()))
         force_exit(1)
+    closing.result()
     for role, path in daemon.checkpoints.items():
         print(f"{role}: checkpoint written to {path} (started again with the same --identity_path and "
               f"--checkpoint_dir, it resumes from there)", file=sys.stderr, flush=True)
     daemon.events.emit("stopped", peer_id=daemon.identity.peer_id, code=code, checkpoints=daemon.checkpoints)
     return code
+
+
+def awaiting(task: asyncio.Task) -> str:
+    """One line for a task that has not finished: its name and what it awaits, outermost first."""
+    chain, coro = [], task.get_coro()
+    while coro is not None and len(chain) < 12:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return f"  {task.get_name()}: {' -> '.join(chain) or repr(task)}"
 
 
 async def supervise(daemon: Daemon, stop: asyncio.Event) -> int:
