@@ -53,6 +53,7 @@ from gossamer.peer.serving import (
     role_gate,
     state_donor,
 )
+from gossamer.peer.stopping import cancel_all
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http import HttpConfig
@@ -298,9 +299,7 @@ class Daemon(Introspection):
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks, what="daemon")
         await self.reach.aclose()
         for role in reversed(self.roles):
             await role.aclose()

@@ -40,6 +40,7 @@ from gossamer.peer.run.manifest import Manifest
 from gossamer.peer.run.publisher import StoreLog
 from gossamer.peer.run.tenure import steering
 from gossamer.peer.run.view import LivePeer, PeerView
+from gossamer.peer.stopping import cancel_all
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
@@ -170,12 +171,10 @@ class Role:
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def aclose(self) -> None:
-        """Cancel every task the role spawned and wait until they have ended (idempotent)."""
+        """Cancel every task the role spawned and wait until they have ended, at most
+        ``stopping.SETTLE_S`` (idempotent)."""
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(list(self._tasks), what=self.name)
 
     def health(self) -> RoleHealth:
         """How the role is doing (see ``RoleHealth``); subclasses say when they are finished."""

@@ -10,7 +10,6 @@ record announces (``reachability``, ``addresses``, ``relay_addr``) and what ``/s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from gossamer.peer.reach.selftest import SelfTest, private_line
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.records import PRIVATE, RELAYED, PeerRecord, seal_record
 from gossamer.peer.run.view import PeerView
+from gossamer.peer.stopping import cancel_all
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.relay import RelayConfig, RelayServer
 
@@ -103,11 +103,7 @@ class Reach:
             task.add_done_callback(_log_failure)
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(self._tasks, what="reach")
         await self.relaying.release()
         if self.relay_server is not None:
             await self.relay_server.aclose()
