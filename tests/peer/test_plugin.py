@@ -49,7 +49,8 @@ def test_the_documented_tlpp_step_fields_are_a_step_ledgers() -> None:
 
 def test_the_generic_orchestrator_role_belongs_to_every_protocol() -> None:
     for protocol in PLUGINS.protocols:
-        PLUGINS.check_roles(protocol, ["orchestrator"])
+        assert "orchestrator" in PLUGINS.roles_of(protocol), protocol
+        PLUGINS.check_roles(protocol, ["orchestrator"])  # raises ConfigError if refused
 
 
 def test_duplicates_are_refused_when_the_registry_is_built() -> None:
