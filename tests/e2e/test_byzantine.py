@@ -103,8 +103,9 @@ def test_the_strongest_adaptive_attack_stays_within_a_margin_of_the_clean_run(tm
             assert e["pgrads_used"] <= 3 - len(e["timed_out"]), summary(events)
     # rounds in which all three neighbours were used: the attacker's update went into the aggregate
     assert any(e["pgrads_used"] == 3 for events in attacked.values() for e in events), attacked
-    clean_final = statistics.mean(events[-1]["heldout_loss"] for events in clean.values())
-    attacked_final = statistics.mean(events[-1]["heldout_loss"] for events in attacked.values())
+    # the last two rounds of every honest learner: one learner's one round swung 0.5 between clean runs
+    clean_final = statistics.mean(e["heldout_loss"] for events in clean.values() for e in events[-2:])
+    attacked_final = statistics.mean(e["heldout_loss"] for events in attacked.values() for e in events[-2:])
     assert attacked_final <= clean_final + MARGIN, ({i: summary(e) for i, e in clean.items()},
                                                     {i: summary(e) for i, e in attacked.items()})
 
