@@ -1,8 +1,9 @@
 """A cp-shard's state outside a step: downloading the ring's (a joiner placed by a plan, a shard
 that fell behind), and the checkpoint a restart resumes from.
 
-A plan that places a shard one or more steps behind names the leader's state digest; the shard
-downloads that state from the leader and checks it against the digest before it accepts.
+A plan that places a shard one or more steps behind (or at its step with another state: a ring
+that trained apart) names the leader's state digest; the shard downloads that state from the
+leader and checks it against the digest before it accepts.
 ``catch_up`` downloads from every live shard ahead of this one (``kit.state_join``). The
 resumable state is the model, its AdamW moments and the version, as of the last applied step
 (``Replica.model_state``): written on a clean shutdown and every ``--checkpoint_every`` steps,

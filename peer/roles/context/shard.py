@@ -10,7 +10,9 @@ it, a slow one does within a heartbeat. A step (DESIGN.md, "Compressed context p
    not in its last step, where to download the state). A member accepts when it is idle, takes
    the sender for the leader, and is at that version (one behind downloads the leader's state
    first, and so a joiner is placed at the next step boundary; one ahead refuses, and the leader
-   catches up). The ring of a step is the plan's, whatever anyone's view says meanwhile.
+   catches up; one at that version whose state differs from the one the plan names, e.g. from a
+   ring that trained apart before the views met, downloads it too). The ring of a step is the
+   plan's, whatever anyone's view says meanwhile.
 2. **ring**: member p of P draws the step's batch (the same sequences everywhere, from the seed
    and the step), keeps positions [pT, (p+1)T) and runs ``RingMember`` one unit of compute at a
    time in a worker thread; its coefficient messages go out as signed TCP frames on pooled
@@ -300,7 +302,7 @@ class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSett
         async with self._accepting:
             if not await self._see(plan.members):
                 return self._refused("view", "this shard does not see every member of the plan live yet")
-            if plan.step > self.replica.version:
+            if plan.step > self.replica.version or await self._other_state(plan):
                 try:
                     await self._download(plan)
                 except (StateSyncError, StateMismatch) as exc:
@@ -310,6 +312,13 @@ class CpShardRole(RingTraffic, StepRunner, StateKeeper, ProtocolRole[ContextSett
                 return self._refused(*refusal)
             self._plans.put_nowait(self.begin(plan))
         return {"accepted": True}
+
+    async def _other_state(self, plan: Plan) -> bool:
+        """Whether this shard holds another state than the leader at the plan's very step: a ring
+        that trained apart (its members' views had not met yet) reaches the same version with
+        another model, and joining without the leader's state would leave two models in one ring."""
+        return plan.state is not None and plan.state[0] == plan.step == self.replica.version \
+            and await self._state_digest() != plan.state[1]
 
     def _refused(self, code: str, reason: str) -> dict[str, Any]:
         log.info("refused a plan: %s: %s", code, reason)
