@@ -13,6 +13,7 @@ that kills block 1's hosts starts them again. The file stays well under two minu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.roles.blocktrain.generation import GenerateOptions, NetworkGenerator
 from gossamer.peer.roles.blocktrain.host import METHOD
 from gossamer.peer.route.pool import HopPool
-from gossamer.peer.route.wire import Hop, parse_answer, request_frame
+from gossamer.peer.route.wire import FailedHop, Hop, parse_answer, request_frame
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, gossamer
 from gossamer.protocols.blocktrain import BlockTrainConfig, build_stack, denoise_step, generate, initial_noise
 from gossamer.transport.codec import encode_tensors
@@ -199,16 +200,25 @@ async def test_a_pass_across_the_server_processes_equals_the_in_process_one(run:
     route = (Hop(run.tcp["s2"], (2,)), Hop(run.tcp["s1"], (1,)), Hop(run.tcp["s0"], (0,)))
     pool = HopPool()
     try:
-        answer = parse_answer(await pool.call(METHOD, run_id=run.ready["run_id"], request_id="e2e",
-                                              route=route, tensors={"z": z, "context": context},
-                                              budget_s=10.0))
+        # A host forwards only to a next hop it sees live; on a starved machine a server's 1 s
+        # heartbeat can lapse for a moment (three missed beats), and the host rightly refuses the
+        # hop. That refusal is the protocol working, not the pass under test: ask again after a
+        # heartbeat (a client's back-off), a few times.
+        for attempt in range(10):
+            answer = parse_answer(await pool.call(METHOD, run_id=run.ready["run_id"], request_id=f"e2e-{attempt}",
+                                                  route=route, tensors={"z": z, "context": context},
+                                                  budget_s=10.0))
+            if not (isinstance(answer, FailedHop) and "is not a live" in answer.reason):
+                break
+            await asyncio.sleep(1.0)
     finally:
         await pool.aclose()
 
     local = z
     for k in (2, 1, 0):
         local = denoise_step(stack, k, context, local)
-    assert isinstance(answer, dict) and torch.equal(answer["z"], local)
+    assert isinstance(answer, dict), answer
+    assert torch.equal(answer["z"], local)
 
 
 async def test_malformed_frames_are_refused_and_the_server_keeps_serving(run: Run, served: dict) -> None:
