@@ -85,6 +85,14 @@ class VirtualBatchScheduler:
             batches.append(VirtualBatch(epoch=epoch, index=index, order=order))
         return batches
 
+    def joined(self, counts: Mapping[str, int]) -> VirtualBatchScheduler:
+        """The schedule after nodes with ``counts`` joined (same batch size, seed, drop_last and min_size)."""
+        again = sorted(set(counts) & set(self.counts))
+        if again:
+            raise TraversalError(f"counts: nodes {again} are scheduled already")
+        return VirtualBatchScheduler({**self.counts, **counts}, batch_size=self.batch_size, seed=self.seed,
+                                     drop_last=self.drop_last, min_size=self.min_size)
+
     def without(self, node_ids: Iterable[str]) -> VirtualBatchScheduler:
         """The schedule after ``node_ids`` left (same batch size, seed, drop_last and min_size)."""
         leaving = set(node_ids)

@@ -5,8 +5,13 @@ normalisation pooled from them, and the helper the manifest pins.
 ``min_nodes`` gates the start only. A node that failed in a step is taken out of the schedule at
 once (``_reduced``); with none left (or, in secure mode, fewer than ``min_sum_nodes`` nodes or
 ``min_batch`` samples) the server waits up to a TTL for the view to change and builds a new
-schedule from the live nodes. Secure mode never schedules a step before the pinned helper is live
-and sees enough of the nodes (``_until_helper_sees``).
+schedule from the live nodes. A live node the schedule lacks (one that came after it was built,
+or one taken out) is scheduled again from the next step (``_regrown``) once its signed record was
+renewed after it was taken out: a dead node never renews it, a node that was slow once does
+within a heartbeat. One that fails again before a step uses it waits 1, 3, 7, ... heartbeats more
+(at most ``MAX_LEFT_OUT_S``), so a node that keeps failing costs few steps. Secure mode never
+schedules a step before the pinned helper is live and sees enough of the nodes
+(``_until_helper_sees``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WAIT_POLL_S = 10.0
+MAX_LEFT_OUT_S = 60.0
 
 
 class Scheduling:
@@ -131,12 +137,35 @@ class Scheduling:
 
     def _reduced(self: TlppServerRole, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
         """The schedule without the nodes that failed this step; None if none is left."""
+        for node in ledger.used:
+            self._strikes.pop(node, None)
         leaving = {n for n in scheduler.counts if n in ledger.rejected and n not in self.driver.behind}
         if not leaving:
             return scheduler
+        heartbeat_s = self.ctx.manifest.config.heartbeat_s
+        for node in leaving:  # measured on the node's own record clock: no skew between the hosts
+            live = self.ctx.view.get(node)
+            self._strikes[node] += 1
+            self._left_out[node] = (live.record.timestamp if live is not None else self.ctx.now()) + min(
+                MAX_LEFT_OUT_S, heartbeat_s * (2 ** (self._strikes[node] - 1) - 1))
         self.driver.forget(leaving)
         left = {n: c for n, c in scheduler.counts.items() if n not in leaving}
         if len(left) < self._fewest or (self.settings.secure and sum(left.values()) < self.settings.smallest_batch):
             return None
         log.info("taking %d node(s) out of the schedule: %s", len(leaving), sorted(n[:12] for n in leaving))
         return scheduler.without(leaving)
+
+    def _regrown(self: TlppServerRole, scheduler: VirtualBatchScheduler) -> VirtualBatchScheduler:
+        """The schedule with the live nodes it lacks whose records were renewed since they were
+        taken out (see the module docstring); ``scheduler`` itself when there are none."""
+        counts = self._node_counts()
+        back = [peer.record.peer_id for peer in self.ctx.view.live(now=self.ctx.now())
+                if peer.record.peer_id in counts and peer.record.peer_id not in scheduler.counts
+                and peer.record.timestamp > self._left_out.get(peer.record.peer_id, -math.inf)]
+        if not back:
+            return scheduler
+        log.info("scheduling %d node(s) again: %s", len(back), sorted(n[:12] for n in back))
+        for node in back:
+            self._left_out.pop(node, None)
+        self._scheduled.update({n: v for n, v in self._nodes().items() if n in back})
+        return scheduler.joined({n: counts[n] for n in back})

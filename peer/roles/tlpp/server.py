@@ -17,8 +17,11 @@ atomically) and ``tlpp.finished``.
 
 Membership: a node that failed in a step is taken out of the schedule at once (the rest of the
 epoch follows the reduced schedule from the same position, so in that epoch a few samples may be
-seen twice or not at all); at each epoch boundary the schedule is rebuilt from the live nodes, so
-nodes that left the view are no longer scheduled and a node that came back is scheduled again. A
+seen twice or not at all); a live node the schedule lacks is scheduled again from the next step
+once its record was renewed after it failed (a node that was slow once is back within a
+heartbeat; one that keeps failing waits longer each time: ``scheduling``), and at each epoch
+boundary the schedule is rebuilt from the live nodes, so nodes that left the view are no longer
+scheduled. A
 node that left the view mid-epoch stays scheduled until it fails a request (records can lag a
 loaded host by a heartbeat; a node that still answers is still a node). With no node left, it
 waits. A secure node that refuses a forward as a step it answered already (this orchestrator,
@@ -43,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import torch
@@ -111,6 +115,8 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
         self.checkpoint_path = ""
         self.done = asyncio.Event()  # set when training finished or stopped
         self._scheduled: dict[str, tuple[int, ChannelStats | None]] = {}  # the nodes of the latest schedule
+        self._left_out: dict[str, float] = {}  # node -> scheduled again once its record is newer than this
+        self._strikes: Counter[str] = Counter()  # failures since a step last used the node
         self.resumed_from = self._resume()
 
     # -- role interface -------------------------------------------------------------------------
@@ -180,6 +186,7 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
                 if reduced is None:
                     await self._until_nodes_change(set(scheduler.counts))
                     reduced = await self._schedule(self._fewest)
+                reduced = self._regrown(reduced)
                 if reduced is not scheduler:
                     scheduler, batches = reduced, reduced.epoch(epoch)
                 index += 1

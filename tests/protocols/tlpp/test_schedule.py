@@ -66,6 +66,17 @@ def test_without_drops_nodes_and_keeps_settings() -> None:
         scheduler.without(COUNTS)
 
 
+def test_joined_adds_nodes_and_keeps_settings() -> None:
+    scheduler = VirtualBatchScheduler(COUNTS, batch_size=4, seed=5, drop_last=True, min_size=2)
+    back = scheduler.without(["n1"]).joined({"n1": COUNTS["n1"]})
+    assert back.counts == scheduler.counts and back.epoch(3) == scheduler.epoch(3)
+    assert (back.batch_size, back.seed, back.drop_last, back.min_size) == (4, 5, True, 2)
+    with pytest.raises(TraversalError, match="scheduled already"):
+        scheduler.joined({"n0": 1})
+    with pytest.raises(TraversalError, match=r"counts\['n9'\]"):
+        scheduler.joined({"n9": 0})
+
+
 @pytest.mark.parametrize(("counts", "kwargs", "match"), [
     ({}, {}, "counts"),
     ({"a": 0}, {}, r"counts\['a'\]"),
