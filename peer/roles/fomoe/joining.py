@@ -160,12 +160,17 @@ class Joining:
 
     async def _download_dense(self: ExpertHostRole, version: int,
                               agreed: Sequence[str]) -> tuple[dict[str, torch.Tensor], int] | None:
-        """The dense part and its momentum at ``version``, from every agreed member offering it."""
+        """The dense part and its momentum at ``version``, from every agreed member offering it:
+        shards from several donors (each checked against the digest they agree on), so no single
+        host serves the whole state. It waits (at most an update deadline) for every agreed member
+        to announce that version, then takes those that have."""
+        others = {a for a in agreed if a != self.peer_id}
+
         def offers() -> list[LivePeer]:
             return [p for p in self.peers_with(names.EXPERT_HOST)
-                    if p.record.peer_id in agreed and p.record.state.get("version") == version]
+                    if p.record.peer_id in others and p.record.state.get("version") == version]
 
-        await self.ctx.until_view(lambda: bool(offers()), timeout_s=self.settings.update_deadline_s)
+        await self.ctx.until_view(lambda: len(offers()) >= len(others), timeout_s=self.settings.update_deadline_s)
         try:
             got, tensors, report = await download_state(self.ctx.http_client, offers(), joiner_id=self.peer_id)
         except StateSyncError as exc:

@@ -11,7 +11,9 @@ their holders, and every member agrees on its digests."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -161,9 +163,13 @@ async def test_a_late_host_joins_with_the_dense_state_and_its_experts_from_their
     try:
         await net.start()
         assert await net.peers["h0"].ctx.until_view(lambda: roles[0].round >= 1, timeout_s=120)
+        admitted: list[Mapping[str, Any]] = []
+        net.watchers.append(lambda peer, event, fields: admitted.append(fields)
+                            if (peer, event) == ("h3", "fomoe.joined") else None)
         joiner: ExpertHostRole = (await net.add("h3", ("expert-host",))).role  # type: ignore[assignment]
         await net.start("h3")
         assert await net.peers["h0"].ctx.until_view(lambda: len(joiner.history) >= 2, timeout_s=240)
+        assert len(admitted) == 1 and admitted[0]["donors"] >= 2, admitted  # the dense state from several hosts
 
         joined = list(joiner.history)[:2]
         assert joined[0].round >= 2, "the joiner starts at the swarm's round, not at 0"
