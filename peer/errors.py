@@ -18,6 +18,7 @@
      ├── FrameRefused       (roles.context.wire) a ring frame refused, with a code; the shard serves on
      ├── StepAborted        (roles.context.attempt) a context-parallel step's attempt was abandoned
      ├── StateMismatch      (roles.context.replica) a downloaded state does not fit the run's model
+     ├── NetLabError        (testing.netns) a network-namespace command of a NAT test failed
      └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
           └── HelperFailed  the TL++ helper failed a request (secure mode stops with this)
 

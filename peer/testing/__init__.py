@@ -2,6 +2,8 @@
 
 - ``localproc``    ``gossamer`` processes started through the CLI, their events read from stdout.
 - ``localnet``     an in-process network of any protocol's roles behind real servers.
+- ``faults``       a ``LocalNet``'s fault injection: what ``fail``, ``slow`` and ``crash`` declared,
+                   applied to the frames, requests and phases of its peers.
 - ``taps``         what a ``LocalNet``'s peers sent (bodies by sender, recipient and path).
 - ``fomoe_hosts``  FoMoE expert hosts as CLI daemons: the run and the kill scenario.
 - ``netns``        network namespaces on one bridge, some "behind NAT" (inbound connections

@@ -14,7 +14,8 @@ the net's peers into the view, as anyone can write one into the DHT of an open r
 peer's, a free identity's). ``skip(seconds)`` moves the network's clock forward, as if its peers
 had been up that much longer (tenure, ``peer.run.tenure``, is measured on this clock).
 
-Faults are declared by (peer, step, operation), never by subclassing internals:
+Faults are declared by (peer, step, operation), never by subclassing internals (they are kept
+and applied by ``peer.testing.faults``):
 ``fail(name, step, op)`` makes that peer refuse the requests of ``op`` for ``step`` as a crashed
 host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
 ``op``; for an HTTP request, the route's ``{round}`` (or ``{step}``) and ``{kind}`` (or, without
@@ -39,23 +40,17 @@ that instant).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from aiohttp import web
 
-from gossamer.crypto.envelope import ReplayGuard
-from gossamer.crypto.errors import VerificationError
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.events import EventSink
-from gossamer.peer.kit.messaging import ENVELOPE_HEADER
 from gossamer.peer.kit.statesync import StateDonor
 from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import PluginRegistry, build_roles
@@ -74,13 +69,14 @@ from gossamer.peer.serving import (
     role_gate,
     state_donor,
 )
+from gossamer.peer.testing.faults import Faults
 from gossamer.peer.testing.taps import SentBodies, TappedClient
 from gossamer.transport.dht import DhtConfig, DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
-from gossamer.transport.tcp import ConnectionInfo, HandlerError, TcpServer
+from gossamer.transport.tcp import ConnectionInfo, TcpServer
 from gossamer.transport.wan import LinkProfile, WanProxy
 
 RECORD_LIFETIME_S = 3600.0  # how far ahead records are dated to expire when the run's TTL is longer
@@ -121,31 +117,6 @@ class LocalPeer:
         return next(role for role in self.roles if role.name == name)
 
 
-@dataclass
-class _Faults:
-    keys: set[tuple[str, int, str]] = field(default_factory=set)
-    slow: dict[tuple[str, int | None, str], float] = field(default_factory=dict)  # (sender, step, op) -> s
-    crash: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (sender, step, op) -> let through
-    expire: set[str] = field(default_factory=set)  # crashing peers whose records go at once
-
-    def delay(self, sender: str, step: int, op: str) -> float:
-        return self.slow.get((sender, step, op), self.slow.get((sender, None, op), 0.0))
-
-    def crashes(self, sender: str, step: int, op: str) -> bool:
-        """Whether this message of ``sender`` is the one its crash comes at (counting it through)."""
-        left = self.crash.get((sender, step, op))
-        if left is None:
-            return False
-        self.crash[sender, step, op] = left - 1
-        return left <= 0
-
-    def hit(self, name: str, step: Any, op: Any) -> bool:
-        try:
-            return (name, int(step), str(op)) in self.keys
-        except (TypeError, ValueError):
-            return False
-
-
 class LocalNet:
     """The peers of one test; build with ``await LocalNet.create(...)``, end with ``await aclose()``."""
 
@@ -163,7 +134,7 @@ class LocalNet:
         self.view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
         self.view_refreshed = asyncio.Condition()
         self.peers: dict[str, LocalPeer] = {}
-        self.faults = _Faults()
+        self.faults = Faults(self)  # ``peer.testing.faults``: what fail, slow and crash declared
         self.received: dict[str, list[Frame]] = {}
         self.sent: SentBodies | None = None  # ``create(keep_sent=True)``: see ``peer.testing.taps``
         self.watchers: list[Callable[[str, str, Mapping[str, Any]], None]] = []  # (peer, event, fields)
@@ -220,10 +191,10 @@ class LocalNet:
                           now=self.now, http_config=HttpConfig(),
                           events=EventSink(enabled=False, observer=lambda event, fields: self._observe(name, event, fields)),
                           announce=self.announce, view_refreshed=self.view_refreshed,
-                          fault_point=lambda phase, step: self._fault_point(name, phase, step))
+                          fault_point=lambda phase, step: self.faults.fault_point(name, phase, step))
         built = build_roles(self.plugins, self.plugin.name, roles, ctx, role_options)
         peer = LocalPeer(name=name, identity=identity, ctx=ctx, roles=built, traffic=traffic, donor=state_donor(built))
-        peer.http = await HttpServer.create(role_app(built, peer.donor, middlewares=[self._http_faults(name)]),
+        peer.http = await HttpServer.create(role_app(built, peer.donor, middlewares=[self.faults.middleware(name)]),
                                             host="127.0.0.1", port=0, config=ctx.http_config)
         peer.tcp = await TcpServer.create(self._tcp_dispatcher(peer), host="127.0.0.1", port=0,
                                           gate=role_gate(built))
@@ -287,18 +258,18 @@ class LocalNet:
 
     def announce(self) -> None:
         """A role's ``ctx.announce``: publish again at once (as the daemon's heartbeat would)."""
-        self._background(self.publish(), name="localnet-publish")
+        self.background(self.publish(), name="localnet-publish")
 
     # -- faults -----------------------------------------------------------------------------------
 
     def fail(self, name: str, step: int, op: str) -> None:
         """Peer ``name`` refuses the requests of ``op`` for ``step`` (see the module docstring)."""
-        self.faults.keys.add((name, step, op))
+        self.faults.fail(name, step, op)
 
     def slow(self, name: str, seconds: float, *, op: str, step: int | None = None) -> None:
         """Peer ``name``'s messages of ``op`` (for ``step``; every step when None) are held
         ``seconds`` at their receivers before they are handled."""
-        self.faults.slow[name, step, op] = seconds
+        self.faults.slow(name, seconds, op=op, step=step)
 
     def crash(self, name: str, step: int, op: str, *, after: int = 0, expire: bool = False) -> None:
         """Peer ``name`` is killed at its message of ``op`` for ``step`` that comes after ``after``
@@ -306,9 +277,7 @@ class LocalNet:
         a phase a role marks (``RoleContext.fault_point``, e.g. ``aggregate``), when its role
         reaches that phase of ``step`` (nothing of the role runs past it); with ``expire`` its
         record is dropped from the view once it is dead (``forget``: a run with a short TTL)."""
-        self.faults.crash[name, step, op] = after
-        if expire:
-            self.faults.expire.add(name)
+        self.faults.crash(name, step, op, after=after, expire=expire)
 
     async def shape(self, name: str, up: LinkProfile | None, down: LinkProfile | None = None) -> None:
         """Put a WAN link (``transport.wan.WanProxy``) in front of the peer's HTTP server, on the
@@ -361,60 +330,13 @@ class LocalNet:
 
         async def faulty(frame: Frame, info: ConnectionInfo) -> Frame | None:
             self.received.setdefault(peer.name, []).append(Frame(frame.type, dict(frame.header), bytes(frame.payload)))
-            if self.faults.hit(peer.name, frame.header.get("step"), frame.header.get("op")):
-                raise HandlerError(f"injected fault: {peer.name} step {frame.header.get('step')} {frame.header.get('op')}")
+            self.faults.check_frame(peer.name, frame)
             return await dispatch(frame, info)
 
         return faulty
 
-    def _http_faults(self, name: str):
-        @web.middleware
-        async def middleware(request: web.Request, handler):
-            info = request.match_info
-            step, op = info.get("round", info.get("step")), info.get("kind", request.path)
-            if step is not None and self.faults.hit(name, step, op):
-                raise web.HTTPServiceUnavailable(text="injected fault")
-            sender_faults = bool(self.faults.slow or self.faults.crash) and step is not None and step.isdigit()
-            sender = self._sender_name(name, request) if sender_faults else None  # a signature check
-            if sender is not None:
-                if not self.peers[sender].alive or self.faults.crashes(sender, int(step), op):
-                    if self.peers[sender].alive:
-                        self._background(self._crash(sender), name=f"localnet-crash-{sender}")
-                    raise web.HTTPServiceUnavailable(text="injected fault: the sender crashed")
-                delay = self.faults.delay(sender, int(step), op)
-                if delay:
-                    await asyncio.sleep(delay)  # the injected slowness itself, not a synchronisation
-            return await handler(request)
-
-        return middleware
-
-    async def _fault_point(self, name: str, phase: str, step: int) -> None:
-        """A role of ``name`` reached ``phase`` of ``step``: if the peer crashes there, it is killed
-        (in the background, as by another process) and this never returns: the kill cancels it."""
-        if self.peers[name].alive and self.faults.crashes(name, step, phase):
-            self._background(self._crash(name), name=f"localnet-crash-{name}")
-            await asyncio.Event().wait()  # the dead process's last instruction; ended by the kill
-
-    async def _crash(self, name: str) -> None:
-        await self.kill(name)
-        if name in self.faults.expire:
-            self.forget(name)
-            async with self.view_refreshed:
-                self.view_refreshed.notify_all()
-
-    def _sender_name(self, receiver: str, request: web.Request) -> str | None:
-        """The net's name of the peer that signed the request's envelope (its signature checked), or
-        None (no envelope, a bad one, or an outsider)."""
-        text = request.headers.get(ENVELOPE_HEADER, "")
-        try:
-            envelope = ReplayGuard().check(base64.b64decode(text, validate=True), me=self.peers[receiver].peer_id,
-                                           run_id=self.manifest.run_id, method=request.method,
-                                           target=request.rel_url.raw_path_qs, now=self.now())
-        except (VerificationError, ValueError, binascii.Error):
-            return None
-        return next((n for n, peer in self.peers.items() if peer.peer_id == envelope.sender), None)
-
-    def _background(self, coro, *, name: str) -> None:
+    def background(self, coro, *, name: str) -> None:
+        """Run ``coro`` as a task of the net (a publish, a crash): ``aclose`` cancels what is left."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._publishing.add(task)
         task.add_done_callback(self._publishing.discard)

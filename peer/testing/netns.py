@@ -19,11 +19,13 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from gossamer.peer.errors import PeerError
+
 SUBNET = "10.77.0"
 SYN_WITHOUT_ACK = ["match", "ip", "protocol", "6", "0xff", "match", "u8", "0x02", "0x12", "at", "33"]
 
 
-class NetLabError(RuntimeError):
+class NetLabError(PeerError):
     """A namespace command failed; the message has the command and its stderr."""
 
 

@@ -50,9 +50,10 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
                 f"holders per expert {e['holders']}{lost}")
     if event == "joined":
         return f"{e['why']} at round {e['round']}: dense state from {e['donors']} donor(s), experts {e['experts']}"
-    if event == "finished":
-        return (f"finished at round {e['round']} holding experts {e['experts']}, held-out loss "
-                f"{e['heldout_loss']:.3f}; checkpoint {e['checkpoint']}")
+    if event == "finished":  # no held-out loss when the host did no round itself (it joined at the last)
+        loss = f"{e['heldout_loss']:.3f}" if e.get("heldout_loss") is not None else "-"
+        return (f"finished at round {e['round']} holding experts {e['experts']}, held-out loss {loss}; "
+                f"checkpoint {e['checkpoint']}")
     if event == "waiting":
         return f"waiting for expert hosts before round 0: {e['hosts']} of {e['wanted']} live"
     return None
