@@ -19,11 +19,13 @@ import json
 import sys
 import time
 
+from gossamer.crypto.identity import Identity
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.relay import RelayClient, RelayServer
 from gossamer.transport.tcp import TcpServer, tcp_connect
 
 SAMPLES = 16
+BENCH_PEER = Identity.from_private_bytes(bytes(32))  # the one relayed peer: relay and receiver both know it
 
 
 def say(obj: dict) -> None:
@@ -41,7 +43,7 @@ async def answer(frame: Frame, info: object) -> Frame:
 
 
 async def relay(host: str) -> None:
-    server = await RelayServer.create(host=host, authorize=lambda auth: "bench-peer")
+    server = await RelayServer.create(name="bench-relay", host=host, authorize=lambda auth: BENCH_PEER.peer_id)
     say({"port": server.address[1]})
     await until_stdin_closes()
     await server.aclose()
@@ -51,7 +53,8 @@ async def receiver(host: str, relay_host: str = "", relay_port: str = "") -> Non
     server = await TcpServer.create(answer, host=host, port=0)
     client = None
     if relay_host:
-        client = await RelayClient.connect((relay_host, int(relay_port)), auth=b"bench", targets=[(host, server.address[1])])
+        client = await RelayClient.connect((relay_host, int(relay_port)), relay_name="bench-relay", identity=BENCH_PEER,
+                                           auth=b"bench", targets=[(host, server.address[1])])
     say({"port": client.ports[0] if client else server.address[1]})
     await until_stdin_closes()
     if client is not None:
