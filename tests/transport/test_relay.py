@@ -1,12 +1,14 @@
 """The TURN-style relay on 127.0.0.1: a private side's real TCP and HTTP servers answer through a
-relay's allocation ports, byte for byte; the relay refuses the unauthorized and any allocation
-whose proof does not answer its own fresh challenge (a replay), caps peers and connections, and its
-client learns when the relay goes."""
+relay's allocation ports, byte for byte; a capped relay's pacing decisions over a transfer keep
+its rate; the relay refuses the unauthorized and any allocation whose proof does not answer its
+own fresh challenge (a replay), caps peers and connections, and its client learns when the relay
+goes."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import time
 
@@ -19,8 +21,10 @@ from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer
 from gossamer.transport.relay import RelayClient, RelayConfig, RelayRefused, RelayServer
+from gossamer.transport.relay.wire import CHUNK_BYTES
 from gossamer.transport.tcp import TcpServer, tcp_connect
 from gossamer.transport.tcp_client import ConnectFailed
+from tests.transport.test_relay_pace import worst_window_excess
 
 ALICE, CAROL, MALLORY = Identity.generate(), Identity.generate(), Identity.generate()
 
@@ -152,6 +156,34 @@ async def test_a_replayed_allocation_is_refused_and_the_genuine_one_survives(pri
         await genuine.aclose()
     finally:
         await other.aclose()
+        await relay.aclose()
+
+
+async def test_a_relay_keeps_its_cap_over_a_real_transfer(private_side) -> None:
+    rate = 16 * 2**20
+    decisions: list[tuple[float, int]] = []
+    relay: RelayServer | None = None
+
+    def clock() -> float:  # the relay's pace reads it right after counting each chunk it moved
+        now = time.monotonic()
+        if relay is not None:
+            decisions.append((now, relay.stats()["bytes"]))
+        return now
+
+    relay = await RelayServer.create(name="relay-1", authorize=authorize, clock=clock,
+                                     config=RelayConfig(rate_bytes_per_s=rate))
+    client = await allocate(relay, ALICE, private_side)
+    try:
+        payload = bytes(range(256)) * (16 * 1024)  # 4 MiB, answered reversed: 8 MiB through the relay
+        connection = await tcp_connect("127.0.0.1", client.ports[1])
+        answer = await connection.request(Frame(FrameType.REQUEST, {}, payload), timeout_s=60.0)
+        await connection.aclose()
+        assert bytes(answer.payload) == payload[::-1]
+        assert relay.stats()["bytes"] >= 2 * len(payload)
+        chunk = max(b - a for (_, a), (_, b) in itertools.pairwise(decisions))
+        assert worst_window_excess(decisions, rate, 4 * CHUNK_BYTES) <= 2 * chunk + 1024  # two pipes share the pace
+    finally:
+        await client.aclose()
         await relay.aclose()
 
 

@@ -101,7 +101,7 @@ class RelayServer:
     """A relay for private peers; build with ``await RelayServer.create(...)``, end with ``aclose``."""
 
     def __init__(self, *, host: str, name: str, config: RelayConfig, authorize: Callable[[bytes], str],
-                 now: Callable[[], float]) -> None:
+                 now: Callable[[], float], clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a relay needs a name its peers sign for, got {name!r}")
         self._host = host
@@ -109,6 +109,7 @@ class RelayServer:
         self._config = config
         self._authorize = authorize
         self._now = now
+        self._clock = clock
         self._server: asyncio.Server | None = None
         self._attach_server: asyncio.Server | None = None
         self._allocations: dict[str, _Allocation] = {}
@@ -117,10 +118,12 @@ class RelayServer:
 
     @classmethod
     async def create(cls, *, name: str, authorize: Callable[[bytes], str], host: str = "127.0.0.1", port: int = 0,
-                     config: RelayConfig = RelayConfig(), now: Callable[[], float] = time.time) -> RelayServer:
+                     config: RelayConfig = RelayConfig(), now: Callable[[], float] = time.time,
+                     clock: Callable[[], float] = time.monotonic) -> RelayServer:
         """A relay called ``name`` (what its peers' proofs must name: the layer above uses its peer
-        id), admitting whom ``authorize`` names; ``now`` is the clock proofs are checked against."""
-        relay = cls(host=host, name=name, config=config, authorize=authorize, now=now)
+        id), admitting whom ``authorize`` names; ``now`` is the clock proofs are checked against,
+        ``clock`` the monotonic one its paces (``rate_bytes_per_s``) run on."""
+        relay = cls(host=host, name=name, config=config, authorize=authorize, now=now, clock=clock)
         relay._server = await asyncio.start_server(relay._accept, host, port, limit=2 * MAX_LINE_BYTES)
         try:
             relay._attach_server = await asyncio.get_running_loop().create_server(
@@ -222,7 +225,7 @@ class RelayServer:
             self._release(old)
         if len(self._allocations) >= self._config.max_peers:
             raise RelayRefused(f"this relay is full ({self._config.max_peers} peers)")
-        allocation = _Allocation(peer_id=peer_id, control=writer, pace=Pace(self._config.rate_bytes_per_s))
+        allocation = _Allocation(peer_id=peer_id, control=writer, pace=Pace(self._config.rate_bytes_per_s, clock=self._clock))
         self._allocations[peer_id] = allocation
         loop = asyncio.get_running_loop()
         try:

@@ -45,13 +45,24 @@ def write_message(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None
 
 
 class Pace:
-    """A token bucket in bytes per second shared by every connection of one relayed peer (0: no cap)."""
+    """A token bucket in bytes per second shared by every connection of one relayed peer (0: no cap).
 
-    def __init__(self, rate_bytes_per_s: float, *, burst_bytes: int = 4 * CHUNK_BYTES) -> None:
+    It starts full (``burst_bytes``) and refills at the rate up to that; a mover moves a chunk,
+    debits it, and pauses for the seconds ``debit`` answers (what brings the bucket back to empty),
+    so over any window of ``w`` seconds at most ``burst + rate * w`` bytes, plus the one chunk each
+    mover debits before it learns to pause, get through. ``clock`` is monotonic seconds (a
+    parameter so the decisions can be checked against a clock a test drives).
+    """
+
+    def __init__(self, rate_bytes_per_s: float, *, burst_bytes: int = 4 * CHUNK_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not rate_bytes_per_s >= 0:
+            raise ValueError(f"rate_bytes_per_s must be >= 0, got {rate_bytes_per_s!r}")
         self.rate = float(rate_bytes_per_s)
         self.burst = float(max(burst_bytes, CHUNK_BYTES))
+        self._clock = clock
         self._tokens = self.burst
-        self._at = time.monotonic()
+        self._at = clock()
         self.moved = 0
 
     def debit(self, nbytes: int) -> float:
@@ -59,7 +70,7 @@ class Pace:
         self.moved += nbytes
         if self.rate <= 0:
             return 0.0
-        now = time.monotonic()
+        now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
         self._tokens -= nbytes
