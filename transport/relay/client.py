@@ -35,7 +35,7 @@ class RelayClient:
 
     def __init__(self, *, relay: tuple[str, int], targets: list[tuple[str, int]], ports: list[int], attach_port: int,
                  control: tuple[asyncio.StreamReader, asyncio.StreamWriter], ping_s: float, max_connections: int,
-                 connect_timeout_s: float) -> None:
+                 connect_timeout_s: float, zero_copy: bool) -> None:
         self.relay = relay
         self.ports = ports
         self._attach_at = (relay[0], attach_port)
@@ -43,6 +43,7 @@ class RelayClient:
         self._control = control
         self._ping_s = ping_s
         self._connect_timeout_s = connect_timeout_s
+        self._zero_copy = zero_copy
         self._slots = asyncio.Semaphore(max_connections)
         self._pace = Pace(0)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -52,9 +53,11 @@ class RelayClient:
     @classmethod
     async def connect(cls, relay: tuple[str, int], *, relay_name: str, identity: Identity, auth: bytes,
                       targets: list[tuple[str, int]], ping_s: float = 20.0, max_connections: int = 32,
-                      connect_timeout_s: float = 10.0, now: Callable[[], float] = time.time) -> RelayClient:
+                      connect_timeout_s: float = 10.0, now: Callable[[], float] = time.time,
+                      zero_copy: bool = True) -> RelayClient:
         """An allocation of ``len(targets)`` ports on the relay called ``relay_name`` at ``relay``,
-        proven with ``identity``; RelayRefused, ConnectFailed or TransportTimeout when there is none."""
+        proven with ``identity``; RelayRefused, ConnectFailed or TransportTimeout when there is none.
+        ``zero_copy``: splice forwarded connections in the kernel where it can (``wire.Pipe``)."""
         control = await _open(relay, connect_timeout_s)
         try:
             nonce = _challenge(await read_message(control[0], timeout_s=connect_timeout_s), relay)
@@ -73,7 +76,8 @@ class RelayClient:
             control[1].close()
             raise
         client = cls(relay=relay, targets=targets, ports=ports, attach_port=attach_port, control=control,
-                     ping_s=ping_s, max_connections=max_connections, connect_timeout_s=connect_timeout_s)
+                     ping_s=ping_s, max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                     zero_copy=zero_copy)
         client._loop_task = asyncio.create_task(client._run(), name="relay-client")
         return client
 
@@ -153,7 +157,8 @@ class RelayClient:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                _transport, pipe = await loop.create_connection(lambda: Pipe(pace=self._pace), *address)
+                _transport, pipe = await loop.create_connection(lambda: Pipe(pace=self._pace, zero_copy=self._zero_copy),
+                                                                  *address)
         except TimeoutError:
             raise TransportTimeout(f"connect to {address[0]}:{address[1]} timed out") from None
         except OSError as exc:
