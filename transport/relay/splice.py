@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PIPE_BYTES = 1 << 20  # kernel pipe capacity asked for (the default 64 KiB means 16x the syscalls)
+PACED_BYTES = 256 * 1024  # most one read moves under a cap: what the copy path reads at once (wire.CHUNK_BYTES)
 READ_BUDGET_BYTES = 8 << 20  # most one way moves per wake-up, so one busy way cannot starve the loop
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN, errno.ETIMEDOUT, errno.EHOSTUNREACH)
@@ -66,6 +67,7 @@ class _Way:
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(OSError):  # a user over its pipe-buffer quota keeps the default
             fcntl.fcntl(self._w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self._read_bytes = PIPE_BYTES if pace.rate <= 0 else PACED_BYTES  # a capped way overshoots no more than copying
         self._in_pipe = 0  # bytes read from the source not yet written to the sink
         self._reading = self._writing = self._paced = self._stopped = False
         self.done = False  # the end of stream went out
@@ -90,7 +92,7 @@ class _Way:
         budget = READ_BUDGET_BYTES
         while budget > 0 and not self._stopped:
             try:
-                moved = os.splice(self._source.fileno(), self._w, PIPE_BYTES, flags=_FLAGS)
+                moved = os.splice(self._source.fileno(), self._w, self._read_bytes, flags=_FLAGS)
             except BlockingIOError:
                 return  # nothing more to read now
             except OSError as exc:
