@@ -105,14 +105,15 @@ class _Way:
                 return
             self._in_pipe += moved
             delay = self._pace.debit(moved)
+            if delay > 0:  # the pause runs from now, whether or not the sink takes the chunk at once
+                self._paced = True
+                self._loop.call_later(delay, self._unpace)
             if not self._drain():
                 self._set_reading(False)
                 self._set_writing(True)
                 return
-            if delay > 0:
-                self._paced = True
+            if self._paced:
                 self._set_reading(False)
-                self._loop.call_later(delay, self._unpace)
                 return
             budget -= moved
 
