@@ -12,6 +12,8 @@ Primitives below, recipes above; the rest of gossamer uses the recipes:
 - ``envelope``   signed envelopes (sender, recipient, run id, round, timestamp, nonce, payload
                  digest) and the replay guard that checks them.
 - ``channel``    ChaCha20-Poly1305 per-frame channel encryption with implicit counters.
+- ``challenge``  proof of holding a key now: a signed answer to a service's fresh nonce, bound
+                 to the service's name and the time (a relay's allocations).
 - ``handshake``  the authenticated X25519 + HKDF key agreement that opens a channel: both
                  ephemerals, both identities and both sides' fresh nonces signed into one
                  transcript, with key confirmation both ways.

@@ -2,7 +2,9 @@
 
 ``volunteer`` starts a ``RelayServer`` (``transport.relay``) on a public peer (``--relay``); it
 relays only peers of the run: an allocation must carry the peer's own signed record, fresh and
-admitted by the run's policy. The record then announces the relay's address (``relay``).
+admitted by the run's policy, and a proof that its key answered this very connection's challenge
+for this relay (named by the volunteer's peer id), so a record read from the DHT and replayed
+takes nobody's allocation. The record then announces the relay's address (``relay``).
 
 ``Relaying`` keeps a private peer reachable: while the self-test says ``private`` it picks a
 volunteer (public, or not checked yet) from the live view, asks it for an allocation (one port for its HTTP server, one
@@ -20,6 +22,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
+from gossamer.crypto.identity import Identity
 from gossamer.peer.errors import RecordRejected
 from gossamer.peer.reach.dialback import claimed_peer_id, split_addr
 from gossamer.peer.run.admission import Admission
@@ -30,9 +33,10 @@ from gossamer.transport.relay import RelayClient, RelayConfig, RelayRefused, Rel
 log = logging.getLogger(__name__)
 
 
-async def volunteer(*, host: str, port: int, admission: Admission, ttl_s: float, now: Callable[[], float],
-                    config: RelayConfig) -> RelayServer:
-    """A relay for the run's peers (each allocation carries the peer's signed, admitted record)."""
+async def volunteer(*, name: str, host: str, port: int, admission: Admission, ttl_s: float,
+                    now: Callable[[], float], config: RelayConfig) -> RelayServer:
+    """A relay called ``name`` (the volunteer's peer id) for the run's peers (each allocation carries
+    the peer's signed, admitted record and its key's answer to the relay's challenge)."""
 
     def authorize(auth: bytes) -> str:
         try:
@@ -42,16 +46,18 @@ async def volunteer(*, host: str, port: int, admission: Admission, ttl_s: float,
             raise RelayRefused(f"not a peer of this run: {exc}") from exc
         return record.peer_id
 
-    return await RelayServer.create(host=host, port=port, config=config, authorize=authorize)
+    return await RelayServer.create(name=name, host=host, port=port, config=config, authorize=authorize, now=now)
 
 
 class Relaying:
     """A private peer's hold on one relay at a time; see the module docstring."""
 
-    def __init__(self, *, my_id: str, candidates: Callable[[], list[PeerRecord]], auth: Callable[[], bytes],
+    def __init__(self, *, identity: Identity, candidates: Callable[[], list[PeerRecord]], auth: Callable[[], bytes],
                  targets: Callable[[], list[tuple[str, int]]], on_change: Callable[[], None],
-                 rest_s: float = 30.0) -> None:
-        self._my_id = my_id
+                 now: Callable[[], float] = time.time, rest_s: float = 30.0) -> None:
+        self._identity = identity
+        self._my_id = identity.peer_id
+        self._now = now
         self._candidates = candidates
         self._auth = auth
         self._targets = targets
@@ -103,7 +109,8 @@ class Relaying:
         for record in sorted(self.relays(), key=lambda _r: self._rng.random()):
             host, port = split_addr(record.relay)
             try:
-                client = await RelayClient.connect((host, port), auth=self._auth(), targets=self._targets())
+                client = await RelayClient.connect((host, port), relay_name=record.peer_id, identity=self._identity,
+                                                   auth=self._auth(), targets=self._targets(), now=self._now)
             except TransportError as exc:
                 log.info("relay %s (%s) refused or unreachable: %s", record.peer_id[:12], record.relay, exc)
                 self._failed[record.peer_id] = time.monotonic()

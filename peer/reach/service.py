@@ -68,8 +68,8 @@ class Reach:
                                  http_client=http_client, limits=limits)
         self.selftest = SelfTest(http_client=http_client, probe=self._probe, candidates=self._candidates,
                                  on_change=self._verdict_changed, every_s=every_s)
-        self.relaying = Relaying(my_id=identity.peer_id, candidates=self._candidates, auth=lambda: self._probe()[1],
-                                 targets=targets, on_change=self._announce_change)
+        self.relaying = Relaying(identity=identity, candidates=self._candidates, auth=lambda: self._probe()[1],
+                                 targets=targets, on_change=self._announce_change, now=now)
         self.relay_server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -93,7 +93,7 @@ class Reach:
 
     async def start(self) -> None:
         if self._volunteer_as is not None:
-            self.relay_server = await volunteer(host=self._volunteer_as.host, port=self._volunteer_as.port,
+            self.relay_server = await volunteer(name=self._identity.peer_id, host=self._volunteer_as.host, port=self._volunteer_as.port,
                                                 admission=self._admission, ttl_s=self._ttl_s, now=self._now,
                                                 config=self._volunteer_as.config)
         self._tasks = [asyncio.create_task(self.selftest.run(self._someone_to_ask), name="reach-selftest"),

@@ -1,11 +1,14 @@
 """One process of the relay benchmark rows (``_relay_rows``), run inside a network namespace.
 
-    _relay_peer.py relay HOST                      a RelayServer; prints {"port": P}
-    _relay_peer.py receiver HOST [RELAY_HOST RELAY_PORT]
+    _relay_peer.py relay HOST MODE                 a RelayServer; prints {"port": P}
+    _relay_peer.py receiver HOST [RELAY_HOST RELAY_PORT MODE]
                                                    a gossamer TcpServer answering each request with its
                                                    payload's length and a sample of its bytes; with a
                                                    relay, also a RelayClient allocation; prints
                                                    {"port": P} (the relay's port when relayed)
+
+MODE is ``splice`` (relayed bytes spliced in the kernel, the default of ``transport.relay``) or
+``copy`` (copied through Python, the path elsewhere than Linux).
     _relay_peer.py sender HOST PORT SIZE_BYTES     one connection; each "go" line on stdin sends one
                                                    SIZE_BYTES request; prints {"seconds": s, "ok": bool}
 
@@ -19,11 +22,13 @@ import json
 import sys
 import time
 
+from gossamer.crypto.identity import Identity
 from gossamer.transport.frames import Frame, FrameType
-from gossamer.transport.relay import RelayClient, RelayServer
+from gossamer.transport.relay import RelayClient, RelayConfig, RelayServer
 from gossamer.transport.tcp import TcpServer, tcp_connect
 
 SAMPLES = 16
+BENCH_PEER = Identity.from_private_bytes(bytes(32))  # the one relayed peer: relay and receiver both know it
 
 
 def say(obj: dict) -> None:
@@ -40,18 +45,21 @@ async def answer(frame: Frame, info: object) -> Frame:
     return Frame(FrameType.RESPONSE, {"n": view.nbytes, "sample": bytes(view[::step][:SAMPLES])})
 
 
-async def relay(host: str) -> None:
-    server = await RelayServer.create(host=host, authorize=lambda auth: "bench-peer")
+async def relay(host: str, mode: str) -> None:
+    server = await RelayServer.create(name="bench-relay", host=host, authorize=lambda auth: BENCH_PEER.peer_id,
+                                      config=RelayConfig(zero_copy=mode == "splice"))
     say({"port": server.address[1]})
     await until_stdin_closes()
     await server.aclose()
 
 
-async def receiver(host: str, relay_host: str = "", relay_port: str = "") -> None:
+async def receiver(host: str, relay_host: str = "", relay_port: str = "", mode: str = "splice") -> None:
     server = await TcpServer.create(answer, host=host, port=0)
     client = None
     if relay_host:
-        client = await RelayClient.connect((relay_host, int(relay_port)), auth=b"bench", targets=[(host, server.address[1])])
+        client = await RelayClient.connect((relay_host, int(relay_port)), relay_name="bench-relay", identity=BENCH_PEER,
+                                           auth=b"bench", targets=[(host, server.address[1])],
+                                           zero_copy=mode == "splice")
     say({"port": client.ports[0] if client else server.address[1]})
     await until_stdin_closes()
     if client is not None:

@@ -1,7 +1,9 @@
 """Relay rows of the transport benchmark (``transport.py --relay``): one gossamer TCP request of
 ``size_mb`` between network namespaces, direct between two public hosts vs relayed between two
-NATed hosts through a public relay (``transport.relay``), interleaved in one run; then the same
-with every host's egress shaped to ``rate_mbit`` (a token-bucket filter).
+NATed hosts through a public relay (``transport.relay``), the relay and the receiver's relay
+client splicing in the kernel (``relayed``, the default) and copying through Python
+(``relayed_copy``, the path elsewhere than Linux), interleaved in one run; then the same with every
+host's egress shaped to ``rate_mbit`` (a token-bucket filter).
 
 The namespaces come from ``gossamer.peer.testing.netns`` (root needed); each side is a
 ``_relay_peer.py`` process inside its namespace. Each pair runs one untimed warm-up transfer
@@ -53,15 +55,19 @@ class _Proc:
             self.proc.wait()
 
 
-def _pairs(lab: NetLab, size: int, relay_port: int) -> tuple[dict[str, _Proc], list[_Proc]]:
+MODES = {"relayed": "splice", "relayed_copy": "copy"}
+
+
+def _pairs(lab: NetLab, size: int, relay_ports: dict[str, int]) -> tuple[dict[str, _Proc], list[_Proc]]:
     ip = lab.addresses
-    direct_rx = _Proc(lab, "b", "receiver", ip["b"])
-    relayed_rx = _Proc(lab, "n1", "receiver", ip["n1"], ip["relay"], str(relay_port))
-    senders = {"direct": _Proc(lab, "a", "sender", ip["b"], str(direct_rx.read()["port"]), str(size)),
-               "relayed": _Proc(lab, "n0", "sender", ip["relay"], str(relayed_rx.read()["port"]), str(size))}
+    receivers = {"direct": _Proc(lab, "b", "receiver", ip["b"])}
+    for name, mode in MODES.items():
+        receivers[name] = _Proc(lab, "n1", "receiver", ip["n1"], ip["relay"], str(relay_ports[mode]), mode)
+    senders = {name: _Proc(lab, "a" if name == "direct" else "n0", "sender", ip["b"] if name == "direct" else ip["relay"],
+                           str(rx.read()["port"]), str(size)) for name, rx in receivers.items()}
     for sender in senders.values():
         sender.read()
-    return senders, [direct_rx, relayed_rx]
+    return senders, list(receivers.values())
 
 
 def _measure(senders: dict[str, _Proc], repeats: int, log) -> dict[str, list[float]]:
@@ -88,14 +94,16 @@ def relay_rows(*, size_bytes: int, shaped_size_bytes: int, repeats: int, shaped_
     procs: list[_Proc] = []
     rows: dict[str, Any] = {}
     try:
-        relay = _Proc(lab, "relay", "relay", lab.addresses["relay"])
-        procs.append(relay)
-        relay_port = relay.read()["port"]
+        relay_ports = {}
+        for mode in MODES.values():
+            relay = _Proc(lab, "relay", "relay", lab.addresses["relay"], mode)
+            procs.append(relay)
+            relay_ports[mode] = relay.read()["port"]
         for suffix, size, reps in (("", size_bytes, repeats), ("_shaped", shaped_size_bytes, shaped_repeats)):
             if suffix:
                 for host in HOSTS:
                     lab.shape(host, rate_mbit)
-            senders, receivers = _pairs(lab, size, relay_port)
+            senders, receivers = _pairs(lab, size, relay_ports)
             procs.extend([*senders.values(), *receivers])
             for name, seconds in _measure(senders, reps, log).items():
                 rows[f"tcp_ns_{name}{suffix}"] = {**summarize(seconds, size), "repeats": reps, "warmup_reps": 1}
@@ -107,11 +115,14 @@ def relay_rows(*, size_bytes: int, shaped_size_bytes: int, repeats: int, shaped_
 
 
 def relay_table(rows: dict[str, Any], rate_mbit: float) -> str:
-    """The markdown table of the relay rows, with relayed / direct side by side."""
+    """The markdown table of the relay rows: each relayed path's MB/s and its ratio to direct."""
     lines = []
     for suffix, link in (("", "veth (no cap)"), ("_shaped", f"{rate_mbit:g} Mbit/s tbf")):
-        direct, relayed = rows[f"tcp_ns_direct{suffix}"], rows[f"tcp_ns_relayed{suffix}"]
-        ratio = relayed["median_mb_per_s"] / direct["median_mb_per_s"]
-        lines.append([link, f"{direct['payload_bytes'] / 1e6:.0f}", f"{direct['median_mb_per_s']:.1f}",
-                      f"{relayed['median_mb_per_s']:.1f}", f"{ratio:.2f}"])
-    return markdown_table(["link", "MB", "direct MB/s", "relayed MB/s", "relayed / direct"], lines)
+        direct = rows[f"tcp_ns_direct{suffix}"]
+        line = [link, f"{direct['payload_bytes'] / 1e6:.0f}", f"{direct['median_mb_per_s']:.1f}"]
+        for name in MODES:
+            relayed = rows[f"tcp_ns_{name}{suffix}"]
+            line += [f"{relayed['median_mb_per_s']:.1f}", f"{relayed['median_mb_per_s'] / direct['median_mb_per_s']:.2f}"]
+        lines.append(line)
+    return markdown_table(["link", "MB", "direct MB/s", "relayed (splice) MB/s", "splice / direct",
+                           "relayed (copy) MB/s", "copy / direct"], lines)

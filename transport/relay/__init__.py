@@ -1,6 +1,9 @@
 """A relayed data plane for peers that take no inbound connection (TURN-style allocations).
 
-- ``wire``    one-line JSON control messages, the byte splice, and ``Pace`` (a shared token bucket).
+- ``wire``    one-line JSON control messages, the byte splice (``Pipe``), and ``Pace`` (a shared
+              token bucket).
+- ``splice``  ``Splice``: a paired ``Pipe``'s bytes moved in the kernel (Linux ``os.splice``
+              through kernel pipes), never through Python; same pace, flow control, half-close.
 - ``server``  ``RelayServer`` / ``RelayConfig`` / ``RelayRefused``: a public peer listens on
               fresh ports for each private peer it relays and splices every connection arriving
               there onto a connection the private peer opens outward.

@@ -1,6 +1,8 @@
 """``RelayClient``: the private peer's end of a relay allocation (``relay.server``).
 
-``RelayClient.connect`` opens the control connection (outbound, so a NAT lets it through), asks
+``RelayClient.connect`` opens the control connection (outbound, so a NAT lets it through),
+answers the relay's challenge with ``identity`` (``crypto.challenge``: the nonce, the name of the
+relay it means to reach, the time), presents ``auth`` (what the relay admits by), asks
 for one port per local service (``targets``: where this peer's own HTTP and TCP servers listen)
 and returns once the relay answered with its ports. For every connection the relay announces,
 it opens a new outbound connection to the relay's attach port, attaches it, connects to the local
@@ -12,9 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import json
 import logging
+import time
+from collections.abc import Callable
 
+from gossamer.crypto.challenge import NONCE_BYTES, answer_challenge
+from gossamer.crypto.identity import Identity
 from gossamer.transport.errors import ConnectionClosed, TransportError, TransportTimeout
 from gossamer.transport.relay.server import RelayRefused
 from gossamer.transport.relay.wire import MAX_LINE_BYTES, Pace, Pipe, read_message, write_message
@@ -28,7 +35,7 @@ class RelayClient:
 
     def __init__(self, *, relay: tuple[str, int], targets: list[tuple[str, int]], ports: list[int], attach_port: int,
                  control: tuple[asyncio.StreamReader, asyncio.StreamWriter], ping_s: float, max_connections: int,
-                 connect_timeout_s: float) -> None:
+                 connect_timeout_s: float, zero_copy: bool) -> None:
         self.relay = relay
         self.ports = ports
         self._attach_at = (relay[0], attach_port)
@@ -36,6 +43,7 @@ class RelayClient:
         self._control = control
         self._ping_s = ping_s
         self._connect_timeout_s = connect_timeout_s
+        self._zero_copy = zero_copy
         self._slots = asyncio.Semaphore(max_connections)
         self._pace = Pace(0)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -43,15 +51,20 @@ class RelayClient:
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @classmethod
-    async def connect(cls, relay: tuple[str, int], *, auth: bytes, targets: list[tuple[str, int]],
-                      ping_s: float = 20.0, max_connections: int = 32, connect_timeout_s: float = 10.0
-                      ) -> RelayClient:
-        """An allocation of ``len(targets)`` ports on ``relay``; RelayRefused, ConnectFailed or
-        TransportTimeout when there is none."""
+    async def connect(cls, relay: tuple[str, int], *, relay_name: str, identity: Identity, auth: bytes,
+                      targets: list[tuple[str, int]], ping_s: float = 20.0, max_connections: int = 32,
+                      connect_timeout_s: float = 10.0, now: Callable[[], float] = time.time,
+                      zero_copy: bool = True) -> RelayClient:
+        """An allocation of ``len(targets)`` ports on the relay called ``relay_name`` at ``relay``,
+        proven with ``identity``; RelayRefused, ConnectFailed or TransportTimeout when there is none.
+        ``zero_copy``: splice forwarded connections in the kernel where it can (``wire.Pipe``)."""
         control = await _open(relay, connect_timeout_s)
         try:
+            nonce = _challenge(await read_message(control[0], timeout_s=connect_timeout_s), relay)
+            proof = answer_challenge(identity, nonce=nonce, audience=relay_name, now=now())
             write_message(control[1], {"op": "allocate", "services": len(targets),
-                                       "auth": base64.b64encode(auth).decode()})
+                                       "auth": base64.b64encode(auth).decode(),
+                                       "proof": base64.b64encode(proof).decode()})
             answer = await read_message(control[0], timeout_s=connect_timeout_s)
             if answer.get("ok") is not True:
                 raise RelayRefused(f"relay {relay[0]}:{relay[1]} refused: {str(answer.get('error'))[:200]}")
@@ -63,7 +76,8 @@ class RelayClient:
             control[1].close()
             raise
         client = cls(relay=relay, targets=targets, ports=ports, attach_port=attach_port, control=control,
-                     ping_s=ping_s, max_connections=max_connections, connect_timeout_s=connect_timeout_s)
+                     ping_s=ping_s, max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                     zero_copy=zero_copy)
         client._loop_task = asyncio.create_task(client._run(), name="relay-client")
         return client
 
@@ -143,12 +157,24 @@ class RelayClient:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                _transport, pipe = await loop.create_connection(lambda: Pipe(pace=self._pace), *address)
+                _transport, pipe = await loop.create_connection(lambda: Pipe(pace=self._pace, zero_copy=self._zero_copy),
+                                                                  *address)
         except TimeoutError:
             raise TransportTimeout(f"connect to {address[0]}:{address[1]} timed out") from None
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
         return pipe
+
+
+def _challenge(message: dict, relay: tuple[str, int]) -> bytes:
+    """The nonce of the relay's challenge; RelayRefused for anything else."""
+    try:
+        nonce = base64.b64decode(str(message.get("nonce", "")), validate=True)
+    except (binascii.Error, ValueError):
+        nonce = b""
+    if message.get("op") != "challenge" or len(nonce) != NONCE_BYTES:
+        raise RelayRefused(f"relay {relay[0]}:{relay[1]} sent no challenge: {str(message)[:200]}")
+    return nonce
 
 
 async def _open(address: tuple[str, int], timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

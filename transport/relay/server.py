@@ -1,8 +1,13 @@
 """``RelayServer``: a public peer forwarding connections to private peers (TURN-style allocations).
 
-A private peer opens a control connection and sends ``{"op": "allocate", "auth": <base64>,
-"services": n}``; ``authorize(auth)`` (the layer above: a signed, admitted peer record) names the
-peer or raises ``RelayRefused``. The relay then listens on ``n`` fresh ports (its allocation) and
+A private peer opens a control connection; the relay sends a fresh challenge (``{"op":
+"challenge", "nonce": <base64>}``) and the peer answers ``{"op": "allocate", "auth": <base64>,
+"proof": <base64>, "services": n}``. ``authorize(auth)`` (the layer above: a signed, admitted peer
+record) names the peer or raises ``RelayRefused``; ``proof`` (``crypto.challenge``) must be that
+peer's key signing this connection's nonce, the relay's ``name`` and a time within
+``auth_skew_s``. The record alone proves nothing (anyone reads it from the DHT), and without the
+proof anyone presenting it could take over, so evict, the peer's allocation; an answer replayed on
+another connection carries another nonce. The relay then listens on ``n`` fresh ports (its allocation) and
 answers ``{"ok": true, "ports": [...]}``; the peer announces ``relay host:port`` as its addresses.
 Each connection that arrives at an allocation port is announced on the control connection
 (``{"op": "connect", "id": ..., "service": k}``); the peer opens a new connection to the relay's
@@ -11,8 +16,8 @@ the relay splices the two byte for byte (``wire.Pipe``). It
 never reads or changes what it forwards: signatures and the secure links' encryption are end to
 end, so a relay can drop traffic but never forge it.
 
-Caps (``RelayConfig``): at most ``max_peers`` allocations (a peer's new allocation replaces its
-old one), ``max_connections`` spliced or pending connections per peer (beyond: closed at once),
+Caps (``RelayConfig``): at most ``max_peers`` allocations (a peer's new, proven allocation
+replaces its old one: a peer that lost its control connection takes its place back at once), ``max_connections`` spliced or pending connections per peer (beyond: closed at once),
 ``rate_bytes_per_s`` shared by all of one peer's connections, and a pending connection the peer
 does not attach within ``attach_timeout_s`` is closed (a spliced one lives as long as its ends:
 their own deadlines apply).
@@ -28,9 +33,13 @@ import binascii
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gossamer.crypto.challenge import NONCE_BYTES, check_answer
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import peer_id_of
 from gossamer.transport.errors import TransportError
 from gossamer.transport.relay.wire import MAX_LINE_BYTES, Pace, Pipe, read_message, write_message
 
@@ -51,6 +60,9 @@ class RelayConfig:
         attach_timeout_s: how long an incoming connection waits for the private peer to attach.
         control_timeout_s: a control connection silent this long is dropped (clients ping every third).
         max_services: most ports one allocation may ask for.
+        auth_skew_s: most seconds between the relay's clock and the time a peer signed its proof.
+        zero_copy: splice relayed connections in the kernel (Linux ``os.splice``) rather than copy
+            them through Python; the same pace and caps either way (False: the copy path).
     """
 
     max_peers: int = 16
@@ -59,6 +71,8 @@ class RelayConfig:
     attach_timeout_s: float = 10.0
     control_timeout_s: float = 60.0
     max_services: int = 4
+    auth_skew_s: float = 30.0
+    zero_copy: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_peers", "max_connections", "max_services"):
@@ -66,7 +80,7 @@ class RelayConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.rate_bytes_per_s < 0:
             raise ValueError(f"rate_bytes_per_s must be >= 0, got {self.rate_bytes_per_s!r}")
-        for name in ("attach_timeout_s", "control_timeout_s"):
+        for name in ("attach_timeout_s", "control_timeout_s", "auth_skew_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
 
@@ -89,10 +103,16 @@ class _Allocation:
 class RelayServer:
     """A relay for private peers; build with ``await RelayServer.create(...)``, end with ``aclose``."""
 
-    def __init__(self, *, host: str, config: RelayConfig, authorize: Callable[[bytes], str]) -> None:
+    def __init__(self, *, host: str, name: str, config: RelayConfig, authorize: Callable[[bytes], str],
+                 now: Callable[[], float], clock: Callable[[], float] = time.monotonic) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a relay needs a name its peers sign for, got {name!r}")
         self._host = host
+        self.name = name
         self._config = config
         self._authorize = authorize
+        self._now = now
+        self._clock = clock
         self._server: asyncio.Server | None = None
         self._attach_server: asyncio.Server | None = None
         self._allocations: dict[str, _Allocation] = {}
@@ -100,13 +120,17 @@ class RelayServer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def create(cls, *, host: str = "127.0.0.1", port: int = 0, config: RelayConfig = RelayConfig(),
-                     authorize: Callable[[bytes], str]) -> RelayServer:
-        relay = cls(host=host, config=config, authorize=authorize)
+    async def create(cls, *, name: str, authorize: Callable[[bytes], str], host: str = "127.0.0.1", port: int = 0,
+                     config: RelayConfig = RelayConfig(), now: Callable[[], float] = time.time,
+                     clock: Callable[[], float] = time.monotonic) -> RelayServer:
+        """A relay called ``name`` (what its peers' proofs must name: the layer above uses its peer
+        id), admitting whom ``authorize`` names; ``now`` is the clock proofs are checked against,
+        ``clock`` the monotonic one its paces (``rate_bytes_per_s``) run on."""
+        relay = cls(host=host, name=name, config=config, authorize=authorize, now=now, clock=clock)
         relay._server = await asyncio.start_server(relay._accept, host, port, limit=2 * MAX_LINE_BYTES)
         try:
             relay._attach_server = await asyncio.get_running_loop().create_server(
-                lambda: Pipe(on_line=relay._attach), host, 0)
+                lambda: Pipe(on_line=relay._attach, zero_copy=config.zero_copy), host, 0)
         except BaseException:
             relay._server.close()
             raise
@@ -123,9 +147,11 @@ class RelayServer:
         return self._attach_server.sockets[0].getsockname()[1]
 
     def stats(self) -> dict[str, int]:
-        """Relayed peers, their open connections, and the bytes moved for them."""
+        """Relayed peers, their open connections (of which spliced in the kernel), and the bytes moved
+        for them."""
         allocations = list(self._allocations.values())
         return {"peers": len(allocations), "connections": sum(len(a.pipes) for a in allocations),
+                "spliced": sum(pipe.spliced for a in allocations for pipe in a.pipes),
                 "bytes": sum(a.pace.moved for a in allocations)}
 
     async def aclose(self) -> None:
@@ -150,9 +176,11 @@ class RelayServer:
         if task is not None:
             self._tasks.add(task)
         try:
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            write_message(writer, {"op": "challenge", "nonce": base64.b64encode(nonce).decode()})
             first = await read_message(reader, timeout_s=self._config.attach_timeout_s)
             if first.get("op") == "allocate":
-                await self._control(first, reader, writer)
+                await self._control(first, nonce, reader, writer)
         except TransportError as exc:
             log.debug("relay control connection ended: %s", exc)
         finally:
@@ -160,9 +188,10 @@ class RelayServer:
             if task is not None:
                 self._tasks.discard(task)
 
-    async def _control(self, request: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _control(self, request: dict, nonce: bytes, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
         try:
-            allocation = await self._allocate(request, writer)
+            allocation = await self._allocate(request, self._authenticate(request, nonce), writer)
         except RelayRefused as exc:
             write_message(writer, {"ok": False, "error": str(exc)})
             await writer.drain()
@@ -177,27 +206,38 @@ class RelayServer:
         finally:
             self._release(allocation)
 
-    async def _allocate(self, request: dict, writer: asyncio.StreamWriter) -> _Allocation:
+    def _authenticate(self, request: dict, nonce: bytes) -> str:
+        """The peer id of a request whose ``auth`` is admitted and whose ``proof`` is that peer's
+        answer to this connection's ``nonce``; RelayRefused otherwise."""
+        auth, proof = _base64(request, "auth"), _base64(request, "proof")
+        peer_id = self._authorize(auth)  # RelayRefused when not authorized
+        try:
+            public_key = check_answer(proof, nonce=nonce, audience=self.name, now=self._now(),
+                                      skew_s=self._config.auth_skew_s)
+        except VerificationError as exc:
+            raise RelayRefused("the proof does not answer this relay's challenge (replayed, stale, "
+                               "for another relay, or not signed by the peer)") from exc
+        if peer_id_of(public_key) != peer_id:
+            raise RelayRefused("the proof is signed by another key than the authorized peer's")
+        return peer_id
+
+    async def _allocate(self, request: dict, peer_id: str, writer: asyncio.StreamWriter) -> _Allocation:
         services = request.get("services")
         if not isinstance(services, int) or not 1 <= services <= self._config.max_services:
             raise RelayRefused(f"services must be 1..{self._config.max_services}")
-        try:
-            auth = base64.b64decode(str(request.get("auth", "")), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise RelayRefused("auth is not base64") from exc
-        peer_id = self._authorize(auth)  # RelayRefused when not authorized
         old = self._allocations.get(peer_id)
         if old is not None:
             self._release(old)
         if len(self._allocations) >= self._config.max_peers:
             raise RelayRefused(f"this relay is full ({self._config.max_peers} peers)")
-        allocation = _Allocation(peer_id=peer_id, control=writer, pace=Pace(self._config.rate_bytes_per_s))
+        allocation = _Allocation(peer_id=peer_id, control=writer, pace=Pace(self._config.rate_bytes_per_s, clock=self._clock))
         self._allocations[peer_id] = allocation
         loop = asyncio.get_running_loop()
         try:
             for service in range(services):
                 allocation.listeners.append(await loop.create_server(
-                    lambda s=service: Pipe(pace=allocation.pace, on_made=lambda pipe: self._incoming(allocation, s, pipe)),
+                    lambda s=service: Pipe(pace=allocation.pace, zero_copy=self._config.zero_copy,
+                                           on_made=lambda pipe: self._incoming(allocation, s, pipe)),
                     self._host, 0))
         except OSError as exc:
             self._release(allocation)
@@ -250,3 +290,10 @@ class RelayServer:
         allocation.attached.add(pipe)
         pipe.done.add_done_callback(lambda _done: allocation.attached.discard(pipe))
         inbound.pair(pipe)
+
+
+def _base64(request: dict, key: str) -> bytes:
+    try:
+        return base64.b64decode(str(request.get(key, "")), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RelayRefused(f"{key} is not base64") from exc

@@ -1,15 +1,20 @@
 """What both ends of a relay share: small JSON control messages, one per line, and ``Pipe``, the
-asyncio protocol that splices two connections under a shared pace (``Pace``)."""
+asyncio protocol that splices two connections under a shared pace (``Pace``): through the kernel
+(``splice``) where it can, copying through Python where not."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gossamer.transport.errors import ConnectionClosed, DecodeError, TransportTimeout
+from gossamer.transport.relay.splice import Splice, usable
+
+log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 8192
 CHUNK_BYTES = 256 * 1024
@@ -45,13 +50,24 @@ def write_message(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None
 
 
 class Pace:
-    """A token bucket in bytes per second shared by every connection of one relayed peer (0: no cap)."""
+    """A token bucket in bytes per second shared by every connection of one relayed peer (0: no cap).
 
-    def __init__(self, rate_bytes_per_s: float, *, burst_bytes: int = 4 * CHUNK_BYTES) -> None:
+    It starts full (``burst_bytes``) and refills at the rate up to that; a mover moves a chunk,
+    debits it, and pauses for the seconds ``debit`` answers (what brings the bucket back to empty),
+    so over any window of ``w`` seconds at most ``burst + rate * w`` bytes, plus the one chunk each
+    mover debits before it learns to pause, get through. ``clock`` is monotonic seconds (a
+    parameter so the decisions can be checked against a clock a test drives).
+    """
+
+    def __init__(self, rate_bytes_per_s: float, *, burst_bytes: int = 4 * CHUNK_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not rate_bytes_per_s >= 0:
+            raise ValueError(f"rate_bytes_per_s must be >= 0, got {rate_bytes_per_s!r}")
         self.rate = float(rate_bytes_per_s)
         self.burst = float(max(burst_bytes, CHUNK_BYTES))
+        self._clock = clock
         self._tokens = self.burst
-        self._at = time.monotonic()
+        self._at = clock()
         self.moved = 0
 
     def debit(self, nbytes: int) -> float:
@@ -59,7 +75,7 @@ class Pace:
         self.moved += nbytes
         if self.rate <= 0:
             return 0.0
-        now = time.monotonic()
+        now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
         self._tokens -= nbytes
@@ -68,17 +84,22 @@ class Pace:
 
 class Pipe(asyncio.Protocol):
     """One end of a splice: what it receives is written to its peer's transport as it arrives
-    (asyncio's own buffers, no copies beyond the kernel's), with flow control both ways (a full
-    peer pauses our reading), a half-close passed on, and a close of either end closing both.
+    (asyncio's own buffers), with flow control both ways (a full peer pauses our reading), a
+    half-close passed on, and a close of either end, or the end of both ways, closing both.
 
     Before ``pair`` it holds what arrives (``hold_bytes`` at most, then reading pauses). With
     ``on_line`` it first reads one control line (``MAX_LINE_BYTES`` at most) and hands it over,
-    decoded, with itself; the bytes after it are held for the peer.
+    decoded, with itself; the bytes after it are held for the peer. When both ends of a pair have
+    ``zero_copy`` and ``splice.usable`` says so, a ``Splice`` moves their bytes from then on
+    (same pace, flow control and half-close; no byte through Python).
     """
 
     def __init__(self, *, pace: Pace | None = None, on_line: Callable[[dict[str, Any], Pipe], None] | None = None,
-                 on_made: Callable[[Pipe], None] | None = None, hold_bytes: int = CHUNK_BYTES) -> None:
+                 on_made: Callable[[Pipe], None] | None = None, hold_bytes: int = CHUNK_BYTES,
+                 zero_copy: bool = False) -> None:
         self.pace = pace or Pace(0)
+        self.zero_copy = zero_copy
+        self._splice: Splice | None = None
         self.transport: asyncio.Transport | None = None
         self.peer: Pipe | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -98,10 +119,27 @@ class Pipe(asyncio.Protocol):
     def pair(self, peer: Pipe) -> None:
         """Splice this end to ``peer``: each passes on what it held and everything after."""
         self.peer, peer.peer = peer, self
+        if self.zero_copy and peer.zero_copy and usable(self.transport, peer.transport):
+            held = (bytes(self._held), bytes(peer._held))
+            self._held.clear()
+            peer._held.clear()
+            try:
+                self._splice = peer._splice = Splice.start(self, peer, held=held, ended=(self._eof, peer._eof))
+            except OSError as exc:  # out of descriptors: this connection is dropped, as one over a cap is
+                log.warning("cannot splice a relayed connection: %s", exc)
+                self.close()
+                peer.close()
+            return
         for end in (self, peer):
             end._flush()
 
+    @property
+    def spliced(self) -> bool:
+        return self._splice is not None
+
     def close(self) -> None:
+        if self._splice is not None:
+            self._splice.stop()
         if self.transport is not None:
             self.transport.close()
 
@@ -120,9 +158,14 @@ class Pipe(asyncio.Protocol):
                 self.peer.transport.write_eof()
             else:
                 self.peer.close()
+            if self.peer._eof and not self.peer._held:  # both ways ended: close both (after what is buffered)
+                self.peer.close()
+                self.close()
         return True  # keep our sending half open for the peer's answer
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._splice is not None:
+            self._splice.stop()
         if self.peer is not None:
             self.peer.close()
         if not self.done.done():
@@ -186,7 +229,7 @@ class Pipe(asyncio.Protocol):
         self._pauses.add(why)
 
     def _resume(self, why: str) -> None:
-        if why not in self._pauses:
+        if why not in self._pauses or self._splice is not None:
             return
         self._pauses.discard(why)
         if not self._pauses and self.transport is not None and not self.transport.is_closing():

@@ -20,15 +20,16 @@ async def pong(frame: Frame, info: object) -> Frame:
 
 async def test_a_private_peer_moves_to_another_relay_when_its_relay_goes() -> None:
     me = Identity.generate()
-    relays = [await RelayServer.create(authorize=lambda auth: me.peer_id) for _ in range(2)]
+    names = [Identity.generate() for _ in range(2)]
+    relays = [await RelayServer.create(name=name.peer_id, authorize=lambda auth: me.peer_id) for name in names]
     server = await TcpServer.create(pong)
-    volunteers = [make_record(Identity.generate(), relay=f"127.0.0.1:{r.address[1]}", reachability=kind)
-                  for r, kind in zip(relays, (PUBLIC, UNKNOWN), strict=True)]
+    volunteers = [make_record(name, relay=f"127.0.0.1:{r.address[1]}", reachability=kind)
+                  for name, r, kind in zip(names, relays, (PUBLIC, UNKNOWN), strict=True)]
     candidates = [*volunteers, make_record(Identity.generate(), relay="127.0.0.1:9", reachability=PRIVATE)]
     changes: list[tuple[str, str] | None] = []
     verdict = {"kind": PRIVATE}
     changed = asyncio.Event()
-    relaying = Relaying(my_id=me.peer_id, candidates=lambda: candidates, auth=lambda: b"me",
+    relaying = Relaying(identity=me, candidates=lambda: candidates, auth=lambda: b"me",
                         targets=lambda: [("127.0.0.1", server.address[1])] * 2,
                         on_change=lambda: (changes.append(relaying.addresses), changed.set()))
 
