@@ -304,7 +304,7 @@ class _StateFetch:
                  timeout_s: float, progress: Callable[[DownloadProgress], None] | None) -> None:
         self.client, self.donors, self.version, self.timeout_s = client, tuple(donors), version, timeout_s
         self.progress = progress
-        self.verified = (0, 0)  # (shards, tensor bytes) verified so far
+        self.verified, self.total_bytes = (0, 0), 0  # (shards, tensor bytes) verified so far, of the state's bytes
         self.offset = start_offset(joiner_id, len(self.donors))
         self.num_shards = 0
         self.failures: list[FetchFailure] = []
