@@ -16,6 +16,8 @@ shards concurrently and check every tensor's dtype, shape and SHA-256 against th
 that fails (connection, timeout, HTTP status, undecodable body, wrong tensor) moves on to the next
 donor it has not tried, donors with no failure so far first. A shard that fails on every donor
 raises ``StateSyncError``; otherwise the ``StateFetchReport`` says who served what and what failed.
+While it runs, ``progress`` (if given) hears a ``DownloadProgress`` once the index is verified and
+after every verified shard: what a joiner's progress line shows.
 """
 
 from __future__ import annotations
@@ -75,6 +77,17 @@ class FetchFailure:
     peer_id: str
     shard: int | None
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DownloadProgress:
+    """How far a ``fetch_state`` call is: shards and tensor bytes verified so far, of the state's."""
+
+    version: int
+    shards_done: int
+    shards: int
+    done_bytes: int
+    total_bytes: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,8 +301,10 @@ class _StateFetch:
     """One ``fetch_state`` call: who to ask next, and the ledger the report is built from."""
 
     def __init__(self, client: HttpClient, donors: Sequence[Donor], *, version: int, joiner_id: str,
-                 timeout_s: float) -> None:
+                 timeout_s: float, progress: Callable[[DownloadProgress], None] | None) -> None:
         self.client, self.donors, self.version, self.timeout_s = client, tuple(donors), version, timeout_s
+        self.progress = progress
+        self.verified, self.total_bytes = (0, 0), 0  # (shards, tensor bytes) verified so far, of the state's bytes
         self.offset = start_offset(joiner_id, len(self.donors))
         self.num_shards = 0
         self.failures: list[FetchFailure] = []
@@ -333,6 +348,7 @@ class _StateFetch:
                 self._fail(donor, shard, exc)
                 continue
             self.served[donor.peer_id].append(shard)
+            self._verified(sum(entry["nbytes"] for entry in entries), shards=1)
             return tensors
         return None
 
@@ -351,6 +367,8 @@ class _StateFetch:
         entries = {entry["name"]: entry for entry in index["tensors"]}
         self.num_shards = min(len(self.donors), len(entries))
         plan = plan_shards(index, self.num_shards) if self.num_shards else []
+        self.total_bytes = sum(entry["nbytes"] for entry in entries.values())
+        self._verified(0, shards=0)
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self.fetch_shard(shard, [entries[name] for name in names]))
                      for shard, names in enumerate(plan)]
@@ -363,6 +381,12 @@ class _StateFetch:
         for task in tasks:
             received.update(task.result() or {})
         return {name: received[name] for name in entries}, self._report(index_from)
+
+    def _verified(self, nbytes: int, *, shards: int) -> None:
+        self.verified = (self.verified[0] + shards, self.verified[1] + nbytes)
+        if self.progress is not None:
+            self.progress(DownloadProgress(version=self.version, shards_done=self.verified[0], shards=self.num_shards,
+                                           done_bytes=self.verified[1], total_bytes=self.total_bytes))
 
     def _report(self, index_from: str) -> StateFetchReport:
         return StateFetchReport(version=self.version, num_shards=self.num_shards, index_from=index_from,
@@ -382,12 +406,14 @@ def _check_fetch_args(donors: Sequence[Donor], version: int, digest: str, timeou
 
 
 async def fetch_state(client: HttpClient, donors: Sequence[Donor], *, version: int, digest: str, joiner_id: str,
-                      timeout_s: float = 60.0) -> tuple[dict[str, torch.Tensor], StateFetchReport]:
+                      timeout_s: float = 60.0, progress: Callable[[DownloadProgress], None] | None = None,
+                      ) -> tuple[dict[str, torch.Tensor], StateFetchReport]:
     """Download state ``version`` (whose index hashes to ``digest``) from ``donors``, one shard each.
 
-    ``timeout_s`` bounds each request. Tensors come back on the CPU, sorted by name. Raises
+    ``timeout_s`` bounds each request; ``progress`` hears how far it is (see the module docstring).
+    Tensors come back on the CPU, sorted by name. Raises
     ``StateSyncError`` when no donor serves a matching index or some shard fails on every donor.
     """
     _check_fetch_args(donors, version, digest, timeout_s)
-    fetch = _StateFetch(client, donors, version=version, joiner_id=joiner_id, timeout_s=timeout_s)
+    fetch = _StateFetch(client, donors, version=version, joiner_id=joiner_id, timeout_s=timeout_s, progress=progress)
     return await fetch.run(digest)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.state_join import DOWNLOADING, DOWNLOADING_DOC, describe_download, download_progress
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.context import names
 from gossamer.peer.roles.context.ledger import LEDGER_FIELDS
@@ -36,6 +37,7 @@ EVENTS = {
                         "and the run's hyper.steps (0: no end)", (*LEDGER_FIELDS, "steps")),
     "aborted": EventSchema("an attempt of a step was aborted (a shard died, a deadline passed, a refusal): its "
                            "ledger, with the reason and the suspects left out of the next plans", LEDGER_FIELDS),
+    "downloading": EventSchema(DOWNLOADING_DOC, DOWNLOADING),
     "adopted": EventSchema("this shard downloaded the ring's state (joining, or behind) and is now at its step",
                            ("step", "donors", "why")),
     "finished": EventSchema("the run reached hyper.steps: the last step's loss, a held-out loss, a checkpoint",
@@ -56,6 +58,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
                 f"{e['index']} of a {e['context']}-token context")
     if event == "waiting":
         return f"waiting for shards: {e['shards']} of {e['wanted']} live"
+    if event == "downloading":
+        return describe_download(e, unit="step")
     if event == "adopted":
         return f"{e['why']}: now at step {e['step']} ({e['donors']} donor(s))"
     if event == "finished":
@@ -67,6 +71,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
 def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
     if event == "step" and e.get("steps"):
         return e["step"] + 1, e["steps"]
+    if event == "downloading":
+        return download_progress(e)
     return None
 
 

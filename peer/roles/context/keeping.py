@@ -21,9 +21,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.state_join import download_state, downloading_fields
 from gossamer.peer.kit.state_tree import resume_state, write_state
-from gossamer.peer.kit.statesync import Donor, StateSyncError, fetch_state, index_digest, state_index
+from gossamer.peer.kit.statesync import (
+    Donor,
+    DownloadProgress,
+    StateSyncError,
+    fetch_state,
+    index_digest,
+    state_index,
+)
 from gossamer.peer.roles.context import names
 from gossamer.peer.roles.context.replica import Replica, StateMismatch
 
@@ -65,7 +72,7 @@ class StateKeeper:
         async with self._state_lock:
             tensors, report = await fetch_state(self.ctx.http_client, [Donor(plan.leader, live.record.http_addr)],
                                                 version=plan.step, digest=plan.state[1], joiner_id=self.peer_id,
-                                                timeout_s=self.settings.plan_timeout_s)
+                                                timeout_s=self.settings.plan_timeout_s, progress=self._downloading)
             await self._adopt(plan.step, tensors, donors=len(report.shards_served), why="placed in the ring")
 
     async def catch_up(self, *, why: str) -> None:
@@ -76,11 +83,15 @@ class StateKeeper:
         async with self._state_lock:
             try:
                 version, tensors, report = await download_state(self.ctx.http_client, others, joiner_id=self.peer_id,
-                                                                timeout_s=self.settings.plan_timeout_s)
+                                                                timeout_s=self.settings.plan_timeout_s,
+                                                                progress=self._downloading)
                 if version > self.replica.version:
                     await self._adopt(version, tensors, donors=len(report.shards_served), why=why)
             except (StateSyncError, StateMismatch) as exc:
                 log.warning("could not catch up with the ring (%s): %s", why, exc)
+
+    def _downloading(self, progress: DownloadProgress) -> None:
+        self.emit("downloading", **downloading_fields(progress))
 
     async def _adopt(self, version: int, tensors: Mapping[str, torch.Tensor], *, donors: int, why: str) -> None:
         self.replica.adopt(version, tensors)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.state_join import DOWNLOADING, DOWNLOADING_DOC, describe_download, download_progress
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.commands import SAMPLE
@@ -27,6 +28,7 @@ EVENTS = {
                            "once, when none is in view)", ("learners", "wanted")),
     "ahead": EventSchema("this learner is ahead of the learners' median round and waits for them",
                          ("round", "median", "wait_s")),
+    "downloading": EventSchema(DOWNLOADING_DOC, DOWNLOADING),
     "adopted": EventSchema("the learner downloaded the swarm's state and jumped to its round",
                            ("round", "donors", "why")),
     "round": EventSchema("one outer round done; its ledger in short, with its time split (seconds: compute_s "
@@ -60,6 +62,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
     if event == "ahead":
         return (f"at round {e['round']}, ahead of the learners' median {e['median']}: "
                 f"waiting up to {e['wait_s']:.0f} s for them")
+    if event == "downloading":
+        return describe_download(e, unit="round")
     if event == "adopted":
         return f"{e['why']}: now at round {e['round']} ({e['donors']} donor(s))"
     return None
@@ -68,6 +72,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
 def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
     if event == "round" and e.get("rounds"):
         return e["round"] + 1, e["rounds"]
+    if event == "downloading":
+        return download_progress(e)
     return None
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.state_join import download_state, downloading_fields
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.roles.diloco.steering import out_of_step
 from gossamer.peer.run.view import LivePeer
@@ -115,8 +115,9 @@ class Joining:
 
     async def _adopt_state(self: LearnerRole, donors: list[LivePeer], *, why: str) -> None:
         try:
-            version, tensors, report = await download_state(self.ctx.http_client, donors,
-                                                            joiner_id=self.ctx.identity.peer_id)
+            version, tensors, report = await download_state(
+                self.ctx.http_client, donors, joiner_id=self.ctx.identity.peer_id,
+                progress=lambda progress: self.emit("downloading", **downloading_fields(progress)))
         except StateSyncError as exc:
             log.warning("could not download the run's state, going on from our own: %s", exc)
             return

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.state_join import DOWNLOADING, DOWNLOADING_DOC, describe_download, download_progress
 from gossamer.peer.plugin import EventSchema, FinishRule, Panel, ProtocolPlugin
 from gossamer.peer.roles.fomoe import names
 from gossamer.peer.run.manifest import RunConfig
@@ -27,6 +28,7 @@ EVENTS = {
     "waiting": EventSchema("round 0 waits for min_hosts expert hosts to be live", ("hosts", "wanted")),
     "placement": EventSchema("this host holds a (new) set of experts: at round 0, after members left or joined, "
                              "or on joining", ("round", "members", "experts", "holders", "lost")),
+    "downloading": EventSchema(DOWNLOADING_DOC, DOWNLOADING),
     "joined": EventSchema("a joiner was admitted: it downloaded the dense state and took its experts from "
                           "their holders", ("round", "donors", "experts", "why")),
     "round": EventSchema("one round done; its ledger in short",
@@ -48,6 +50,8 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
         lost = f"; LOST (restarted from the freshest copy): {e['lost']}" if e["lost"] else ""
         return (f"placement at round {e['round']}: {e['members']} member(s), holding experts {e['experts']}, "
                 f"holders per expert {e['holders']}{lost}")
+    if event == "downloading":
+        return describe_download(e, unit="round")
     if event == "joined":
         return f"{e['why']} at round {e['round']}: dense state from {e['donors']} donor(s), experts {e['experts']}"
     if event == "finished":  # no held-out loss when the host did no round itself (it joined at the last)
@@ -83,6 +87,8 @@ def panel(records: Sequence[PeerRecord]) -> Panel | None:
 def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
     if event == "round" and e.get("rounds"):
         return e["round"] + 1, e["rounds"]
+    if event == "downloading":
+        return download_progress(e)
     return None
 
 

@@ -30,7 +30,7 @@ import torch
 
 from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.kit.rounds import send_each
-from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.state_join import download_state, downloading_fields
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.roles.fomoe import names
 from gossamer.peer.roles.fomoe.boundary import Boundary, admit
@@ -172,7 +172,9 @@ class Joining:
 
         await self.ctx.until_view(lambda: len(offers()) >= len(others), timeout_s=self.settings.update_deadline_s)
         try:
-            got, tensors, report = await download_state(self.ctx.http_client, offers(), joiner_id=self.peer_id)
+            got, tensors, report = await download_state(
+                self.ctx.http_client, offers(), joiner_id=self.peer_id,
+                progress=lambda progress: self.emit("downloading", **downloading_fields(progress)))
         except StateSyncError as exc:
             log.warning("could not download the dense state of round %d: %s", version, exc)
             return None

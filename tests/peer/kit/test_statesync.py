@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 from collections.abc import AsyncIterator, Mapping
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from gossamer.peer.errors import PeerError
 from gossamer.peer.kit.statesync import (
     Donor,
+    DownloadProgress,
     FetchFailure,
     StateDonor,
     StateSyncError,
@@ -115,6 +117,23 @@ async def test_joiner_gets_an_exact_copy_with_one_shard_per_donor() -> None:
     assert report.shards_served == {"donor-1": (0,), "donor-2": (1,), "donor-0": (2,)}
     assert report.index_from == "donor-1"
     assert report.bytes_downloaded == sum(t.numel() * t.element_size() for t in state.values())
+
+
+@real_http
+async def test_progress_is_told_once_the_index_is_verified_and_after_every_verified_shard() -> None:
+    """The donor asked first is down: shard 0 comes from another donor and is counted once, when it verifies."""
+    state = make_state()
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    told: list[DownloadProgress] = []
+    joiner = joiner_starting_at(0, 3)
+    async with swarm([DOWN, fixed(VERSION, state), fixed(VERSION, state)]) as (client, donors):
+        _, report = await fetch_state(client, donors, version=VERSION, digest=index_digest(state_index(VERSION, state)),
+                                      joiner_id=joiner, progress=told.append)
+    assert report.num_shards == 3 and [f.peer_id for f in report.failures] == ["donor-0"]
+    assert [(p.version, p.shards, p.total_bytes) for p in told] == [(VERSION, 3, total)] * 4
+    assert [p.shards_done for p in told] == [0, 1, 2, 3]
+    assert told[0].done_bytes == 0 and told[-1].done_bytes == total
+    assert all(a.done_bytes < b.done_bytes for a, b in itertools.pairwise(told))
 
 
 def tamper(tensor: torch.Tensor, how: str) -> torch.Tensor:

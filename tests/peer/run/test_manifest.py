@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,7 @@ import pytest
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.signed import sign_object
 from gossamer.peer.errors import ConfigError, ManifestError
+from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import (
     RunConfig,
     build_manifest,
@@ -17,6 +22,7 @@ from gossamer.peer.run.manifest import (
     parse_run_id,
     verify_manifest,
 )
+from gossamer.peer.testing.localnet import LocalNet
 
 NOW = 1_800_000_000.0
 
@@ -77,3 +83,35 @@ def test_bad_run_configs_name_the_field(tmp_path: Path, doc: str, field: str) ->
 def test_malformed_run_ids(run_id: str) -> None:
     with pytest.raises(ConfigError):
         parse_run_id(run_id)
+
+
+async def test_the_orchestrator_serves_the_manifest_as_json_and_signed_bytes(tmp_path: Path) -> None:
+    """``GET /manifest`` answers JSON (the run, its owner, its tables, and the signed bytes in
+    base64); ``?format=signed`` the signed bytes themselves. Both verify as this run's manifest."""
+    run = {"run": {"name": "served", "protocol": "diloco", "description": "a run to read"},
+           "hyper": {"rounds": 3, "batch_size": 8}, "admission": {"policy": "open"}}
+    net = await LocalNet.create(run, plugins=PLUGINS, workdir=tmp_path)
+    try:
+        peer = await net.add("owner", ("orchestrator",))
+        url = f"http://{peer.http_addr}/manifest"
+        plain, signed = await asyncio.to_thread(fetch, url), await asyncio.to_thread(fetch, f"{url}?format=signed")
+    finally:
+        await net.aclose()
+    (content_type, body), (signed_type, blob) = plain, signed
+    manifest = net.manifest
+    assert content_type.startswith("application/json") and signed_type == "application/octet-stream"
+    document = json.loads(body)
+    assert document["run_id"] == manifest.run_id and document["owner_peer_id"] == net.owner.peer_id
+    assert document["owner_public_key"] == net.owner.public_key.hex()
+    assert document["run"] == {"name": "served", "protocol": "diloco", "description": "a run to read",
+                               "heartbeat_s": manifest.config.heartbeat_s}
+    assert document["hyper"] == {"rounds": 3, "batch_size": 8}
+    assert document["admission"] == {"policy": "open", "allow": []}
+    assert base64.b64decode(document["signed_base64"]) == blob == manifest.blob
+    assert verify_manifest(blob, expected_run_id=manifest.run_id).config == manifest.config
+
+
+def fetch(url: str) -> tuple[str, bytes]:
+    """(Content-Type, body) of a GET."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return answer.headers["Content-Type"], answer.read()

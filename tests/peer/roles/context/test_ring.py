@@ -44,7 +44,10 @@ async def test_a_shard_with_another_model_at_the_same_step_takes_the_leaders_bef
         version, state = roles[2].replica.model_state()
         roles[2].replica.adopt(version, {name: t + 0.01 if t.is_floating_point() else t for name, t in state.items()})
         adopted: list[tuple[str, dict]] = []
+        downloading: list[tuple[str, int, int]] = []  # (peer, shards verified, shards) as it went
         net.watchers.append(lambda peer, event, fields: adopted.append((peer, dict(fields))) if event == "context.adopted" else None)
+        net.watchers.append(lambda peer, event, fields: downloading.append((peer, fields["shards_done"], fields["shards"]))
+                            if event == "context.downloading" else None)
         await net.start()
         await drain(roles)
 
@@ -53,5 +56,6 @@ async def test_a_shard_with_another_model_at_the_same_step_takes_the_leaders_bef
             for name, param in role.replica.model.named_parameters():
                 assert torch.equal(param, dict(expected.named_parameters())[name]), (role.peer_id[:8], name)
         assert [(peer, fields["step"], fields["why"]) for peer, fields in adopted] == [("s2", 0, "placed in the ring")]
+        assert downloading == [("s2", 0, 1), ("s2", 1, 1)]  # from the leader alone: one shard, said before and after
     finally:
         await net.aclose()

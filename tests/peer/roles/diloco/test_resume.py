@@ -67,3 +67,26 @@ async def test_a_stopped_learner_resumes_the_same_trajectory_bit_for_bit(tmp_pat
     want, got = flat_parameters(straight.replica.module), flat_parameters(second_life.replica.module)
     assert want.keys() == got.keys() and all(torch.equal(want[name], got[name]) for name in want)
     assert second_life.series == straight.series  # every round's train and held-out loss, exactly
+
+
+async def test_a_learner_writes_its_state_every_checkpoint_every_rounds(tmp_path: Path) -> None:
+    """With ``checkpoint_every = 2`` the state file is written after rounds 2 and 4 (of 5), each
+    time holding the round it was written at; nothing is written between (each round's event goes
+    out before that round's write, so it sees the write before it)."""
+    net = await LocalNet.create({**RUN, "hyper": {**RUN["hyper"], "rounds": 5}}, plugins=PLUGINS, workdir=tmp_path)
+    role: LearnerRole = (await net.add("learner", ("learner",), checkpoint_every=2)).role  # type: ignore[assignment]
+
+    def saved_round() -> str | None:
+        found = role.kept.checkpoints.read(role.kept.name, kind="state")
+        return None if found is None else found[1]["round"]
+
+    seen: list[str | None] = []
+    net.watchers.append(lambda peer, event, fields: seen.append(saved_round()) if event == "diloco.round" else None)
+    try:
+        await net.start()
+        await asyncio.wait_for(role.drain(), timeout=240)
+        assert role.finished and role.round == 5
+    finally:
+        await net.aclose()
+    assert seen == [None, None, "2", "2", "4"]
+    assert saved_round() == "4"  # the end writes the final parameters (their own file), not the state

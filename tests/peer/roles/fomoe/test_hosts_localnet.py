@@ -166,6 +166,9 @@ async def test_a_late_host_joins_with_the_dense_state_and_its_experts_from_their
         admitted: list[Mapping[str, Any]] = []
         net.watchers.append(lambda peer, event, fields: admitted.append(fields)
                             if (peer, event) == ("h3", "fomoe.joined") else None)
+        downloading: list[tuple[int, int]] = []  # the joiner's (shards verified, shards), as it went
+        net.watchers.append(lambda peer, event, fields: downloading.append((fields["shards_done"], fields["shards"]))
+                            if (peer, event) == ("h3", "fomoe.downloading") else None)
         joiner: ExpertHostRole = (await net.add("h3", ("expert-host",))).role  # type: ignore[assignment]
         await net.start("h3")
         assert await net.peers["h0"].ctx.until_view(lambda: len(joiner.history) >= 2, timeout_s=240)
@@ -173,6 +176,8 @@ async def test_a_late_host_joins_with_the_dense_state_and_its_experts_from_their
 
         joined = list(joiner.history)[:2]
         assert joined[0].round >= 2, "the joiner starts at the swarm's round, not at 0"
+        shards = downloading[-1][1]  # the last download (a first one may have failed as the round moved on)
+        assert shards >= 1 and downloading[-shards - 1:] == [(k, shards) for k in range(shards + 1)], downloading
         assert joiner.replica.resident
         first_with_joiner = roles[0].history.get(joined[0].round - 1)
         assert first_with_joiner is not None and first_with_joiner.joiners == [joiner.peer_id]
