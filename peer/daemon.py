@@ -29,7 +29,7 @@ from gossamer.peer.errors import ConfigError, StartupError
 from gossamer.peer.events import EventSink
 from gossamer.peer.http_api import daemon_routes
 from gossamer.peer.introspection import Introspection
-from gossamer.peer.kit.statesync import StateDonor
+from gossamer.peer.kit.state_donor import StateDonor
 from gossamer.peer.metrics import PeerMetrics, Traffic
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
 from gossamer.peer.progress import ProgressPrinter

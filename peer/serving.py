@@ -13,7 +13,7 @@ from aiohttp import web
 from gossamer import __version__
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
-from gossamer.peer.kit.statesync import StateDonor
+from gossamer.peer.kit.state_donor import StateDonor
 from gossamer.peer.role import Role
 from gossamer.peer.run.records import UNKNOWN, PeerRecord
 from gossamer.transport.frames import Frame, FrameType

@@ -10,6 +10,7 @@
                    failures in the ledger, waiting only for senders that are still live.
 - ``checkpoint``   atomic safetensors checkpoints, read back only for the same run and format.
 - ``state_tree``   a role's resumable state (optimizer, generators, counters) as checkpoint tensors.
-- ``statesync``    serving and downloading a replicated state in shards from several donors.
+- ``statesync``    downloading a replicated state in shards from several donors.
+- ``state_donor``  serving this peer's state to joiners, one shard per request.
 - ``state_join``   choosing donors for a joiner and downloading the run's state from them.
 """

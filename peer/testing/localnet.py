@@ -51,7 +51,7 @@ import torch
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.events import EventSink
-from gossamer.peer.kit.statesync import StateDonor
+from gossamer.peer.kit.state_donor import StateDonor
 from gossamer.peer.metrics import Traffic
 from gossamer.peer.plugin import PluginRegistry, build_roles
 from gossamer.peer.role import Role, RoleContext

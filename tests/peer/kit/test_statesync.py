@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gossamer.peer.errors import PeerError
+from gossamer.peer.kit.state_donor import StateDonor
 from gossamer.peer.kit.statesync import (
     Donor,
     DownloadProgress,
     FetchFailure,
-    StateDonor,
     StateSyncError,
     fetch_state,
     index_digest,
