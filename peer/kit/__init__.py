@@ -13,4 +13,5 @@
 - ``statesync``    downloading a replicated state in shards from several donors.
 - ``state_donor``  serving this peer's state to joiners, one shard per request.
 - ``state_join``   choosing donors for a joiner and downloading the run's state from them.
+- ``download_events`` the ``downloading`` event's fields and how a plugin shows it (no torch).
 """

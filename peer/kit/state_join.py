@@ -6,17 +6,15 @@ advertise (ties broken by digest, so every joiner decides alike); only the donor
 exactly that pair are asked. Everything they send is verified against the digest by
 ``peer.statesync.fetch_state``.
 
-While it downloads, a role emits a ``downloading`` event per verified shard (``DOWNLOADING``:
-its fields, ``downloading_fields``: their values); its plugin shows it with ``describe_download``
-and a bar over the shards with ``download_progress``, so a joiner says how far it is before the
-line that says it adopted the state.
+While it downloads, a role emits a ``downloading`` event per verified shard; its fields and how
+a plugin shows them live in ``kit.download_events``, which imports neither torch nor aiohttp so
+that ``gossamer --help`` stays light.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -49,26 +47,3 @@ async def download_state(client: HttpClient, live: list[LivePeer], *, joiner_id:
     tensors, report = await fetch_state(client, donors, version=version, digest=digest, joiner_id=joiner_id,
                                         timeout_s=timeout_s, progress=progress)
     return version, tensors, report
-
-
-DOWNLOADING = ("version", "shards_done", "shards", "done_bytes", "total_bytes")
-DOWNLOADING_DOC = ("the state download of a joining (or lagging) peer: shards and tensor bytes verified so far, of "
-                   "the state at this version (once when its index is verified, then after every shard)")
-
-
-def downloading_fields(progress: DownloadProgress) -> dict[str, int]:
-    """The ``downloading`` event's fields for ``progress``."""
-    return {"version": progress.version, "shards_done": progress.shards_done, "shards": progress.shards,
-            "done_bytes": progress.done_bytes, "total_bytes": progress.total_bytes}
-
-
-def describe_download(e: Mapping[str, Any], *, unit: str) -> str:
-    """``downloading the run's state at round 12: 1.2 of 3.6 MB verified`` (``unit``: the
-    protocol's word for a state version)."""
-    return (f"downloading the run's state at {unit} {e['version']}: {e['done_bytes'] / 1e6:.1f} of "
-            f"{e['total_bytes'] / 1e6:.1f} MB verified")
-
-
-def download_progress(e: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(shards verified, shards) of a ``downloading`` event: its bar."""
-    return (e["shards_done"], e["shards"]) if e["shards"] else None

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.state_join import download_state, downloading_fields
+from gossamer.peer.kit.download_events import downloading_fields
+from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.state_tree import resume_state, write_state
 from gossamer.peer.kit.statesync import (
     Donor,

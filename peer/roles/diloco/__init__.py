@@ -17,7 +17,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.state_join import DOWNLOADING, DOWNLOADING_DOC, describe_download, download_progress
+from gossamer.peer.kit.download_events import (
+    DOWNLOADING,
+    DOWNLOADING_DOC,
+    describe_download,
+    download_progress,
+)
 from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
 from gossamer.peer.roles.diloco import names
 from gossamer.peer.roles.diloco.commands import SAMPLE

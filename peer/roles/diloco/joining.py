@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from gossamer.peer.kit.state_join import download_state, downloading_fields
+from gossamer.peer.kit.download_events import downloading_fields
+from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.roles.diloco.steering import out_of_step
 from gossamer.peer.run.view import LivePeer

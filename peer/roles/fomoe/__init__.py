@@ -18,7 +18,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.state_join import DOWNLOADING, DOWNLOADING_DOC, describe_download, download_progress
+from gossamer.peer.kit.download_events import (
+    DOWNLOADING,
+    DOWNLOADING_DOC,
+    describe_download,
+    download_progress,
+)
 from gossamer.peer.plugin import EventSchema, FinishRule, Panel, ProtocolPlugin
 from gossamer.peer.roles.fomoe import names
 from gossamer.peer.run.manifest import RunConfig

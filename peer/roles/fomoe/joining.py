@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gossamer.peer.kit.download_events import downloading_fields
 from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.kit.rounds import send_each
-from gossamer.peer.kit.state_join import download_state, downloading_fields
+from gossamer.peer.kit.state_join import download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.roles.fomoe import names
 from gossamer.peer.roles.fomoe.boundary import Boundary, admit

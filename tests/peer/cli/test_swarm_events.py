@@ -134,6 +134,10 @@ EXAMPLES: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any]]]] = {
                      {"loss": None}),
     },
 }
+DOWNLOADING = ({"version": 12, "shards_done": 3, "shards": 8, "done_bytes": 1_234_567, "total_bytes": 3_600_000},
+               {"shards_done": 0, "done_bytes": 0})  # the sparse one: its index verified, no shard yet
+for _protocol in ("diloco", "fomoe", "context"):
+    EXAMPLES[_protocol]["downloading"] = DOWNLOADING
 DAEMON_EVENTS = [  # the daemon's own events, every protocol's swarm sees them too
     {"event": "ready", "wall_time": 1.7e9, "peer_id": A, "run_id": "demo@1a2b3c4d", "maddrs": ["/ip4/127.0.0.1/tcp/1"],
      "http": "127.0.0.1:40111", "tcp": "127.0.0.1:40112", "roles": ["orchestrator"], "listening": True},

@@ -17,7 +17,7 @@ import torch
 from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.inbox import size_bytes
 from gossamer.peer.kit.messaging import SignedMessenger
-from gossamer.peer.kit.statesync import StateDonor
+from gossamer.peer.kit.state_donor import StateDonor
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.learner import LearnerRole
 from gossamer.peer.run.records import PeerRecord
