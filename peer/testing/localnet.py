@@ -58,7 +58,7 @@ from gossamer.peer.role import Role, RoleContext
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest, run_config_from_dict
-from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.records import UNKNOWN, PeerRecord, seal_record
 from gossamer.peer.run.tenure import tenured_ids
 from gossamer.peer.run.view import PeerView
 from gossamer.peer.serving import (
@@ -97,6 +97,7 @@ class LocalPeer:
     alive: bool = True
     started: bool = False
     link: WanProxy | None = None  # ``LocalNet.shape``: what the peer's record points others to
+    reachability: str = UNKNOWN  # what its record says (as a daemon's self-test would set it)
 
     @property
     def http_addr(self) -> str:
@@ -239,7 +240,8 @@ class LocalNet:
                                  http_addr=peer.http_addr,
                                  tcp_addr=f"127.0.0.1:{peer.tcp.address[1]}" if peer.tcp else "",
                                  now=now, capacity={"device": str(self.device)}, state=await donated_state(peer.donor),
-                                 tenured=vouched if peer.identity.public_key == self.owner.public_key else ())
+                                 tenured=vouched if peer.identity.public_key == self.owner.public_key else (),
+                                 reachability=peer.reachability)
             blob = seal_record(peer.identity, record)
             self._records[peer.peer_id] = (blob, expiration)
             if self.membership is not None:

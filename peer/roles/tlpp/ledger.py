@@ -33,3 +33,13 @@ class StepLedger(Exchange):
     def drop(self, node: str, phase: str, reason: object) -> None:
         """``node`` is left out of the step from ``phase`` on, for ``reason``."""
         self.reject(node, f"{phase}: {reason}"[:300])
+
+    def give_up(self, note: str) -> list[str]:
+        """The step is given up before any gradient, for ``note`` (too few nodes, say): every
+        expected node not dropped already is rejected with it, so the ledger still balances.
+        Returns those nodes: the step's failure is not theirs."""
+        self.note = note
+        spared = [node for node in self.expected if node not in self.rejected]
+        for node in spared:
+            self.drop(node, "step", note)
+        return spared

@@ -54,13 +54,14 @@ class Scheduling:
 
     def _nodes(self: TlppServerRole) -> dict[str, tuple[int, ChannelStats | None]]:
         """The live data nodes with a valid sample count in their records, and their per-channel
-        statistics (with ``data.normalize = "nodes"``; a node without valid ones is left out)."""
+        statistics (with ``data.normalize = "nodes"``; a node without valid ones is left out). A
+        node whose record says ``private`` (behind NAT, no relay) is left out until it says otherwise."""
         nodes = {}
         for peer in self.ctx.view.live(now=self.ctx.now()):
             assignment = peer.record.assignment
             samples = assignment.get("tlpp_samples")
             if names.NODE not in peer.record.roles or isinstance(samples, bool) or not isinstance(samples, int) \
-                    or samples < 1:
+                    or samples < 1 or not peer.record.reachable:  # private, no relay: nobody can ask it anything
                 continue
             stats = None
             if self.settings.normalize == "nodes":
@@ -139,7 +140,7 @@ class Scheduling:
         """The schedule without the nodes that failed this step; None if none is left."""
         for node in ledger.used:
             self._strikes.pop(node, None)
-        leaving = {n for n in scheduler.counts if n in ledger.rejected and n not in self.driver.behind}
+        leaving = {n for n in scheduler.counts if n in ledger.rejected and n not in self.driver.kept}
         if not leaving:
             return scheduler
         heartbeat_s = self.ctx.manifest.config.heartbeat_s

@@ -129,7 +129,7 @@ class StepDriver:
         self._cached: dict[str, int] = {}
         self._confirmed: tuple[str, set[str]] = ("", set())  # (helper, the nodes it said it sees)
         self._told = -1  # the latest step the helper heard of from this orchestrator
-        self.behind: set[str] = set()  # nodes that refused the last step's forward as one they answered already
+        self.kept: set[str] = set()  # rejected from the last step through no fault of their own: still scheduled
         self._weights: tuple[int, dict[str, Tensor]] | None = None
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self._node_params = {name: p.detach() for name, p in node_side.named_parameters()}
@@ -143,7 +143,7 @@ class StepDriver:
 
     async def run(self, batch: VirtualBatch, ledger: StepLedger, helper: str | None) -> dict[str, Tensor] | None:
         """The step's summed gradients by parameter name, or None when nothing can be applied."""
-        plan, self.behind = batch.by_node(), set()
+        plan, self.kept = batch.by_node(), set()
         ledger.planned = batch.sizes()
         ledger.expect(ledger.planned)
         if self.settings.secure:
@@ -154,7 +154,7 @@ class StepDriver:
                 return None
             short = self.settings.too_few(plan, {n: len(i) for n, i in plan.items()})
             if short:
-                ledger.note = f"not run: {short}"
+                self._give_up(ledger, f"not run: {short}")
                 return None
         forwarded = await self._forward_all(ledger.step, plan, ledger, helper)
         if not forwarded:
@@ -164,6 +164,10 @@ class StepDriver:
             assert helper is not None
             return await self._secure(ledger, forwarded, helper)
         return await self._base(ledger, forwarded)
+
+    def _give_up(self, ledger: StepLedger, note: str) -> None:
+        """Apply nothing this step, for ``note``; the nodes still in it stay scheduled."""
+        self.kept.update(ledger.give_up(note))
 
     # -- phase 0 (secure) -------------------------------------------------------------------------
 
@@ -218,7 +222,7 @@ class StepDriver:
                 self._cached.pop(node, None)
                 ledger.drop(node, "forward", result)
                 if isinstance(result, RequestRefused) and result.code == "step":  # a resumed orchestrator
-                    self.behind.add(node)  # replays steps a secure node answered: it stays scheduled
+                    self.kept.add(node)  # replays steps a secure node answered: it stays scheduled
             else:
                 raise result
         return forwarded
@@ -282,7 +286,7 @@ class StepDriver:
         sizes = {n: f.act.shape[0] for n, f in forwarded.items()}
         short = self.settings.too_few(forwarded, sizes)
         if short:
-            ledger.note = f"not run: of the nodes that answered the forward pass, {short}"
+            self._give_up(ledger, f"not run: of the nodes that answered the forward pass, {short}")
             return None
         reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {"nodes": sorted(forwarded), "sizes": sizes},
                                                        {"weight": weight.detach().cpu()}))
@@ -294,7 +298,7 @@ class StepDriver:
             return None
         short = self.settings.too_few(used, sizes)
         if short:  # the helper never answers such a share; nothing is reconstructed from one that does
-            ledger.note = f"not reconstructed: {short}"
+            self._give_up(ledger, f"not reconstructed: {short}")
             return None
         rows = sum(forwarded[n].act.shape[0] for n in used)
         check_tensors(reply.tensors, {"logits": torch.empty(rows, settings.num_classes, dtype=torch.int64)},
@@ -310,8 +314,7 @@ class StepDriver:
                                                       {n: forwarded[n].labels for n in used},
                                                       bound=logit_bound(self.server_side, max_abs=settings.max_abs))
         except SharingError as exc:
-            ledger.note = f"step refused: {exc}"
-            return None
+            return self._give_up(ledger, f"step refused: {exc}")
         ledger.loss, ledger.accuracy = logit_step.loss, logit_step.correct / logit_step.count
         scale = float(logit_step.count)
         messages = {n: LinkMessage(BACKWARD, ledger.step, {"grad_scale": scale, "helper": helper},
@@ -322,16 +325,16 @@ class StepDriver:
             return None
         short = self.settings.too_few(shares, sizes)
         if short:
-            return _nothing(ledger, f"not summed: {short}")
+            return self._give_up(ledger, f"not summed: {short}")
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
         kept = _used(helper_sum, shares)
         for node in sorted(set(shares) - set(kept)):
             ledger.drop(node, "sum", "the helper holds no gradient share")
         if not kept:
-            return _nothing(ledger, "the helper holds no gradient share of any node that completed the backward pass")
+            return self._give_up(ledger, "the helper holds no gradient share of any node that completed the backward pass")
         short = self.settings.too_few(kept, sizes)
         if short:
-            return _nothing(ledger, f"not reconstructed: {short}")
+            return self._give_up(ledger, f"not reconstructed: {short}")
         ledger.use(kept)
         ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
         check_tensors(helper_sum.tensors, self._grads, what="the helper's summed share")
@@ -383,13 +386,6 @@ def _used(reply: LinkMessage, asked: Mapping[str, object]) -> list[str]:
     """The nodes the helper's answer says it used, of those it was asked about (sorted)."""
     nodes = reply.fields.get("nodes")
     return sorted(n for n in nodes if isinstance(n, str) and n in asked) if isinstance(nodes, list) else []
-
-
-def _nothing(ledger: StepLedger, note: str) -> None:
-    """The step applies nothing (no node's gradient is used), for the reason ``note``."""
-    ledger.use([])
-    ledger.samples = 0
-    ledger.note = note
 
 
 def grads_finite(grads: Mapping[str, Tensor]) -> bool:

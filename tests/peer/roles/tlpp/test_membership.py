@@ -2,7 +2,9 @@
 loopback TCP (``tlpp_harness``): a node that failed a step is taken out at once and scheduled again
 from a later step of the same epoch once its signed record is renewed (a node that was slow once
 is not lost for the rest of the epoch); one that fails again before a step uses it stays out
-for longer than a heartbeat, so a node that keeps failing costs few steps."""
+for longer than a heartbeat, so a node that keeps failing costs few steps. A node whose record
+says ``private`` (behind NAT with no relay: the orchestrator could not dial it) is never
+scheduled until its record says it can be reached."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gossamer.peer.run.records import PRIVATE, RELAYED
 from tests.peer.roles.tlpp.harness import Tlpp
 from tests.peer.roles.tlpp.test_roles import HYPER, SOURCES
 
@@ -65,5 +68,32 @@ async def test_a_node_that_fails_again_stays_out_longer_than_a_heartbeat(tmp_pat
         assert all(ledger.applied for ledger in ledgers) and len(ledgers) == STEPS
         assert len(planned) == 3 and planned[:2] == [0, 1] and planned[2] >= 3, planned
         assert [ledger.step for ledger in ledgers if node1 in ledger.rejected] == planned[1:]
+    finally:
+        await net.aclose()
+
+
+async def test_a_private_node_is_never_scheduled_until_its_record_says_it_is_relayed(tmp_path: Path) -> None:
+    net = await Tlpp.create(tmp_path, hyper={**HYPER, "mode": "base", "steps": STEPS, "min_nodes": 2},
+                            sources=SOURCES, helper=False)
+    node1 = net.id_of("node1")
+    net.peers["node1"].reachability = PRIVATE
+    await net.publish()
+
+    def relayed(_peer: str, event: str, fields: Mapping[str, Any]) -> None:
+        if event == "tlpp.step" and fields["step"] == 3:  # it took a relay: its next record says so
+            net.peers["node1"].reachability = RELAYED
+            net.skip(1.0)
+            net.announce()
+
+    net.watchers.append(relayed)
+    try:
+        await net.orchestrator.start()
+        await asyncio.wait_for(net.orchestrator.done.wait(), 90)
+        ledgers = list(net.orchestrator.history)
+        planned = [ledger.step for ledger in ledgers if node1 in ledger.planned]
+        assert all(ledger.applied for ledger in ledgers) and len(ledgers) == STEPS
+        assert not any(node1 in ledger.rejected for ledger in ledgers), "no step was spent asking a private node"
+        assert planned and planned[0] > 3 and planned == list(range(planned[0], STEPS)), planned
+        assert all(node1 in ledger.used for ledger in ledgers[planned[0]:])
     finally:
         await net.aclose()

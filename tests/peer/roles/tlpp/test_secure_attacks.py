@@ -249,6 +249,7 @@ async def test_the_orchestrator_reconstructs_nothing_over_one_node(tmp_path: Pat
         ledger = StepLedger(step=0, epoch=0, index=0, mode="secure")
         assert await net.orchestrator.driver.run(batch_of(net, ["node0"], rows=24), ledger, net.id_of("helper")) is None
         assert ledger.note == "not run: 1 node(s), fewer than min_sum_nodes = 2" and not ledger.used
+        assert ledger.rejected == {net.id_of("node0"): f"step: {ledger.note}"} and ledger.balance_problems() == []
         assert net.peers["helper"].role.logits_served == 0  # type: ignore[attr-defined]
     finally:
         await net.aclose()
@@ -285,8 +286,13 @@ async def test_a_batch_below_min_batch_is_never_revealed_whether_planned_or_shru
         assert net.peers["helper"].role.logits_served == 0  # type: ignore[attr-defined]
         shrunk = StepLedger(step=1, epoch=0, index=0, mode="secure")
         assert await driver.run(batch_of(net, ["node0", "node1"]), shrunk, helper) is None
-        assert list(shrunk.rejected) == [net.id_of("node1")]
+        assert shrunk.rejected[net.id_of("node1")].startswith("backward: ")
         assert shrunk.note == "not summed: 1 node(s), fewer than min_sum_nodes = 2" and not shrunk.used
+        # node0 completed but nothing was summed: rejected with the step's reason (the ledger
+        # balances), and kept in the schedule
+        assert shrunk.rejected[net.id_of("node0")] == f"step: {shrunk.note}" and driver.kept == {net.id_of("node0")}
+        for ledger in (small, shrunk):
+            assert ledger.balance_problems() == [], ledger.to_json()
         three = StepLedger(step=2, epoch=0, index=0, mode="secure")
         net.fail("node2", 2, "backward")
         assert await driver.run(batch_of(net, ["node0", "node1", "node2"], rows=8), three, helper) is None
