@@ -6,7 +6,8 @@ the other NATed one through it (``peer.reach``, ``transport.relay``). In a Block
 relay, a NATed ``gossamer generate`` client gets text from a public block server, while a NATed
 block server stays private: every view marks it and no route goes through it (``peer.route``).
 In a secure TL++ run two NATed data nodes train with a public one: the orchestrator reaches
-them only through the relay, and their shares go out to the public helper."""
+them only through the relay, and their shares go out to the public helper. A NATed block worker,
+with no relay in the run, trains its block (it only dials out)."""
 
 from __future__ import annotations
 
@@ -249,6 +250,66 @@ def test_nated_tlpp_nodes_train_in_secure_mode_through_the_relay(lab: NetLab, tm
         assert finished["step"] == 60 and finished["test_loss"] < first["loss"] - 0.3, (first, finished)
     finally:
         for proc in procs:  # all at once: each takes a moment to shut down
+            if proc.proc.poll() is None:
+                proc.proc.terminate()
+        for proc in procs:
+            proc.stop()
+
+
+WORKERS = """
+[run]
+name = "nat-workers"
+protocol = "blocktrain"
+heartbeat_s = 1.0
+[model]
+d_model = 16
+n_heads = 2
+context = 16
+num_blocks = 2
+[hyper]
+versions = 3
+local_steps = 3
+batch_size = 8
+deadline_s = 20.0
+eval_batches = 1
+min_workers = 2
+"""
+
+
+def test_a_nated_block_worker_pulls_its_block_and_its_updates_are_used(lab: NetLab, tmp_path: Path) -> None:
+    """A block worker only ever dials out (it fetches its block from the coordinator and posts
+    its update there), so behind NAT, with no relay in the run, it trains as a public one does:
+    every version of its block uses its update, and the run finishes."""
+    (tmp_path / "run.toml").write_text(WORKERS)
+    orch = GossamerProcess(["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm",
+                            "--identity_path", str(tmp_path / "owner.pem"), "--checkpoint_dir", str(tmp_path / "ckpt"),
+                            *on(lab, "relay")], log_path=tmp_path / "orch.log", wrapper=lab.wrapper("relay"))
+    procs = [orch]
+    try:
+        ready = orch.wait_ready()
+        ids = {}
+        for host in ("public", "nat0"):
+            ids[host] = Identity.create(tmp_path / f"{host}.pem").peer_id
+            procs.append(GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"],
+                                          "--roles", "block-worker", "--identity_path", str(tmp_path / f"{host}.pem"),
+                                          *on(lab, host)], log_path=tmp_path / f"{host}.log",
+                                         wrapper=lab.wrapper(host)))
+        nated = procs[-1].wait_event(lambda e: e["event"] == "reachability" and e["reachability"] != "unknown",
+                                     timeout_s=90)
+        assert nated["reachability"] == "private", nated
+        versions, assignment = [], {}
+        while (event := orch.wait_event(lambda e: e["event"] in ("blocktrain.assignment", "blocktrain.version",
+                                                                 "blocktrain.finished"), timeout_s=120))["event"] \
+                != "blocktrain.finished":
+            if event["event"] == "blocktrain.assignment":
+                assignment = event["assignment"]
+            else:
+                versions.append((event, dict(assignment)))
+        mine = [e for e, assigned in versions if assigned.get(ids["nat0"]) == e["block"]]
+        assert mine and all(ids["nat0"] in e["used"] for e in mine), versions
+        assert event["versions"] == [3, 3], event
+    finally:
+        for proc in procs:
             if proc.proc.poll() is None:
                 proc.proc.terminate()
         for proc in procs:
