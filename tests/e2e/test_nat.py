@@ -98,6 +98,17 @@ def test_nated_learners_find_themselves_private_and_train_through_a_relay(lab: N
                                     and e["pgrads_used"] == 2, timeout_s=120)
             assert mixed["timed_out"] == [], (host, mixed)
         assert "this peer is private" in learners["nat0"].log()
+        # what `gossamer status` shows a user behind NAT: each learner's reachability in the REACH column
+        shown = subprocess.run([*lab.wrapper("nat1"), sys.executable, "-m", "gossamer.peer.cli", "status", "--run",
+                                ready["run_id"], "--initial_peers", *ready["maddrs"]],
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        lines = shown.stdout.splitlines()
+        header = next(line for line in lines if line.startswith("PEER ID"))
+        column = header.index("REACH")
+        for host, proc in learners.items():
+            row = next(line for line in lines if line.startswith(proc.latest["ready"]["peer_id"][:12]))
+            assert row[column:].split()[0] == ("public" if host == "public" else "relayed"), shown.stdout
     finally:
         for proc in procs:
             proc.stop()
