@@ -36,6 +36,7 @@ class GossamerProcess:
                                      stdin=stdin, start_new_session=True, env=env)
         self._buffer = b""
         self._pending: deque[dict[str, Any]] = deque()
+        self.recent: deque[dict[str, Any]] = deque(maxlen=12)  # the last events read: a failed wait shows them
         self._eof = False
         self.latest: dict[str, dict[str, Any]] = {}
 
@@ -66,6 +67,7 @@ class GossamerProcess:
             event["at_s"] = time.monotonic() - self.started_at
             event["read_wall_time"] = time.time()
             self._pending.append(event)
+            self.recent.append(event)
             self.latest[event.get("event", "")] = event
 
     def drain(self) -> list[dict[str, Any]]:
@@ -83,7 +85,9 @@ class GossamerProcess:
             if event is not None and predicate(event):
                 return event
             if event is None or event["event"] == "exited":
-                raise AssertionError(f"no matching event within {timeout_s}s ({event}); log:\n{self.log()[-3000:]}")
+                recent = "\n".join(json.dumps(e, default=str)[:600] for e in self.recent)
+                raise AssertionError(f"no matching event within {timeout_s}s ({event}); last events:\n{recent}\n"
+                                     f"log:\n{self.log()[-3000:]}")
 
     def poll_events(self) -> list[dict[str, Any]]:
         """The events that have arrived so far and were not returned yet, without waiting."""
