@@ -103,6 +103,8 @@ ARMS = (
         average_every=5),
     Arm("ring_ring_subset_avg10", "W1 ring, W2 ring on subset, exact average every 10", "ring", "ring", True,
         average_every=10),
+    Arm("ring_ring_subset_avg2", "W1 ring, W2 ring on subset, exact average every 2", "ring", "ring", True,
+        average_every=2),
     # the diagnosis: one change at a time against global_ring_subset_private
     Arm("global_ring_subset_mixed", "W1 global, W2 ring on subset, momentum mixed by W1", "global", "ring", True,
         mix_momentum=True),
