@@ -23,6 +23,7 @@ import pytest
 from gossamer.crypto.identity import Identity
 from gossamer.peer.testing.localproc import GossamerProcess
 from gossamer.peer.testing.netns import NetLab
+from tests.e2e.test_tlpp import RUN as TLPP_RUN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -55,6 +56,15 @@ HOSTS = {"relay": False, "public": False, "nat0": True, "nat1": True}
 def on(lab: NetLab, host: str) -> list[str]:
     address = lab.addresses[host]
     return ["--host", address, "--host_maddrs", f"/ip4/{address}/tcp/0", "--events", "--threads", "1"]
+
+
+def stop_all(procs: list[GossamerProcess]) -> None:
+    """Signal every process first, then wait for each: they shut down side by side."""
+    for proc in procs:
+        if proc.proc.poll() is None:
+            proc.proc.terminate()
+    for proc in procs:
+        proc.stop()
 
 
 @pytest.fixture
@@ -110,13 +120,12 @@ def test_nated_learners_find_themselves_private_and_train_through_a_relay(lab: N
             row = next(line for line in lines if line.startswith(proc.latest["ready"]["peer_id"][:12]))
             assert row[column:].split()[0] == ("public" if host == "public" else "relayed"), shown.stdout
     finally:
-        for proc in procs:
-            proc.stop()
+        stop_all(procs)
 
 
-BLOCKS = """
+BLOCKTRAIN = """
 [run]
-name = "nat-blocks"
+name = "{name}"
 protocol = "blocktrain"
 heartbeat_s = 1.0
 [model]
@@ -125,6 +134,8 @@ n_heads = 2
 context = 16
 num_blocks = 2
 [hyper]
+"""
+BLOCKS = BLOCKTRAIN.format(name="nat-blocks") + """
 min_workers = 1  # nobody trains here: the servers serve the blocks' first version
 route_timeout_s = 10.0
 eval_batches = 0
@@ -186,32 +197,9 @@ def test_a_nated_client_generates_through_public_block_servers_and_never_a_priva
         assert [addr.split(":")[0] for addr, _ in result["route"]] == [lab.addresses["public"]], result
         assert [addr.split(":")[0] for addr in result["unreachable"]] == [lab.addresses["nat1"]], result
     finally:
-        for proc in procs:  # all at once: each takes a moment to shut down
-            if proc.proc.poll() is None:
-                proc.proc.terminate()
-        for proc in procs:
-            proc.stop()
+        stop_all(procs)
 
 
-TLPP = """
-[run]
-name = "nat-tlpp"
-protocol = "tlpp"
-heartbeat_s = 1.0
-[model]
-cut = 3
-[hyper]
-mode = "secure"
-batch_size = 32
-optimizer = "adam"
-lr = 0.01
-steps = 60
-eval_every = 20
-min_nodes = 3
-node_timeout_s = 10.0
-helper_timeout_s = 5.0
-helper_wait_s = 2.0
-"""
 
 
 def test_nated_tlpp_nodes_train_in_secure_mode_through_the_relay(lab: NetLab, tmp_path: Path) -> None:
@@ -222,7 +210,7 @@ def test_nated_tlpp_nodes_train_in_secure_mode_through_the_relay(lab: NetLab, tm
     nodes = {"nat0": "node-nat0", "nat1": "node-nat1", "public": "node-public"}
     node_ids = {host: Identity.create(tmp_path / f"{name}.pem") for host, name in nodes.items()}
     keys = [helper.public_key.hex(), *(identity.public_key.hex() for identity in node_ids.values())]
-    (tmp_path / "run.toml").write_text(TLPP + f'helper = "{helper.peer_id}"\n[admission]\npolicy = "allowlist"\n'
+    (tmp_path / "run.toml").write_text(TLPP_RUN.format(name="nat-tlpp", mode="secure", steps=60) + f'helper = "{helper.peer_id}"\n[admission]\npolicy = "allowlist"\n'
                                        f"allow = {json.dumps(keys)}\n")
     orch = GossamerProcess(["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm", "--relay",
                             "--identity_path", str(tmp_path / "owner.pem"), "--checkpoint_dir", str(tmp_path / "ckpt"),
@@ -260,24 +248,10 @@ def test_nated_tlpp_nodes_train_in_secure_mode_through_the_relay(lab: NetLab, tm
         assert all(e["applied"] for e in steps), json.dumps([e for e in steps if not e["applied"]])
         assert finished["step"] == 60 and finished["test_loss"] < first["loss"] - 0.3, (first, finished)
     finally:
-        for proc in procs:  # all at once: each takes a moment to shut down
-            if proc.proc.poll() is None:
-                proc.proc.terminate()
-        for proc in procs:
-            proc.stop()
+        stop_all(procs)
 
 
-WORKERS = """
-[run]
-name = "nat-workers"
-protocol = "blocktrain"
-heartbeat_s = 1.0
-[model]
-d_model = 16
-n_heads = 2
-context = 16
-num_blocks = 2
-[hyper]
+WORKERS = BLOCKTRAIN.format(name="nat-workers") + """
 versions = 3
 local_steps = 3
 batch_size = 8
@@ -299,15 +273,18 @@ def test_a_nated_block_worker_pulls_its_block_and_its_updates_are_used(lab: NetL
     try:
         ready = orch.wait_ready()
         ids = {}
-        for host in ("public", "nat0"):
+        # the NATed worker first: training waits for min_workers = 2, so by the time the public one
+        # joins and the run starts, the NATed one has found itself private (the run takes a second)
+        for host in ("nat0", "public"):
             ids[host] = Identity.create(tmp_path / f"{host}.pem").peer_id
             procs.append(GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"],
                                           "--roles", "block-worker", "--identity_path", str(tmp_path / f"{host}.pem"),
-                                          *on(lab, host)], log_path=tmp_path / f"{host}.log",
-                                         wrapper=lab.wrapper(host)))
-        nated = procs[-1].wait_event(lambda e: e["event"] == "reachability" and e["reachability"] != "unknown",
-                                     timeout_s=90)
-        assert nated["reachability"] == "private", nated
+                                          "--checkpoint_dir", str(tmp_path / "ckpt"), *on(lab, host)],
+                                         log_path=tmp_path / f"{host}.log", wrapper=lab.wrapper(host)))
+            if host == "nat0":
+                nated = procs[-1].wait_event(lambda e: e["event"] == "reachability" and e["reachability"] != "unknown",
+                                             timeout_s=90)
+                assert nated["reachability"] == "private", nated
         versions, assignment = [], {}
         while (event := orch.wait_event(lambda e: e["event"] in ("blocktrain.assignment", "blocktrain.version",
                                                                  "blocktrain.finished"), timeout_s=120))["event"] \
@@ -320,8 +297,4 @@ def test_a_nated_block_worker_pulls_its_block_and_its_updates_are_used(lab: NetL
         assert mine and all(ids["nat0"] in e["used"] for e in mine), versions
         assert event["versions"] == [3, 3], event
     finally:
-        for proc in procs:
-            if proc.proc.poll() is None:
-                proc.proc.terminate()
-        for proc in procs:
-            proc.stop()
+        stop_all(procs)
