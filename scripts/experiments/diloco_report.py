@@ -4,7 +4,9 @@ Gap to DiLoCo = (held-out loss of the arm - DiLoCo's) / DiLoCo's, per round, wit
 the same text and seed; "mean of replicas" is what each learner holds, "replicas' average" is what
 a run could publish. The gap's slope is a least-squares line over the last 20 rounds, in
 percentage points per 10 rounds; the worst gap is the largest of the last 10 rounds (between two
-exact averages the replicas are further from DiLoCo than at them). Consensus distance: ``protocols.consensus.consensus_distance``
+exact averages the replicas are further from DiLoCo than at them), and the mean gap over the last
+20 rounds and over each 5-round period (what a learner holds on average, not only at the rounds an
+exact average lands on). Consensus distance: ``protocols.consensus.consensus_distance``
 of the parameters after the outer step (what the next round starts from), over all parameters.
 """
 
@@ -20,6 +22,7 @@ from diloco_cost import LINKS_MBIT, MODELLED_H, MODELLED_STEP_S, RTT_S
 TARGET_GAP_PCT = 3.0
 WINDOW = 20
 LAST = 10
+PERIOD = 5
 STAGE_ROWS = (("x", "x start"), ("m", "after W1"), ("x_next", "after step"), ("u", "u start"),
               ("u_mixed", "u after W1"), ("d", "d"), ("d_mixed", "d after W2"))
 
@@ -49,6 +52,7 @@ def _arm_summary(runs: list[dict], diloco: dict[int, dict]) -> dict[str, Any]:
             "seed": run["seed"], "curve": curve, "gap_pct": gap,
             "avg_gap_pct": [100 * (a - b) / b for a, b in zip(avg, base, strict=True)],
             "slope_pct_per_10": 10 * _slope(gap[-WINDOW:]) if len(gap) >= 3 else 0.0,
+            "period_gap_pct": [statistics.fmean(gap[i:i + PERIOD]) for i in range(0, len(gap), PERIOD)],
             "spread": [max(r["heldout"]) - min(r["heldout"]) for r in run["rounds"]], "cd": _cd(run)})
     final = [s["curve"][-1] for s in per_seed]
     gaps = [s["gap_pct"][-1] for s in per_seed]
@@ -59,6 +63,7 @@ def _arm_summary(runs: list[dict], diloco: dict[int, dict]) -> dict[str, Any]:
         "gap_pct": statistics.fmean(gaps), "gap_pct_range": (min(gaps), max(gaps)),
         "avg_gap_pct": statistics.fmean(s["avg_gap_pct"][-1] for s in per_seed),
         "worst_gap_pct": statistics.fmean(max(s["gap_pct"][-LAST:]) for s in per_seed),
+        "mean_gap_window_pct": statistics.fmean(statistics.fmean(s["gap_pct"][-WINDOW:]) for s in per_seed),
         "slope_pct_per_10": statistics.fmean(slopes), "slope_range": (min(slopes), max(slopes)),
         "spread_final": statistics.fmean(s["spread"][-1] for s in per_seed),
         "cd_before_window": statistics.fmean(s["cd"][-1 - window] for s in per_seed),
@@ -113,12 +118,12 @@ def render(payload: dict, arms: list) -> str:
                      f"that gap over the last {WINDOW} rounds; CD = consensus distance after the step:")
         parts.append(markdown_table(
             ["arm", "held-out loss, mean of replicas", "gap (seeds min..max)", f"worst gap, last {LAST} rounds",
-             "gap of replicas' average",
+             f"mean gap, last {WINDOW} rounds", "gap of replicas' average",
              "gap slope, pts / 10 rounds", "replica spread", f"CD round {rounds - WINDOW} -> {rounds}",
              "KB / round / learner", f"util 100 Mbit/s (150M, H={MODELLED_H})", "target"],
             [[r["label"], f"{r['final_mean']:.4f} ({r['final_sd']:.4f})",
               f"{r['gap_pct']:+.2f}% ({r['gap_pct_range'][0]:+.2f}..{r['gap_pct_range'][1]:+.2f})",
-              f"{r['worst_gap_pct']:+.2f}%", f"{r['avg_gap_pct']:+.2f}%", f"{r['slope_pct_per_10']:+.2f} ({r['slope_range'][0]:+.2f}..{r['slope_range'][1]:+.2f})",
+              f"{r['worst_gap_pct']:+.2f}%", f"{r['mean_gap_window_pct']:+.2f}%", f"{r['avg_gap_pct']:+.2f}%", f"{r['slope_pct_per_10']:+.2f} ({r['slope_range'][0]:+.2f}..{r['slope_range'][1]:+.2f})",
               f"{r['spread_final']:.3f}", f"{r['cd_before_window']:.3g} -> {r['cd_final']:.3g}",
               f"{r['cost']['measured']['bytes_per_round'] / 1e3:.0f}",
               f"{100 * r['cost']['modelled_H500']['util_100mbit']:.1f}%",
@@ -133,6 +138,12 @@ def render(payload: dict, arms: list) -> str:
         parts.append("Gap to DiLoCo per round (mean over seeds, % of DiLoCo's held-out loss):")
         parts.append(markdown_table(["arm"] + [str(t) for t in marks], [
             [r["label"]] + [f"{statistics.fmean(p['gap_pct'][t - 1] for p in r['per_seed']):+.1f}" for t in marks]
+            for key, r in by_arm.items() if key != "diloco"]))
+        periods = range(0, rounds, PERIOD)
+        parts.append(f"Gap to DiLoCo averaged over each {PERIOD} rounds (mean over seeds, %):")
+        parts.append(markdown_table(["arm"] + [f"{t + 1}-{min(t + PERIOD, rounds)}" for t in periods], [
+            [r["label"]] + [f"{statistics.fmean(p['period_gap_pct'][i] for p in r['per_seed']):+.1f}"
+                            for i in range(len(periods))]
             for key, r in by_arm.items() if key != "diloco"]))
     first = next(iter(summary.values()))
     util_headers = ["arm"] + [f"{case} {m} Mbit/s" for case in ("measured", f"modelled H={s['inner_steps']}",
