@@ -154,8 +154,7 @@ class StepDriver:
                 return None
             short = self.settings.too_few(plan, {n: len(i) for n, i in plan.items()})
             if short:
-                self._give_up(ledger, f"not run: {short}")
-                return None
+                return self._give_up(ledger, f"not run: {short}")
         forwarded = await self._forward_all(ledger.step, plan, ledger, helper)
         if not forwarded:
             ledger.note = "no node answered the forward pass"
@@ -286,8 +285,7 @@ class StepDriver:
         sizes = {n: f.act.shape[0] for n, f in forwarded.items()}
         short = self.settings.too_few(forwarded, sizes)
         if short:
-            self._give_up(ledger, f"not run: of the nodes that answered the forward pass, {short}")
-            return None
+            return self._give_up(ledger, f"not run: of the nodes that answered the forward pass, {short}")
         reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {"nodes": sorted(forwarded), "sizes": sizes},
                                                        {"weight": weight.detach().cpu()}))
         used = _used(reply, forwarded)
@@ -298,8 +296,7 @@ class StepDriver:
             return None
         short = self.settings.too_few(used, sizes)
         if short:  # the helper never answers such a share; nothing is reconstructed from one that does
-            self._give_up(ledger, f"not reconstructed: {short}")
-            return None
+            return self._give_up(ledger, f"not reconstructed: {short}")
         rows = sum(forwarded[n].act.shape[0] for n in used)
         check_tensors(reply.tensors, {"logits": torch.empty(rows, settings.num_classes, dtype=torch.int64)},
                       what="the helper's logit share")
@@ -327,21 +324,21 @@ class StepDriver:
         if short:
             return self._give_up(ledger, f"not summed: {short}")
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
-        kept = _used(helper_sum, shares)
-        for node in sorted(set(shares) - set(kept)):
+        summed = _used(helper_sum, shares)
+        for node in sorted(set(shares) - set(summed)):
             ledger.drop(node, "sum", "the helper holds no gradient share")
-        if not kept:
+        if not summed:
             return self._give_up(ledger, "the helper holds no gradient share of any node that completed the backward pass")
-        short = self.settings.too_few(kept, sizes)
+        short = self.settings.too_few(summed, sizes)
         if short:
             return self._give_up(ledger, f"not reconstructed: {short}")
-        ledger.use(kept)
-        ledger.samples = sum(ledger.planned.get(n, 0) for n in kept)
+        ledger.use(summed)
+        ledger.samples = sum(ledger.planned.get(n, 0) for n in summed)
         check_tensors(helper_sum.tensors, self._grads, what="the helper's summed share")
-        own_sum = server_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in kept])
+        own_sum = server_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in summed])
         grads = orchestrator_gradients(own_sum, PartyShare(HELPER, helper_sum.tensors[GRADS]), layout=self._layout,
                                        grad_scale=scale)
-        completed = sum(forwarded[n].act.shape[0] for n in kept)
+        completed = sum(forwarded[n].act.shape[0] for n in summed)
         factor = rows / completed
         return {k: (v * factor).to(self._params[k].dtype).to(self.device) for k, v in grads.items()}
 
