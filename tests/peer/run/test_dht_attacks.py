@@ -108,7 +108,7 @@ async def assert_everyone_sees_everyone(swarm: Swarm) -> None:
         assert not daemon.store_log.refused, f"{daemon.config.public_name}'s stores were refused"
 
 
-async def withstood(swarm: Swarm, *, refused_before: int, since: float) -> None:
+async def assert_withstood(swarm: Swarm, *, refused_before: int, since: float) -> None:
     """After an attack started at ``since``: some daemon refused its writes, and once a record
     lifetime has passed every daemon still sees every daemon."""
     await outlived(swarm, since)
@@ -155,7 +155,7 @@ async def test_another_keys_record_under_a_victims_subkey_does_not_hide_it(swarm
 
     for value in (blob, as_entry):  # the bare record, and the record in an entry mallory signed
         await swarm.attacker.store(swarm.peers, value, now + FAR_S, subkey=swarm.victim.identity.peer_id)
-    await withstood(swarm, refused_before=refused_before, since=now)
+    await assert_withstood(swarm, refused_before=refused_before, since=now)
 
 
 async def test_a_victims_own_record_replayed_with_a_later_expiration_does_not_pin_it(swarm: Swarm) -> None:
@@ -166,7 +166,7 @@ async def test_a_victims_own_record_replayed_with_a_later_expiration_does_not_pi
     now = get_dht_time()
 
     await swarm.attacker.store(swarm.peers, stolen, now + FAR_S, subkey=victim_id)
-    await withstood(swarm, refused_before=refused_before, since=now)
+    await assert_withstood(swarm, refused_before=refused_before, since=now)
 
 
 async def test_an_empty_value_does_not_withdraw_the_orchestrator(swarm: Swarm) -> None:
@@ -174,7 +174,7 @@ async def test_an_empty_value_does_not_withdraw_the_orchestrator(swarm: Swarm) -
     now = get_dht_time()
 
     await swarm.attacker.store(swarm.peers, b"", now + 120.0, subkey=swarm.owner.identity.peer_id)
-    await withstood(swarm, refused_before=refused_before, since=now)
+    await assert_withstood(swarm, refused_before=refused_before, since=now)
 
 
 async def test_a_plain_value_over_the_peers_key_does_not_wipe_it(swarm: Swarm) -> None:
@@ -182,7 +182,7 @@ async def test_a_plain_value_over_the_peers_key_does_not_wipe_it(swarm: Swarm) -
     now = get_dht_time()
 
     await swarm.attacker.store(swarm.peers, b"not a dictionary", now + FAR_S)
-    await withstood(swarm, refused_before=refused_before, since=now)
+    await assert_withstood(swarm, refused_before=refused_before, since=now)
 
 
 async def test_junk_under_the_manifest_key_does_not_stop_a_new_peer_joining(swarm: Swarm) -> None:
@@ -195,7 +195,7 @@ async def test_junk_under_the_manifest_key_does_not_stop_a_new_peer_joining(swar
     await swarm.attacker.store(swarm.manifest, b"junk", now + FAR_S, subkey=swarm.owner.identity.peer_id)
     await swarm.attacker.store(swarm.manifest, b"junk", now + FAR_S, subkey=mallory.peer_id)
     await swarm.attacker.store(swarm.manifest, signed_junk, now + 60, subkey=mallory.peer_id)  # not the owner's
-    await withstood(swarm, refused_before=refused_before, since=now)
+    await assert_withstood(swarm, refused_before=refused_before, since=now)
     late = await swarm.join(f"late-{len(swarm.daemons)}")
 
     assert late.manifest.blob == swarm.owner.manifest.blob
@@ -209,7 +209,7 @@ async def test_thousands_of_junk_subkeys_never_reach_the_readers(swarm: Swarm) -
 
     await swarm.attacker.store_many([swarm.peers] * count, [os.urandom(256) for _ in range(count)],
                                     [now + FAR_S] * count, subkeys=subkeys)
-    await withstood(swarm, refused_before=refused_before, since=now)
+    await assert_withstood(swarm, refused_before=refused_before, since=now)
     for daemon in swarm.daemons:
         assert sum(daemon.view.rejected.values()) == 0, "junk reached the record reader"
 
