@@ -109,16 +109,18 @@ def test_nated_learners_find_themselves_private_and_train_through_a_relay(lab: N
             assert mixed["timed_out"] == [], (host, mixed)
         assert "this peer is private" in learners["nat0"].log()
         # what `gossamer status` shows a user behind NAT: each learner's reachability in the REACH column
-        shown = subprocess.run([*lab.wrapper("nat1"), sys.executable, "-m", "gossamer.peer.cli", "status", "--run",
-                                ready["run_id"], "--initial_peers", *ready["maddrs"]],
-                               capture_output=True, text=True, timeout=120)
-        assert shown.returncode == 0, shown.stderr[-2000:]
-        lines = shown.stdout.splitlines()
-        header = next(line for line in lines if line.startswith("PEER ID"))
-        column = header.index("REACH")
-        for host, proc in learners.items():
-            row = next(line for line in lines if line.startswith(proc.latest["ready"]["peer_id"][:12]))
-            assert row[column:].split()[0] == ("public" if host == "public" else "relayed"), shown.stdout
+        def reach_column() -> dict[str, str]:  # one snapshot of the DHT: a record may be a heartbeat late
+            shown = subprocess.run([*lab.wrapper("nat1"), sys.executable, "-m", "gossamer.peer.cli", "status",
+                                    "--run", ready["run_id"], "--initial_peers", *ready["maddrs"]],
+                                   capture_output=True, text=True, timeout=120)
+            assert shown.returncode == 0, shown.stderr[-2000:]
+            lines = shown.stdout.splitlines()
+            column = next(line for line in lines if line.startswith("PEER ID")).index("REACH")
+            return {line[:12]: line[column:].split()[0] for line in lines[2:] if len(line) > column}
+
+        wanted = {proc.latest["ready"]["peer_id"][:12]: "public" if host == "public" else "relayed"
+                  for host, proc in learners.items()}
+        wait_for(reach_column, lambda shown: all(shown.get(k) == v for k, v in wanted.items()), timeout_s=90)
     finally:
         stop_all(procs)
 
