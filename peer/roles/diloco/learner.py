@@ -51,7 +51,7 @@ from gossamer.peer.roles.diloco.keeping import KeptState
 from gossamer.peer.roles.diloco.ledger import RoundLedger
 from gossamer.peer.roles.diloco.pacing import LearnerPacing
 from gossamer.peer.roles.diloco.settings import DilocoSettings
-from gossamer.peer.roles.diloco.steering import inbox_budget
+from gossamer.peer.roles.diloco.steering import inbox_budget, reach_rounds
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.diloco import DilocoReplica, Params
 from gossamer.protocols.mixing import neighbours
@@ -86,9 +86,11 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
                                          max_body_bytes=ctx.http_config.max_body_bytes)
         self.aggregator = PseudoGradientAggregator(self.settings, me=ctx.identity.peer_id)
         self.attack = parse_attack(ctx.config.attack, self.aggregator) if ctx.config.attack else None
-        self.inbox = Inbox()
+        reach = reach_rounds(self.settings.catch_up_rounds)
+        self.inbox = Inbox(window_rounds=reach)
         self.pacing = LearnerPacing(self.settings.w2_deadline_s, adaptive=self.settings.pacing == "adaptive",
-                                    pacing=Pacing(floor_s=min(self.settings.w2_floor_s, self.settings.w2_deadline_s)))
+                                    pacing=Pacing(floor_s=min(self.settings.w2_floor_s, self.settings.w2_deadline_s)),
+                                    ahead=reach)
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
@@ -96,6 +98,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
         self.finished = False
         self.alone_waited = False  # this learner found itself alone mid-run and has waited once
+        self._sending_for: int | None = None  # the round whose sends are not drained yet
         self.ended_before_join: int | None = None  # the round the run had finished at when this one came
         self.checkpoint_path = ""
         self.kept = KeptState(self.checkpoints, f"{ctx.manifest.config.name}-{self.peer_id[:12]}-state",
@@ -119,7 +122,10 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
 
     @property
     def round(self) -> int:
-        return self.replica.round
+        """The round this peer's record says it is in: round t until t's sends are drained, though
+        the replica counts t + 1 once its outer step is taken (``_collect`` of the other learners
+        relies on it: a record past t means nothing more comes for t)."""
+        return self.replica.round if self._sending_for is None else self._sending_for
 
     @property
     def series(self) -> dict[str, list[list[float]]]:
@@ -219,6 +225,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
 
     async def _one_round(self) -> RoundLedger:
         started, t = time.monotonic(), self.replica.round
+        self._sending_for = t
         self._advance_inbox(t)
         learners = self._learners()
         me = learners.index(self.ctx.identity.peer_id)
@@ -264,6 +271,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         await self.ctx.fault_point("aggregate", t)  # a test's crash mid-aggregate: received, not applied
         self.replica.finish_round(m, d_mixed, u_mixed)
         await self._drain(sending)
+        self._sending_for = None
         evaluated = time.monotonic()
         ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
         ledger.eval_s = time.monotonic() - evaluated
@@ -275,14 +283,21 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
 
     async def _collect(self, kind: str, t: int, senders: list[str], timeout_s: float,
                        wait_for: list[str]) -> dict[str, Params]:
-        """With adaptive pacing ``collect_from_live``: a learner whose record left the view is no
-        longer waited for. Fixed pacing waits for everyone it expected (a record can lapse on a
-        loaded host whose peer is still there)."""
-        if not self.pacing.adaptive:
-            return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s, wait_for=wait_for)
+        """Wait for round t's messages no longer than they can still come: a learner whose record
+        shows a later round has finished round t, its sends included (a round drains its sends
+        before the next one is announced), so what it sent for t is here already or never comes;
+        it is not waited for. Without this a learner behind waited out every deadline for peers
+        that had moved on, while they waited out theirs for it, and the gap never closed. With
+        adaptive pacing a learner whose record left the view is not waited for either; fixed
+        pacing waits for it (a record can lapse on a loaded host whose peer is still there)."""
+        def may_send(sender: str) -> bool:
+            live = self.ctx.view.get(sender)
+            if live is None:
+                return not self.pacing.adaptive
+            return live.record.round <= t
+
         return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
-                                       is_live=lambda s: self.ctx.view.get(s) is not None,
-                                       until_view=self.ctx.until_view)
+                                       may_send=may_send, until_view=self.ctx.until_view)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
               learners: list[str]) -> tuple[Params, Params | None]:

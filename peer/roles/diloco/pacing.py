@@ -29,8 +29,6 @@ from gossamer.protocols.pacing import AdaptiveDeadline, Pacing, SlowPeers
 
 KEEP_ROUNDS = 8
 """Rounds whose start and W2 wait times are kept, for arrivals that come late."""
-AHEAD = 2
-"""Rounds ahead of ours whose arrivals are kept until we get there (the inbox's window)."""
 MIN_GAP_S = 0.5
 """How much later than the others' a learner's median must also be to count as slow."""
 
@@ -38,8 +36,9 @@ MIN_GAP_S = 0.5
 class LearnerPacing:
     """The W2 deadline and the fail-slow learners, from measured arrivals (see the module docstring)."""
 
-    def __init__(self, w2_deadline_s: float, *, adaptive: bool, pacing: Pacing = Pacing()) -> None:
+    def __init__(self, w2_deadline_s: float, *, adaptive: bool, pacing: Pacing = Pacing(), ahead: int = 2) -> None:
         self.ceiling_s = w2_deadline_s
+        self.ahead = ahead  # rounds ahead of ours whose arrivals are kept until we get there (the inbox's window)
         self.adaptive = adaptive
         self.deadline = AdaptiveDeadline(w2_deadline_s, pacing)
         self.slow = SlowPeers(min_gap_s=MIN_GAP_S)
@@ -85,7 +84,7 @@ class LearnerPacing:
         """A pseudo-gradient for ``round`` from ``sender`` arrived at ``now``."""
         key = (round, sender)
         current = max(self._started, default=0)
-        if key in self._measured or key in self._arrivals or not current - KEEP_ROUNDS < round <= current + AHEAD:
+        if key in self._measured or key in self._arrivals or not current - KEEP_ROUNDS < round <= current + self.ahead:
             return  # measured already, or too old or too far ahead to count (bounded memory)
         self._arrivals[key] = now
         if round in self._settled:  # late: our wait for it is over

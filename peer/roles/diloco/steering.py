@@ -21,6 +21,16 @@ def inbox_budget(model_bytes: int, *, window_rounds: int, steering_learners: int
     return 2 * CONTRIBUTION_KINDS * (window_rounds + 1) * max(steering_learners, 1) * model_bytes
 
 
+def reach_rounds(catch_up_rounds: int) -> int:
+    """Rounds ahead of its own that a learner's inbox keeps (and its pacing measures). The catch-up
+    rule leaves alone every learner within ``catch_up_rounds - 1`` of the median round, so two it
+    leaves alone can be ``2 (catch_up_rounds - 1)`` apart: the one behind must keep the one ahead's
+    contributions, or both time out on each other round after round at a gap neither rule closes
+    (three learners at rounds r, r + 1, r + 3 with a window of 2 did, for good). In reach, the one
+    behind mixes with the one ahead and, never waiting for it, catches up."""
+    return max(2, 2 * (catch_up_rounds - 1))
+
+
 def out_of_step(mine: int, others: list[int], *, threshold: int) -> int | None:
     """The round to adopt when ``mine`` is ``threshold`` or more away from the median round of all
     the learners (this one included; the upper median, so a tie goes to the further-on half);

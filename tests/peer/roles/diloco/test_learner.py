@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.settings import DilocoSettings
-from gossamer.peer.roles.diloco.steering import out_of_step
+from gossamer.peer.roles.diloco.steering import out_of_step, reach_rounds
 from gossamer.peer.run.manifest import RunConfig
 
 
@@ -32,6 +34,21 @@ def learner_settings(run: RunConfig) -> DilocoSettings:
 def test_out_of_step_measures_from_the_median_round_of_all_learners(mine: int, others: list[int],
                                                                     want: int | None) -> None:
     assert out_of_step(mine, others, threshold=3) == want
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 3, 4])
+@pytest.mark.parametrize("learners", [2, 3, 4, 5])
+def test_every_two_learners_the_catch_up_rule_leaves_alone_are_in_each_others_reach(threshold: int,
+                                                                                   learners: int) -> None:
+    """Where no learner is out of step, the one behind keeps the one ahead's contributions: with an
+    inbox window of 2 and the default threshold of 3, rounds (0, 1, 3) left the first and the last
+    timing out on each other for good (an e2e run stuck there)."""
+    reach = reach_rounds(threshold)
+    for rounds in itertools.product(range(2 * threshold + 2), repeat=learners):
+        if all(out_of_step(r, [*rounds[:i], *rounds[i + 1:]], threshold=threshold) is None
+               for i, r in enumerate(rounds)):
+            assert max(rounds) - min(rounds) <= reach, (rounds, reach)
+    assert reach_rounds(3) > 2  # the window the stuck run had was too small
 
 
 def test_min_learners_and_catch_up_rounds_come_from_the_manifest() -> None:
