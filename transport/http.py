@@ -41,7 +41,10 @@ class HttpConfig:
         max_body_bytes: largest body read (request bodies on the server, responses on the client).
         max_json_bytes: largest JSON body read.
         header_timeout_s: the request line and headers must arrive within this after the
-            connection opens or after the previous response (slowloris protection).
+            connection opens or after the previous response (slowloris protection): a server
+            closes a keep-alive connection idle this long. The client gives up its own idle
+            connections at half of it (``client_keepalive_s``), so it never sends on one that
+            a server with the same setting is closing.
         idle_timeout_s: most time without a byte while a body is received (or sent by
             ``stream_tensors``); also the client's per-read deadline.
         request_timeout_s: deadline of one whole request (server: the handler; client: the call).
@@ -89,6 +92,14 @@ class HttpConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"HttpConfig.{name} must be a positive int, got {value!r}")
+
+    @property
+    def client_keepalive_s(self) -> float:
+        """How long the client keeps an idle connection for reuse: half of ``header_timeout_s``.
+        aiohttp's own default (15 s) outlived the server's 10 s, so a request sent after a 10-15 s
+        lull (a round's deadline, say) could go out on a connection the server was closing and be
+        lost ("Server disconnected", "Connection reset by peer")."""
+        return self.header_timeout_s / 2
 
     def body_deadline_s(self, nbytes: int) -> float:
         """How long a body of ``nbytes`` may take to arrive whole."""

@@ -61,7 +61,7 @@ class HttpClient:
     async def create(cls, *, config: HttpConfig = HttpConfig()) -> HttpClient:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s,
                                         sock_read=config.idle_timeout_s)
-        connector = aiohttp.TCPConnector(limit=config.max_connections)
+        connector = aiohttp.TCPConnector(limit=config.max_connections, keepalive_timeout=config.client_keepalive_s)
         session = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=config.chunk_bytes,
                                         auto_decompress=False, trust_env=False)
         return cls(session, config)

@@ -44,6 +44,24 @@ from gossamer.transport.wan_link import DirectionCounters, InjectedReset, LinkPr
 __all__ = ["DirectionStats", "LinkProfile", "ProxyOptions", "WanProxy", "WanStats", "listen_socket"]
 
 logger = logging.getLogger(__name__)
+CANCEL_AGAIN_S = 1.0
+"""How long ``cancel_until_done`` waits for cancelled tasks before cancelling the ones left again."""
+
+
+async def cancel_until_done(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks``, again every ``CANCEL_AGAIN_S`` while any is left (a task can lose a
+    cancellation: Python 3.11's ``asyncio.wait_for`` drops one that comes as its awaitable
+    completes), until all are done; a cancellation of the caller meanwhile is raised after."""
+    cancelled = False
+    while pending := [task for task in tasks if not task.done()]:
+        for task in pending:
+            task.cancel()
+        try:
+            await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,11 +226,7 @@ class WanProxy:
         if self._closed:
             return
         self._closed = True
-        tasks = [task for task in (self._accept_task, *self._tasks) if task is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await cancel_until_done([task for task in (self._accept_task, *self._tasks) if task is not None])
         self._listener.close()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
@@ -243,8 +257,10 @@ class WanProxy:
         sock = socket.socket(self._target_family, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
-            await asyncio.wait_for(self._loop.sock_connect(sock, self._target_address),
-                                   self._options.connect_timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that comes as
+            # the connect completes, and a relay through an hour-long blackhole then held aclose for good
+            async with asyncio.timeout(self._options.connect_timeout_s):
+                await self._loop.sock_connect(sock, self._target_address)
         except BaseException:  # closed here on any failure (cancel included), then re-raised
             sock.close()
             raise
@@ -272,25 +288,30 @@ class WanProxy:
                     _abort(sock)
 
     async def _relay(self, client: socket.socket, target: socket.socket) -> bool:
-        """Run both pipes; True when both ended in an orderly EOF, False after a reset or error."""
+        """Run both pipes; True when both ended in an orderly EOF, False after a reset or error.
+        The pipes are ended with ``cancel_until_done``, not a TaskGroup: a TaskGroup cancels its
+        tasks once, and a pipe that lost that cancellation held the relay (and ``aclose``) for good."""
         for sock in (client, target):
             with contextlib.suppress(OSError):  # a peer already gone shows up in the pipes below
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         pipes = (self._pipe(client, target, self._up, self._up_rng, self._up_counters),
                  self._pipe(target, client, self._down, self._down_rng, self._down_counters))
-        clean = True
+        tasks = [self._loop.create_task(loop) for pipe in pipes for loop in (pipe.read_loop(), pipe.write_loop())]
         try:
-            async with asyncio.TaskGroup() as group:
-                for pipe in pipes:
-                    group.create_task(pipe.read_loop())
-                    group.create_task(pipe.write_loop())
-        except* InjectedReset:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            await cancel_until_done(tasks)
+        errors = [task.exception() for task in tasks if not task.cancelled() and task.exception() is not None]
+        if any(isinstance(error, InjectedReset) for error in errors):
             self._counts.reset += 1
-            clean = False
-        except* OSError as group_error:
-            logger.debug("WAN proxy connection ended by a socket error: %s", group_error.exceptions[0])
-            clean = False
-        return clean
+            return False
+        for error in errors:
+            if not isinstance(error, OSError):
+                raise error  # type: ignore[misc]
+        if errors:
+            logger.debug("WAN proxy connection ended by a socket error: %s", errors[0])
+            return False
+        return True
 
     def _pipe(self, src: socket.socket, dst: socket.socket, profile: LinkProfile, rng: random.Random,
               counters: DirectionCounters) -> Pipe:

@@ -349,3 +349,17 @@ async def test_aclose_is_idempotent_and_releases_everything(no_leaks: None) -> N
     await server.aclose()
 
     assert server.connections_open == 0
+
+
+async def test_the_client_gives_up_idle_connections_before_a_server_would_close_them() -> None:
+    """A server closes a keep-alive connection idle ``header_timeout_s``; aiohttp's client kept its
+    own for 15 s, so after a 10-15 s lull (a learner's round deadline) a request could go out on a
+    connection the server was closing and be lost. Learners over WAN links lost a few messages a run
+    that way after every faulted round (``scripts/chaos/wan_faults.py``)."""
+    config = HttpConfig(header_timeout_s=10.0)
+    client = await HttpClient.create(config=config)
+    try:
+        keepalive = client._session.connector._keepalive_timeout  # type: ignore[union-attr]
+        assert keepalive == config.client_keepalive_s == 5.0 < config.header_timeout_s
+    finally:
+        await client.aclose()

@@ -295,3 +295,34 @@ async def test_aclose_with_live_connections_leaves_no_tasks_or_sockets(echo: Ech
     assert set(server_outcomes) <= {"reset", "eof"} and set(client_outcomes) <= {"reset", "eof"}
     assert len(asyncio.all_tasks()) == tasks_before
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+async def test_aclose_ends_a_relay_that_swallowed_a_cancellation(echo: EchoServer, monkeypatch) -> None:
+    """Python 3.11's ``asyncio.wait_for`` can drop a cancellation that comes as its awaitable
+    completes (the proxy's connect used it); the relay then went on into an hour-long blackhole
+    and ``aclose`` waited for it for good (a chaos run hung there). Here a pipe swallows the first
+    cancellation outright: aclose cancels what is left again until it is done."""
+    from gossamer.transport import wan_link
+
+    original = wan_link.Pipe.write_loop
+
+    async def stubborn(self) -> None:
+        try:
+            await original(self)
+        except asyncio.CancelledError:
+            await asyncio.sleep(3600)  # as if the cancellation had never come
+
+    monkeypatch.setattr(wan_link.Pipe, "write_loop", stubborn)
+    proxy = await WanProxy.create("127.0.0.1", echo.port, up=LinkProfile(latency_s=3600.0))
+    _reader, writer = await asyncio.open_connection(*proxy.address)
+    writer.write(b"into the blackhole")
+    await asyncio.wait_for(writer.drain(), TIMEOUT_S)
+    while echo.connections == 0:  # noqa: ASYNC110  (the proxy has connected to the target: passes of the loop)
+        await asyncio.sleep(0)
+    for _ in range(10):  # and started its pipes
+        await asyncio.sleep(0)
+
+    await asyncio.wait_for(proxy.aclose(), TIMEOUT_S)
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
