@@ -16,10 +16,12 @@ round before the window, healed when it has finished the window's last round):
 Not here: 1-byte slicing (the proxy reads up to its chunk size; it has no slicing mode yet).
 
 Pass, for every case: every learner finishes every round (the run does not stall), every ledger
-balances, no wait went past its deadline (10 s, with 1 s slack for the event loop), and after the
-final exact-average round the learners that mixed with everyone in it are bit-identical.
+balances, no wait went past its deadline (10 s, with 1 s slack for the event loop), after the
+final exact-average round the learners that mixed with everyone in it are bit-identical, and (with
+at least 4 rounds after the fault) every learner is back in step by the last round: none of them
+waits for the others' contributions for rounds they have left, so the one behind catches up.
 
-    .venv/bin/python scripts/chaos/wan_faults.py [--rounds 6] [--json PATH]
+    .venv/bin/python scripts/chaos/wan_faults.py [--rounds 8] [--json PATH]
 """
 
 from __future__ import annotations
@@ -91,13 +93,17 @@ async def one_case(case: Case, *, rounds: int, workdir: Path) -> dict:
             await after_round(net, roles["l0"], case.last)  # type: ignore[arg-type]
             await net.shape("l3", case.base)
         await asyncio.wait_for(asyncio.gather(*(role.drain() for role in roles.values())), timeout=600)
-        return {"case": case.name, "wall_s": time.monotonic() - started, **check(roles, rounds)}  # type: ignore[arg-type]
+        healed = case.last if case.fault is not None else -1
+        return {"case": case.name, "wall_s": time.monotonic() - started,
+                **check(roles, rounds, healed=healed)}  # type: ignore[arg-type]
     finally:
         await net.aclose()
 
 
-def check(roles: dict[str, LearnerRole], rounds: int) -> dict:
-    problems, max_wait, partial = [], 0.0, 0
+def check(roles: dict[str, LearnerRole], rounds: int, *, healed: int) -> dict:
+    """``healed``: the last round of the fault (-1: none). Two rounds after it, every learner must be
+    back in step: complete in the last round (the run has to be long enough to say)."""
+    problems, max_wait, partial, partial_at = [], 0.0, 0, set()
     for name, role in roles.items():
         if not (role.finished and role.round == rounds):
             problems.append(f"{name} stopped at round {role.round}")
@@ -105,14 +111,19 @@ def check(roles: dict[str, LearnerRole], rounds: int) -> dict:
             problems += [f"{name} round {ledger.round}: {p}" for p in ledger.balance_problems()]
             max_wait = max(max_wait, ledger.w1_wait_s, ledger.w2_wait_s)
             partial += ledger.partial()
+            if ledger.partial():
+                partial_at.add(ledger.round)
     if max_wait > DEADLINE_S + SLACK_S:
         problems.append(f"a wait went past its deadline ({max_wait:.1f} s)")
     complete = [role for role in roles.values()
                 if (last := role.history.get(rounds - 1)) is not None and not last.partial()]
+    if rounds >= healed + 4 and len(complete) < len(roles):
+        problems.append(f"only {len(complete)} of {len(roles)} learners back in step in the last round")
     identical = bit_identical(complete)
     if not identical:
         problems.append("the learners complete in the final exact-average round are not bit-identical")
-    return {"partial_rounds": partial, "complete_in_last_round": len(complete), "max_wait_s": max_wait,
+    return {"partial_rounds": partial, "in_step_from": max(partial_at, default=-1) + 1,
+            "complete_in_last_round": len(complete), "max_wait_s": max_wait,
             "identical": identical, "problems": problems, "passed": not problems}
 
 
@@ -129,7 +140,7 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/wan_faults.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -137,12 +148,12 @@ def main() -> None:
     results = asyncio.run(main_async(args))
     print(f"\nDiLoCo over WAN links: {PEERS} learners, {args.rounds} rounds, l3's fault in rounds 1-2; "
           f"load before {load_before}, after {load()}\n")
-    print("| case | passed | wall (s) | partial rounds (of all learners') | longest wait (s) | "
-          "learners complete in the last round, bit-identical |")
-    print("|---|---|---|---|---|---|")
+    print("| case | passed | wall (s) | partial rounds (of all learners') | every round complete from | "
+          "longest wait (s) | learners complete in the last round, bit-identical |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['case']} | {'yes' if r['passed'] else 'NO'} | {r['wall_s']:.1f} | {r['partial_rounds']} of "
-              f"{PEERS * args.rounds} | {r['max_wait_s']:.1f} | {r['complete_in_last_round']}, "
+              f"{PEERS * args.rounds} | {r['in_step_from']} | {r['max_wait_s']:.1f} | {r['complete_in_last_round']}, "
               f"{'yes' if r['identical'] else 'NO'} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
