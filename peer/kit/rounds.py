@@ -72,8 +72,7 @@ async def collect_from_live(inbox: Inbox[T], kind: str, round: int, senders: Ite
                             wait_for: Iterable[str] | None = None) -> dict[str, T]:
     """What ``senders`` sent for (kind, round): waits until each of ``wait_for`` (all of
     ``senders`` when None) has sent or can no longer send (``may_send`` false, read again at every
-    view refresh: a killed peer's record expired, or its record shows it has left the round), or
-    ``timeout_s`` passed, whichever comes first."""
+    view refresh: a killed peer's record expired), or ``timeout_s`` passed, whichever comes first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     senders = set(senders)

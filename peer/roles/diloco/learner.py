@@ -98,7 +98,6 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
         self.finished = False
         self.alone_waited = False  # this learner found itself alone mid-run and has waited once
-        self._sending_for: int | None = None  # the round whose sends are not drained yet
         self.ended_before_join: int | None = None  # the round the run had finished at when this one came
         self.checkpoint_path = ""
         self.kept = KeptState(self.checkpoints, f"{ctx.manifest.config.name}-{self.peer_id[:12]}-state",
@@ -122,10 +121,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
 
     @property
     def round(self) -> int:
-        """The round this peer's record says it is in: round t until t's sends are drained, though
-        the replica counts t + 1 once its outer step is taken (``_collect`` of the other learners
-        relies on it: a record past t means nothing more comes for t)."""
-        return self.replica.round if self._sending_for is None else self._sending_for
+        return self.replica.round
 
     @property
     def series(self) -> dict[str, list[list[float]]]:
@@ -225,7 +221,6 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
 
     async def _one_round(self) -> RoundLedger:
         started, t = time.monotonic(), self.replica.round
-        self._sending_for = t
         self._advance_inbox(t)
         learners = self._learners()
         me = learners.index(self.ctx.identity.peer_id)
@@ -271,7 +266,6 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         await self.ctx.fault_point("aggregate", t)  # a test's crash mid-aggregate: received, not applied
         self.replica.finish_round(m, d_mixed, u_mixed)
         await self._drain(sending)
-        self._sending_for = None
         evaluated = time.monotonic()
         ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
         ledger.eval_s = time.monotonic() - evaluated
@@ -283,21 +277,14 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
 
     async def _collect(self, kind: str, t: int, senders: list[str], timeout_s: float,
                        wait_for: list[str]) -> dict[str, Params]:
-        """Wait for round t's messages no longer than they can still come: a learner whose record
-        shows a later round has finished round t, its sends included (a round drains its sends
-        before the next one is announced), so what it sent for t is here already or never comes;
-        it is not waited for. Without this a learner behind waited out every deadline for peers
-        that had moved on, while they waited out theirs for it, and the gap never closed. With
-        adaptive pacing a learner whose record left the view is not waited for either; fixed
-        pacing waits for it (a record can lapse on a loaded host whose peer is still there)."""
-        def may_send(sender: str) -> bool:
-            live = self.ctx.view.get(sender)
-            if live is None:
-                return not self.pacing.adaptive
-            return live.record.round <= t
-
+        """With adaptive pacing ``collect_from_live``: a learner whose record left the view is no
+        longer waited for. Fixed pacing waits for everyone it expected (a record can lapse on a
+        loaded host whose peer is still there)."""
+        if not self.pacing.adaptive:
+            return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s, wait_for=wait_for)
         return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
-                                       may_send=may_send, until_view=self.ctx.until_view)
+                                       may_send=lambda s: self.ctx.view.get(s) is not None,
+                                       until_view=self.ctx.until_view)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
               learners: list[str]) -> tuple[Params, Params | None]:

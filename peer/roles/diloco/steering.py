@@ -24,10 +24,10 @@ def inbox_budget(model_bytes: int, *, window_rounds: int, steering_learners: int
 def reach_rounds(catch_up_rounds: int) -> int:
     """Rounds ahead of its own that a learner's inbox keeps (and its pacing measures). The catch-up
     rule leaves alone every learner within ``catch_up_rounds - 1`` of the median round, so two it
-    leaves alone can be ``2 (catch_up_rounds - 1)`` apart: the one behind must keep the one ahead's
-    contributions, or both time out on each other round after round at a gap neither rule closes
-    (three learners at rounds r, r + 1, r + 3 with a window of 2 did, for good). In reach, the one
-    behind mixes with the one ahead and, never waiting for it, catches up."""
+    leaves alone can be ``2 (catch_up_rounds - 1)`` apart, and the one behind must keep what the one
+    ahead sends for the rounds it has not reached yet, or it never uses any of it (three learners at
+    rounds r, r + 1 and r + 3 with a window of 2: the first refused every contribution of the last,
+    for good, and the e2e stalled-learner test waited for a round that used both others)."""
     return max(2, 2 * (catch_up_rounds - 1))
 
 

@@ -169,32 +169,3 @@ async def test_a_learner_left_alone_mid_run_waits_once_for_company_then_trains_o
     finally:
         await net.aclose()
 
-
-async def test_learners_rounds_apart_close_the_gap_instead_of_timing_out_on_each_other(tmp_path: Path) -> None:
-    """Three learners at rounds 0, 1 and 3 (resumed from checkpoints of different ages, say): none
-    is ``catch_up_rounds`` off the median, so none adopts a state. Each one behind does not wait for
-    a learner whose record shows it has left that round (what it sent for it is in already), and
-    keeps what the ones ahead send (the inbox reaches every learner the catch-up rule leaves
-    alone), so the two behind catch up and all three mix in every round from round 3 on. Before,
-    the first and the last timed out on each other every round at a gap of three, for good (the
-    deadlines here are longer than the test's timeout, so a wait on a learner that moved on fails it)."""
-    run = {**RUN, "hyper": {**RUN["hyper"], "rounds": 6, "w1_grace_s": 600.0, "w2_deadline_s": 600.0,
-                            "pacing": "fixed", "eval_batches": 1, "diloco": {"inner_steps": 2, "inner_lr": 0.003}}}
-    net, roles = await learners(tmp_path, run)
-    try:
-        for role, start in zip(roles, (0, 1, 3), strict=True):
-            role.replica.round = start
-            role.resumed_from = f"a checkpoint of round {start}" if start else ""
-        await net.publish()
-        await finish(net, roles)
-
-        for role in roles:
-            assert role.finished and role.round == 6
-            for ledger in role.history:
-                assert ledger.params.balance_problems() == [] and ledger.pseudo_gradients.balance_problems() == []
-            for t in (3, 4, 5):
-                ledger = role.history.get(t)
-                assert ledger is not None and (len(ledger.params.used), len(ledger.pseudo_gradients.used)) == (2, 2), \
-                    ledger.to_json()
-    finally:
-        await net.aclose()
