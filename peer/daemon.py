@@ -261,7 +261,8 @@ class Daemon(Introspection):
         a quarter heartbeat when the last store failed."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._announce.wait(), timeout=self._record_publisher.retry_delay_s)
+                async with asyncio.timeout(self._record_publisher.retry_delay_s):
+                    await self._announce.wait()
             self._announce.clear()
             await self.publish_record()
 

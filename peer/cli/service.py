@@ -112,7 +112,8 @@ async def supervise(daemon: Daemon, stop: asyncio.Event) -> int:
     said_idle = False
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=SUPERVISE_S)
+            async with asyncio.timeout(SUPERVISE_S):
+                await stop.wait()
         state = daemon.state()
         details = "; ".join(f"{name}: {h['detail']}" for name, h in state["roles"].items() if h["detail"])
         if state["state"] == "failed":

@@ -127,7 +127,8 @@ class Swarm:
         await self._spawn("orchestrator", ["orchestrator", "-c", str(run_toml), "--new_swarm"])
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
-            name, event = await asyncio.wait_for(self.events.get(), timeout=max(0.1, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                name, event = await self.events.get()
             self._print_event(name, event)
             if name == "orchestrator" and event["event"] == "ready":
                 return event
@@ -162,7 +163,8 @@ class Swarm:
                 if self.duration_s is not None and time.monotonic() - started >= float(self.duration_s):
                     break
                 with contextlib.suppress(TimeoutError):
-                    name, event = await asyncio.wait_for(self.events.get(), timeout=1.0)
+                    async with asyncio.timeout(1.0):
+                        name, event = await self.events.get()
                     self._print_event(name, event)
                     if event["event"] == "exited" and (event["code"] != 0 or name == "orchestrator"):
                         print(f"swarm: {name} exited unexpectedly (code {event['code']}); see {self.workdir / name}.log")
@@ -261,7 +263,8 @@ def _short(event: dict[str, Any]) -> str:
 async def _wait_all(procs: dict[str, asyncio.subprocess.Process], timeout_s: float) -> dict[str, int | None]:
     async def wait_one(proc: asyncio.subprocess.Process) -> int:
         try:
-            return await asyncio.wait_for(proc.wait(), timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await proc.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -24,6 +24,7 @@ HTTP::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -200,10 +201,9 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         while not self.finished:
             await self.step()
             timeout = min(MAX_WAIT_S, max(0.05, self.board.next_deadline() - time.monotonic()))
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=timeout)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
             self._changed.clear()
 
     async def step(self) -> None:

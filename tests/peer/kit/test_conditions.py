@@ -82,3 +82,16 @@ def test_no_condition_wait_runs_in_a_second_task_under_asyncio_wait_for() -> Non
              for text in [path.read_text(encoding="utf-8")]
              for match in pattern.finditer(text)]
     assert found == [], f"use gossamer.peer.kit.conditions.wait_until instead: {found}"
+
+
+def test_no_asyncio_wait_for_in_the_library() -> None:
+    """Python 3.11's ``asyncio.wait_for`` can drop a cancellation that arrives as its awaitable
+    completes; a WAN proxy relay went on into an hour of latency that way and held ``aclose`` for
+    good. The library waits under ``asyncio.timeout`` instead (same task, cancellation kept)."""
+    root = Path(__file__).resolve().parents[3]
+    found = [f"{path.relative_to(root)}:{text[:match.start()].count(chr(10)) + 1}"
+             for folder in ("peer", "transport", "protocols", "crypto")
+             for path in sorted((root / folder).rglob("*.py"))
+             for text in [path.read_text(encoding="utf-8")]
+             for match in re.finditer(r"asyncio\.wait_for\(", text)]
+    assert found == [], f"use asyncio.timeout instead: {found}"
