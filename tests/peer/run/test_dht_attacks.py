@@ -229,8 +229,12 @@ async def test_the_owner_vouches_for_tenured_peers_so_a_joiner_knows_whom_to_fol
     # get here after the tenure: its own sightings would make the others tenured by then)
     first_sight = min(p.since for p in live)
 
-    chosen = steering(live, now=first_sight, tenure_s=late.manifest.tenure_s, owner=late.view.get(owner_id).record)
+    owner_record = late.view.get(owner_id).record
+    chosen = steering(live, now=first_sight, tenure_s=late.manifest.tenure_s, owner=owner_record)
 
     assert all(first_sight - p.since < TENURE_S for p in live)  # the joiner has seen nobody for long...
     assert victim_id in {p.record.peer_id for p in chosen}  # ...and follows whom the owner vouches for
-    assert late.identity.peer_id not in {p.record.peer_id for p in chosen}
+    # a new identity steers only on the owner's word: on a loaded machine the owner may have seen the
+    # joiner for a whole tenure (and vouched for it) by the time the joiner's view shows the victim
+    late_vouched = late.identity.peer_id[:TENURED_ID_HEX] in owner_record.tenured
+    assert (late.identity.peer_id in {p.record.peer_id for p in chosen}) == late_vouched
