@@ -313,6 +313,7 @@ async def test_aclose_ends_a_relay_that_swallowed_a_cancellation(echo: EchoServe
             await asyncio.sleep(3600)  # as if the cancellation had never come
 
     monkeypatch.setattr(wan_link.Pipe, "write_loop", stubborn)
+    tasks_before = len(asyncio.all_tasks())
     proxy = await WanProxy.create("127.0.0.1", echo.port, up=LinkProfile(latency_s=3600.0))
     _reader, writer = await asyncio.open_connection(*proxy.address)
     writer.write(b"into the blackhole")
@@ -322,7 +323,11 @@ async def test_aclose_ends_a_relay_that_swallowed_a_cancellation(echo: EchoServe
     for _ in range(10):  # and started its pipes
         await asyncio.sleep(0)
 
+    relaying = len(asyncio.all_tasks())
     await asyncio.wait_for(proxy.aclose(), TIMEOUT_S)
     writer.close()
     with contextlib.suppress(ConnectionError):
         await writer.wait_closed()
+
+    assert relaying >= tasks_before + 5  # accept loop, the relay and its four pipes were running
+    assert len(asyncio.all_tasks()) == tasks_before  # every one of them ended, the stubborn pipe too
