@@ -68,22 +68,22 @@ async def finish_sends(sending: Iterable[asyncio.Task[Any]], *, timeout_s: float
 
 
 async def collect_from_live(inbox: Inbox[T], kind: str, round: int, senders: Iterable[str], *, timeout_s: float,
-                            may_send: Callable[[str], bool], until_view: UntilView,
+                            is_live: Callable[[str], bool], until_view: UntilView,
                             wait_for: Iterable[str] | None = None) -> dict[str, T]:
     """What ``senders`` sent for (kind, round): waits until each of ``wait_for`` (all of
-    ``senders`` when None) has sent or can no longer send (``may_send`` false, read again at every
-    view refresh: a killed peer's record expired), or ``timeout_s`` passed, whichever comes first."""
+    ``senders`` when None) has sent or has left the live view (a killed peer's record expires),
+    or ``timeout_s`` passed, whichever comes first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     senders = set(senders)
     wanted = senders if wait_for is None else set(wait_for)
     while True:
-        live = {sender for sender in wanted if may_send(sender)}
+        live = {sender for sender in wanted if is_live(sender)}
         remaining = deadline - loop.time()
         if live <= inbox.senders(kind, round) or remaining <= 0:
             break
         waiters = [asyncio.create_task(inbox.collect(kind, round, live, timeout_s=remaining)),
-                   asyncio.create_task(until_view(lambda live=live: {s for s in wanted if may_send(s)} != live,
+                   asyncio.create_task(until_view(lambda live=live: {s for s in wanted if is_live(s)} != live,
                                                   timeout_s=remaining))]
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

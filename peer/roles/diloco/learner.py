@@ -283,7 +283,7 @@ class LearnerRole(Joining, ProtocolRole[DilocoSettings]):
         if not self.pacing.adaptive:
             return await self.inbox.collect(kind, t, senders, timeout_s=timeout_s, wait_for=wait_for)
         return await collect_from_live(self.inbox, kind, t, senders, timeout_s=timeout_s, wait_for=wait_for,
-                                       may_send=lambda s: self.ctx.view.get(s) is not None,
+                                       is_live=lambda s: self.ctx.view.get(s) is not None,
                                        until_view=self.ctx.until_view)
 
     def _mix1(self, x: Params, u: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,

@@ -304,7 +304,7 @@ class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
 
     async def _collect(self, kind: str, round: int, senders: Sequence[str], timeout_s: float) -> dict[str, Any]:
         return await collect_from_live(self.inbox, kind, round, senders, timeout_s=timeout_s,
-                                       may_send=lambda p: self.live_with(p, names.EXPERT_HOST) is not None,
+                                       is_live=lambda p: self.live_with(p, names.EXPERT_HOST) is not None,
                                        until_view=self.ctx.until_view)
 
     async def _collect_updates(self, t: int, others: Sequence[str], placement: Placement) -> dict[str, FomoeUpdate]:

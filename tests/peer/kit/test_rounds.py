@@ -33,7 +33,7 @@ def tensors(value: float) -> dict[str, torch.Tensor]:
 
 async def collecting(inbox: Inbox, view: View, **kwargs) -> asyncio.Task:
     task = asyncio.create_task(collect_from_live(inbox, "pgrad", 0, ["a", "b", "c"], timeout_s=600,
-                                                 may_send=lambda s: s in view.live, until_view=view.until_view,
+                                                 is_live=lambda s: s in view.live, until_view=view.until_view,
                                                  **kwargs))
     for _ in range(10):  # let it reach its wait (passes of the loop, not time)
         await asyncio.sleep(0)
@@ -65,7 +65,7 @@ async def test_at_the_deadline_it_returns_what_came() -> None:
     inbox: Inbox = Inbox()
     view = View({"a", "b"})
     await inbox.put("pgrad", 0, "a", tensors(1.0))
-    got = await collect_from_live(inbox, "pgrad", 0, ["a", "b"], timeout_s=0.0, may_send=lambda s: s in view.live,
+    got = await collect_from_live(inbox, "pgrad", 0, ["a", "b"], timeout_s=0.0, is_live=lambda s: s in view.live,
                                   until_view=view.until_view)
     assert sorted(got) == ["a"]
     assert await wait_notified(view.refreshed, timeout_s=0.0) is False  # nothing left holding the condition

@@ -168,4 +168,3 @@ async def test_a_learner_left_alone_mid_run_waits_once_for_company_then_trains_o
         assert l1.round < 4
     finally:
         await net.aclose()
-
