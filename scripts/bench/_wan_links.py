@@ -14,10 +14,14 @@ import asyncio
 import socket
 import threading
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 from gossamer.transport.wan import LinkProfile, WanProxy, listen_socket
 
 CALL_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 120.0
 
 
 def free_port() -> int:
@@ -87,3 +91,25 @@ class Links:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(CALL_TIMEOUT_S)
         self._loop.close()
+
+
+class Party:
+    """One ``gossamer`` daemon (``args``: its command and flags) on 127.0.0.1, one torch thread, with
+    proxies of ``links`` in front of its HTTP and TCP ports that it announces (none when ``links``
+    is None: plain loopback). Its DHT port is not shaped."""
+
+    def __init__(self, name: str, args: list[str], work: Path, links: Links | None) -> None:
+        self.fronts = (links.reserve(), links.reserve()) if links is not None else None
+        announce = ["--announce_http_port", str(self.fronts[0].port),
+                    "--announce_tcp_port", str(self.fronts[1].port)] if self.fronts else []
+        self.proc = GossamerProcess([*args, "--events", *LOOPBACK, *announce, "--threads", "1",
+                                     "--identity_path", str(work / f"{name}.pem"),
+                                     "--checkpoint_dir", str(work / "ckpt"), "--checkpoint_every", "0"],
+                                    log_path=work / f"{name}.log")
+
+    def ready(self, links: Links | None) -> dict[str, Any]:
+        event = self.proc.wait_ready(timeout_s=START_TIMEOUT_S)
+        if links is not None and self.fronts is not None:
+            for front, kind in zip(self.fronts, ("http", "tcp"), strict=True):
+                links.connect(front, int(event["listening"][kind].rsplit(":", 1)[1]))
+        return event
