@@ -136,6 +136,24 @@ def cell_text(values: list[float], outcomes: list[str], seeds: int) -> str:
     return spread_text(values, seeds, signed=True)
 
 
+def worst_text(cells: dict, aggregator: str, f: int, attacks: list[str], seeds: int, refused: dict) -> str:
+    """The attack that cost ``aggregator`` most at ``f`` (mean over seeds; a diverged seed counts as
+    the worst)."""
+    if f"{aggregator}|{f}" in refused:
+        return "refused"
+    costs = {}
+    for attack in attacks:
+        values, outcomes = delta(cells, aggregator, f, attack, seeds)
+        if outcomes:
+            return f"{attack}: {outcomes[0]}"
+        if values:
+            costs[attack] = statistics.mean(values)
+    if not costs:
+        return "not run"
+    attack = max(costs, key=costs.__getitem__)
+    return f"{costs[attack]:+.3f} {attack}"
+
+
 def spread_text(values: list[float], seeds: int, *, signed: bool) -> str:
     """Mean (spread max - min) over the seeds run; fewer than ``seeds`` say how many ('not run': none)."""
     if not values:
@@ -170,6 +188,7 @@ def render(cells: dict, refused: dict, s: Settings, *, aggregators: list[str], a
         for attack in attacks:
             rows.append([attack] + ["refused" if f"{a}|{f}" in refused else cell_text(*delta(cells, a, f, attack, seeds), seeds)
                                     for a in aggregators])
+        rows.append(["**worst attack**"] + [worst_text(cells, a, f, attacks, seeds, refused) for a in aggregators])
         parts += [f"f = {f} Byzantine of {s.learners}:", markdown_table(["attack", *aggregators], rows)]
     return "\n\n".join(parts)
 
