@@ -74,7 +74,7 @@ class Daemon(Introspection):
         self.config = config
         self.host = host  # what the record announces for HTTP and TCP (``run.addresses``)
         self.plugin = plugin
-        self.events = EventSink(enabled=config.events, observer=ProgressPrinter(plugin))
+        self.events = EventSink(enabled=config.events, observer=ProgressPrinter(plugin), buffered=True)
         self.identity = identity
         self.manifest = manifest
         self.membership = membership

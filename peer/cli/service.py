@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import faulthandler
+import io
 import logging
 import os
 import signal
@@ -36,9 +38,18 @@ def run_daemon(config: PeerConfig, *, plugins: PluginRegistry, run_config: RunCo
     """Run one daemon until SIGINT/SIGTERM; returns the process exit code. ``role_options``: extra
     keyword arguments for named roles (``gossamer serve`` passes its ``--blocks`` this way)."""
     logging.getLogger().setLevel(config.log_level.upper())
+    _stacks_on_sigusr1()
     code = asyncio.run(_serve(config, plugins, run_config, role_options))
     _exit_on_late_signal(code)
     return code
+
+
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` writes every thread's stack to stderr (the log): a stuck daemon says where.
+    Not where stderr has no file descriptor (the CLI run in-process under a test's capture)."""
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(io.UnsupportedOperation, ValueError, AttributeError):
+            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 def _exit_on_late_signal(code: int) -> None:
@@ -93,6 +104,7 @@ async def _serve(config: PeerConfig, plugins: PluginRegistry, run_config: RunCon
         print(f"{role}: checkpoint written to {path} (started again with the same --identity_path and "
               f"--checkpoint_dir, it resumes from there)", file=sys.stderr, flush=True)
     daemon.events.emit("stopped", peer_id=daemon.identity.peer_id, code=code, checkpoints=daemon.checkpoints)
+    daemon.events.close()
     return code
 
 
