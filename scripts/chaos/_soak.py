@@ -11,8 +11,10 @@ over a long enough run its fitted slope is near 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
 import urllib.error
 import urllib.request
@@ -45,8 +47,11 @@ def slope(points: list[tuple[float, float]]) -> float:
 class Sampler:
     """The series of every process, by name, against the run's progress (a round, step, version)."""
 
-    def __init__(self, https: dict[str, str]) -> None:
+    def __init__(self, https: dict[str, str], pids: dict[str, int] | None = None) -> None:
+        """``pids``: a process whose ``/status`` times out gets SIGUSR1 (the daemon writes every
+        thread's stack to its log: where it was stuck)."""
         self.https = https
+        self.pids = pids or {}
         self.samples: dict[str, dict[str, list[tuple[float, float]]]] = {s: {n: [] for n in https} for s in SERIES}
         self.timeouts: list[tuple[float, str]] = []  # (progress, process) whose /status did not answer in time
 
@@ -61,11 +66,11 @@ class Sampler:
             try:
                 seen[name] = status(http)
             except TimeoutError:  # its event loop did not answer in STATUS_TIMEOUT_S: counted, reported
-                self.timeouts.append((float(x), name))
+                self._timed_out(x, name)
                 continue
             except urllib.error.URLError as exc:
                 if isinstance(exc.reason, TimeoutError):
-                    self.timeouts.append((float(x), name))
+                    self._timed_out(x, name)
                     continue
                 if not finished(name):
                     raise
@@ -74,6 +79,12 @@ class Sampler:
             for series in SERIES:
                 self.samples[series][name].append((float(x), float(seen[name]["process"][series])))
         return seen
+
+    def _timed_out(self, x: float, name: str) -> None:
+        self.timeouts.append((float(x), name))
+        if name in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pids[name], signal.SIGUSR1)
 
     def slopes(self, half: float) -> dict[str, dict[str, float]]:
         """Slope per 100 units over x >= ``half``, per series and process."""

@@ -88,7 +88,8 @@ def main() -> int:
                  *LOOPBACK, "--events", "--threads", "1", "--identity_path", str(work / f"l{i}.pem"),
                  "--checkpoint_dir", str(work / f"ckpt{i}")], log_path=work / f"l{i}.log"))
         learners = dict(zip((f"learner{i}" for i in range(args.peers)), procs[1:], strict=True))
-        sampler = Sampler({name: p.wait_ready(timeout_s=180)["http"] for name, p in learners.items()})
+        sampler = Sampler({name: p.wait_ready(timeout_s=180)["http"] for name, p in learners.items()},
+                          pids={name: p.proc.pid for name, p in learners.items()})
         anchor = learners["learner0"]
         round_times: list[float] = []
         problems: dict[tuple[str, int, str], list[str]] = {}

@@ -80,7 +80,8 @@ def main() -> int:
             procs[f"worker{i}"] = start(f"worker{i}", ["peer", "--roles", "block-worker", *join])
         workers = {name: proc for name, proc in procs.items() if proc is not orch}
         sampler = Sampler({"orch": ready["http"], **{name: proc.wait_ready(timeout_s=180)["http"]
-                                                     for name, proc in workers.items()}})
+                                                     for name, proc in workers.items()}},
+                          pids={name: proc.proc.pid for name, proc in procs.items()})
         done: set[str] = set()
         started = last = time.monotonic()
         while True:
@@ -98,7 +99,7 @@ def main() -> int:
             if event.get("heldout_ce") is not None:
                 heldout.append((progress, event["heldout_ce"]))
             seen = sampler.sample(progress, done, lambda name: name in done)
-            for ledger in seen["orch"]["role_status"]["block-coordinator"]["ledgers"]:
+            for ledger in seen.get("orch", {}).get("role_status", {}).get("block-coordinator", {}).get("ledgers", []):
                 if ledger["closed"] and ledger["balance_problems"]:  # an open version is still collecting
                     problems[(ledger["block"], ledger["version"])] = ledger["balance_problems"]
         wall = time.monotonic() - started

@@ -84,7 +84,8 @@ def main() -> int:
         for i, name in enumerate(nodes):
             procs[name] = start(name, [*node_command, *join, "--data", f"builtin:digits:shard={i}/{NODES}"])
         sampler = Sampler({"orch": ready["http"], **{name: proc.wait_ready(timeout_s=180)["http"]
-                                                     for name, proc in procs.items() if proc is not orch}})
+                                                     for name, proc in procs.items() if proc is not orch}},
+                          pids={name: proc.proc.pid for name, proc in procs.items()})
         started = time.monotonic()
         while True:
             event = orch.wait_event(lambda e: e["event"] in ("tlpp.step", "tlpp.eval", "tlpp.finished", "tlpp.error"),
