@@ -111,10 +111,14 @@ class Faults:
 
     async def fault_point(self, name: str, phase: str, step: int) -> None:
         """A role of ``name`` reached ``phase`` of ``step``: if the peer crashes there, it is killed
-        (in the background, as by another process) and this never returns: the kill cancels it."""
+        (in the background, as by another process) and this never returns: the kill cancels it; if
+        it is slow there (``slow(name, seconds, op=phase)``), the role stalls that long."""
         if self.net.peers[name].alive and self.plan.crashes(name, step, phase):
             self.net.background(self._crash(name), name=f"localnet-crash-{name}")
             await asyncio.Event().wait()  # the dead process's last instruction; ended by the kill
+        delay = self.plan.delay(name, step, phase)
+        if delay:
+            await asyncio.sleep(delay)  # the injected stall itself (a stuck disk, a busy host)
 
     async def _crash(self, name: str) -> None:
         await self.net.kill(name)

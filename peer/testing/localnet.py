@@ -270,7 +270,8 @@ class LocalNet:
 
     def slow(self, name: str, seconds: float, *, op: str, step: int | None = None) -> None:
         """Peer ``name``'s messages of ``op`` (for ``step``; every step when None) are held
-        ``seconds`` at their receivers before they are handled."""
+        ``seconds`` at their receivers before they are handled; when ``op`` is a phase a role marks
+        (``RoleContext.fault_point``), the role stalls there that long."""
         self.faults.slow(name, seconds, op=op, step=step)
 
     def crash(self, name: str, step: int, op: str, *, after: int = 0, expire: bool = False) -> None:

@@ -42,8 +42,9 @@ exact autoregressive sampling.
 checks), ``bands`` (noise bands, sigma sampling, EDM coefficients, loss weight), ``model`` (the
 denoisers, ``BlockStack``, building and loading, ``target_embedding``, ``denoise``), ``train``
 (``block_loss``, ``train_step``, ``heldout_ce``), ``inference`` (initial noise, the Euler step,
-readout, ``denoise_pass``, generation), ``assignment`` (which worker trains which block). The public
-names are importable from this package.
+readout, ``denoise_pass``, generation), ``assignment`` (which worker trains which block),
+``versioning`` (the next version of a block from its workers' updates). The public names are
+importable from this package.
 
 **Errors.** One type, ``BlockTrainError`` (a ``ProtocolError`` and a ``ValueError``), whose message
 names the field or value.
@@ -76,6 +77,7 @@ from gossamer.protocols.blocktrain.model import (
     target_embedding,
 )
 from gossamer.protocols.blocktrain.train import BlockLoss, block_loss, heldout_ce, train_step
+from gossamer.protocols.blocktrain.versioning import mean_update, next_block, next_embedding
 
 __all__ = [
     "EMBEDDINGS",
@@ -98,6 +100,9 @@ __all__ = [
     "heldout_ce",
     "initial_noise",
     "loss_weight",
+    "mean_update",
+    "next_block",
+    "next_embedding",
     "readout",
     "sample_sigma",
     "target_embedding",

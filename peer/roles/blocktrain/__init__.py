@@ -7,6 +7,9 @@ serve``) hold blocks for inference, and ``gossamer generate`` routes a sequence 
 ``settings``, ``names``, ``coordinator`` (+ ``versions``, ``ledger``, ``checkpoints``),
 ``worker`` (+ ``fetch``, ``stack``), ``server`` (+ ``host``), ``ar_stage``, ``client``,
 ``generation`` (the generating client) and ``commands`` (the ``serve`` and ``generate`` parsers).
+Fault tests and chaos scripts only (nothing in a daemon uses them): ``recheck`` (versions
+recomputed from what the workers sent; copies compared bit for bit), ``faultcase`` (one run under
+faults on a LocalNet) and ``faultchecks`` (running a case, and what it must show).
 """
 
 from __future__ import annotations

@@ -14,11 +14,18 @@ once its record expires.
 
 HTTP::
 
-    GET /blocktrain/state               JSON: versions, assignment, finished; with ``?block=k&after=v``
-                                        it answers once block k is past version v, the assignment
-                                        changed or the run finished (at most ``wait_s``, <= 30 s)
+    GET /blocktrain/state               JSON: versions, assignment, finished, arrived (per block, the
+                                        workers whose update of its served version it holds); with
+                                        ``?block=k&after=v`` it answers once block k is past version v, the assignment
+                                        changed or the run finished (at most ``wait_s``, <= 30 s);
+                                        with ``&worker=id`` also at once when block k, at v, holds
+                                        no update of that worker (a restarted coordinator lost it)
     GET /blocktrain/block/{k}           safetensors: block.* and embed.*; metadata version, block
     PUT /blocktrain/update/{k}/{base}   a signed update (``peer.kit.messaging`` envelope, round = base)
+
+Fault points (``RoleContext.fault_point``, where a test may crash or stall it), all in the version
+loop: ``aggregate`` of v (v's updates are averaged in memory, nothing written), ``publish`` of v
+(v + 1 is on disk, not yet served) and ``open`` of v + 1 (served, no update of it taken yet).
 """
 
 from __future__ import annotations
@@ -82,7 +89,9 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
                                          limits=ctx.http_config.limits,
                                          max_body_bytes=ctx.http_config.max_body_bytes)
         self.assignment: dict[str, int] = {}
-        self.started = False  # min_workers were live once: from then on every live worker is assigned
+        # min_workers were live once: from then on every live worker is assigned (a coordinator that
+        # resumed versions past 0 from its checkpoints started before: the gate is not applied again)
+        self.started = self.resumed and any(self.board.versions)
         self.finished = False
         self.heldout_ce: float | None = None
         self.series: dict[str, list[list[float]]] = {"heldout_ce": []}  # by total versions, for the swarm page
@@ -97,7 +106,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/blocktrain/state", self._serve_state),
                 web.get("/blocktrain/block/{k}", self._serve_block),
-                web.put("/blocktrain/update/{k}/{base}", self._receive_update)]
+                web.put("/blocktrain/{kind:update}/{k}/{round}", self._receive_update)]  # named for LocalNet faults
 
     async def start(self) -> None:
         await self.write_checkpoints()
@@ -144,9 +153,11 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
             after = _number(query, "after", int)
             wait_s = min(MAX_POLL_S, _number(query, "wait_s", float, 10.0))
             before = dict(self.assignment)
+            worker = query.get("worker")
 
             def moved() -> bool:
-                return self.finished or self.published[k].version > after or self.assignment != before
+                return (self.finished or self.published[k].version > after or self.assignment != before
+                        or (worker is not None and self._lost(worker, k, after)))
 
             self.polls_waiting += 1
             self.poll_waiting.set()
@@ -157,9 +168,18 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
                 if not self.polls_waiting:
                     self.poll_waiting.clear()
         now = time.monotonic()
+        arrived = [self.board.ledgers.get((k, v.version)) for k, v in enumerate(self.published)]
         return web.json_response({"versions": self._published_versions(), "assignment": dict(self.assignment),
+                                  "arrived": [ledger.arrived if ledger else [] for ledger in arrived],
                                   "finished": self.finished, "num_blocks": self.board.num_blocks,
                                   "deadlines_in_s": [round(d - now, 3) for d in self.board.deadlines]})
+
+    def _lost(self, worker: str, k: int, version: int) -> bool:
+        """Whether block k's open version is still ``version`` and holds no update of ``worker`` (e.g.
+        this coordinator was restarted and lost it): that worker should train again, not wait. (A
+        version that closed and is being written is not open: its next one is served soon.)"""
+        ledger = self.board.ledgers.get((k, version))
+        return self.board.versions[k] == version and (ledger is None or worker not in ledger.arrived)
 
     async def _serve_block(self, request: web.Request) -> web.StreamResponse:
         k = path_int(request, "k", below=self.board.num_blocks)
@@ -170,7 +190,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
 
     async def _receive_update(self, request: web.Request) -> web.Response:
         k = path_int(request, "k", below=self.board.num_blocks)
-        base = path_int(request, "base")
+        base = path_int(request, "round")
         expected = pack(self.board.blocks[k], self.board.embedding)
         received = await self.messenger.receive(request, sender_role=names.WORKER, round=base,
                                                 max_body_bytes=body_cap(expected))
@@ -184,6 +204,8 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         target = self.settings.versions
         if target and self.board.versions[k] >= target:
             reason = f"block {k} is finished (version {self.board.versions[k]} of {target})"
+            if (ledger := self.board.ledgers.get((k, base))) is not None:
+                ledger.reject(sender, reason)  # in the ledger of the version it was trained from
         else:
             reason = self.board.offer(k, base, sender, {"block": block, "embedding": embedding}, loss=loss,
                                       now=time.monotonic())
@@ -254,14 +276,17 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
     async def _close(self, k: int) -> None:
         """Close block k's version: average, write the new version to disk, and only then serve it."""
         ledger = self.board.close(k, now=time.monotonic())
+        await self.ctx.fault_point("aggregate", ledger.version)  # a test's crash: averaged, nothing written
         block = Version(self.board.versions[k], dict(self.board.blocks[k]))
         await asyncio.to_thread(self.checkpoints.write_block, k, block)
         if self.board.embedding_version != self.published_embedding.version:
             embedding = Version(self.board.embedding_version, dict(self.board.embedding))
             await asyncio.to_thread(self.checkpoints.write_embedding, embedding)
             self.published_embedding = embedding
+        await self.ctx.fault_point("publish", ledger.version)  # a test's crash: on disk, not yet served
         self.published[k] = block
         self.ctx.announce()
+        await self.ctx.fault_point("open", block.version)  # a test's crash: served, no update of it taken yet
         self._reassign()
         await self._evaluate()
         if self.heldout_ce is not None:

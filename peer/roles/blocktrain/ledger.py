@@ -1,7 +1,9 @@
 """Per-version accounting of the block coordinator: every update is used, rejected with a reason
 (stale, malformed, too large, duplicate) or, for a worker that was expected and never sent one,
 timed out. A stale update (trained from a version that has since closed) lands in the ledger of
-the version it was trained from, so nothing is silently dropped. The ledger is the kit's one
+the version it was trained from, so nothing is silently dropped: from a worker that timed out
+there it turns the time-out into a rejection; from a worker whose update the version used (or
+already refused) it is kept apart (``refused_again``), since the version did use the first. The ledger is the kit's one
 ``Exchange``, with the block, the version and what closing it measured.
 """
 
@@ -32,6 +34,18 @@ class VersionLedger(Exchange):
     update_norm: float | None = None
     deadline_s: float | None = None  # how long the version was allowed to wait for its updates
     slow: list[str] = field(default_factory=list)  # workers flagged fail-slow when it closed (not waited for)
+    refused_again: list[tuple[str, str]] = field(default_factory=list)  # (worker, why): see ``reject``
+
+    def reject(self, peer: str, reason: str) -> None:
+        """``peer``'s update is refused. A worker this version already took an update from keeps
+        it, and one it already refused keeps that refusal: the refusal of a later one (a duplicate,
+        or stale once the version closed) goes to ``refused_again``. A worker that timed out and
+        is heard late is rejected instead."""
+        if peer in self.arrived or peer in self.rejected:
+            self.refused_again.append((peer, reason))
+            return
+        super().reject(peer, reason)
+        self.timed_out = [p for p in self.timed_out if p != peer]
 
     def close(self, *, used: list[str], now: float) -> None:
         """Seal the version: ``used`` updates went into the next one; expected silent workers timed out."""

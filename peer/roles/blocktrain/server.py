@@ -6,9 +6,11 @@ blocks; then it announces them in its record
 (``assignment = {"blocks": [...], "block_versions": {...}}``), which is how clients find routes
 through the DHT. Route frames are answered by ``peer.roles.blocktrain.host.BlockHost`` (TCP method
 ``blocktrain.traverse``; ``blocktrain.embedding`` gives a client E for its readout). Every
-``heartbeat_s`` it asks the coordinator for the versions and swaps in a freshly loaded stack when
-one of its blocks has a newer version; passes in flight finish on the stack they started
-with. A next hop is accepted only if it is a live block server of the run announcing the blocks
+``refresh_s`` (default ``heartbeat_s``) it asks the coordinator for the versions and swaps in a
+freshly loaded stack when one of its blocks has a newer version; passes in flight finish on the
+stack they started with. Fault points (where a test may crash or stall it): ``load`` of each
+version it downloaded and is about to serve, ``pass`` of the version it serves when a route frame
+comes in. A next hop is accepted only if it is a live block server of the run announcing the blocks
 the route asks of it.
 """
 
@@ -42,8 +44,10 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
     name = names.SERVER
     ends = False  # serves blocks until stopped
 
-    def __init__(self, ctx: RoleContext, *, blocks: tuple[int, ...] | None = None) -> None:
+    def __init__(self, ctx: RoleContext, *, blocks: tuple[int, ...] | None = None,
+                 refresh_s: float | None = None) -> None:
         super().__init__(ctx)
+        self.refresh_s = refresh_s or ctx.manifest.config.heartbeat_s  # how often it asks for new versions
         num_blocks = self.settings.model.num_blocks
         chosen = tuple(range(num_blocks)) if blocks is None else tuple(dict.fromkeys(blocks))
         if not chosen or any(not 0 <= k < num_blocks for k in chosen):
@@ -82,7 +86,13 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
     async def _denoise_pass(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         if self.host is None:
             raise HandlerError("this block server is still loading its blocks")
+        await self.ctx.fault_point("pass", self.serving_version)  # a test's crash or stall, a pass in hand
         return await self.host.handle(frame)
+
+    @property
+    def serving_version(self) -> int:
+        """The version it serves: the oldest of its blocks' (-1 while loading)."""
+        return min(self.versions.values(), default=-1)
 
     async def _embedding(self, frame: Frame, connection: ConnectionInfo) -> Frame:
         if self.host is None:
@@ -115,6 +125,8 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
         await self._refresh_loop()
 
     async def _download(self, coordinator: LivePeer) -> BlockStack:
+        """A stack of the coordinator's current versions of the blocks (each version it moves past
+        is a fault point ``load``: downloaded, not yet served)."""
         stack = partial_stack(self.settings.model, self.blocks, device=self.ctx.device)
         versions = {}
         for k in self.blocks:
@@ -123,12 +135,14 @@ class BlockServerRole(ProtocolRole[BlockTrainSettings]):
             stack.load_embedding_state(fetched.embedding)
             versions[k] = fetched.version
         stack.eval()
+        for version in range(self.serving_version + 1, min(versions.values()) + 1):
+            await self.ctx.fault_point("load", version)  # a test's crash before it serves that version
         self.versions = versions
         return stack
 
     async def _refresh_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.ctx.manifest.config.heartbeat_s)
+            await asyncio.sleep(self.refresh_s)
             coordinator = live_coordinator(self.ctx)
             if coordinator is None or self.host is None:
                 continue

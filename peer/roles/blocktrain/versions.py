@@ -16,8 +16,10 @@ and it is unflagged once its times are back with the others'. ``close`` averages
 block_{v+1} = block_v + mean(updates). With ``embedding = "averaged"`` updates also carry a
 difference for the shared E, and each close moves E by mean(E differences) / num_blocks, so over
 one sweep in which every block closes a version E moves by the average over blocks of their
-workers' mean difference. A deadline that passes with nothing accepted is extended (counted in
-the ledger) rather than publishing an unchanged version.
+workers' mean difference (``protocols.blocktrain.versioning``; the mean is taken in sender
+order, so a version does not depend on the order its updates arrived in). A deadline that passes
+with nothing accepted is extended (counted in the ledger) rather than publishing an unchanged
+version.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from gossamer.peer.roles.blocktrain.ledger import VersionLedger, version_history
+from gossamer.protocols.blocktrain.versioning import mean_update, next_block, next_embedding
 from gossamer.protocols.pacing import AdaptiveDeadline, Pacing, SlowPeers
 
 Tensors = dict[str, torch.Tensor]
@@ -148,15 +151,14 @@ class BlockVersions:
 
     def close(self, k: int, *, now: float) -> VersionLedger:
         """Average the accepted updates into the next version of block k; returns the closed ledger."""
-        updates = list(self._pending[k].values())
+        updates = [self._pending[k][sender] for sender in sorted(self._pending[k])]  # sender order
         assert updates, f"block {k}: close() with no updates"
         ledger = self.current(k)
-        mean_block = _mean([u.block for u in updates])
-        self.blocks[k] = {name: self.blocks[k][name] + mean_block[name] for name in self.blocks[k]}
+        mean_block = mean_update([u.block for u in updates])
+        self.blocks[k] = next_block(self.blocks[k], [u.block for u in updates])
         if self.embedding_averaged:
-            mean_embedding = _mean([u.embedding for u in updates])
-            self.embedding = {name: value + mean_embedding[name] / self.num_blocks
-                              for name, value in self.embedding.items()}
+            self.embedding = next_embedding(self.embedding, [u.embedding for u in updates],
+                                            num_blocks=self.num_blocks)
             self.embedding_version += 1
         ledger.train_loss = sum(u.loss for u in updates) / len(updates)
         ledger.update_norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in mean_block.values())))
@@ -195,6 +197,3 @@ def _mismatch(what: str, got: Mapping[str, torch.Tensor], want: Mapping[str, tor
             return f"{what} tensor {name!r} holds NaN or Inf"
     return None
 
-
-def _mean(parts: list[Tensors]) -> Tensors:
-    return {name: torch.stack([p[name] for p in parts]).mean(dim=0) for name in parts[0]}

@@ -2,7 +2,9 @@
 
 One cycle: ask the block coordinator (the live peer with role ``block-coordinator``) for the
 assignment (after an update, a long poll that returns once the block's version closed or the
-assignment changed, so a worker never trains twice from the same version); fetch the assigned
+assignment changed; while the coordinator holds its update for the version its block is at, it
+polls again, so a worker never trains twice from the same version, and trains again from a version
+whose update a restarted coordinator lost); fetch the assigned
 block's current version (and E) over HTTP; train K steps
 (``protocols.blocktrain.train_step``, in a worker thread) on this peer's shard of the text; PUT
 the difference trained - fetched to the coordinator, signed, against the fetched version. The
@@ -70,6 +72,7 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
         self.optimizer: torch.optim.Optimizer | None = None
         self.updates = {"sent": 0, "accepted": 0, "refused": 0}
         self.last_reason: str | None = None
+        self._wait_past: tuple[int, int] | None = None  # (block, version) whose next version it polls for
         self.finished = False
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id,
                                        format="gossamer/blocktrain-worker")
@@ -103,8 +106,10 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
         while True:
             coordinator = await self._coordinator()
             url = f"http://{coordinator.record.http_addr}/blocktrain/state"
-            if self.block is not None and self.version is not None:
-                url += f"?block={self.block}&after={self.version}&wait_s={LONG_POLL_S}"  # the next version
+            if self._wait_past is not None:
+                block, version = self._wait_past
+                wait_s = min(LONG_POLL_S, self.settings.deadline_s)  # a version closes by its deadline
+                url += f"?block={block}&after={version}&wait_s={wait_s}&worker={self.peer_id}"  # the next version
             try:
                 state = await self.ctx.http_client.get_json(url)
                 if state.get("finished"):
@@ -113,7 +118,11 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
                 if block is None:
                     await asyncio.sleep(RETRY_S)  # not in the coordinator's view yet: poll again
                     continue
-                await self._cycle(coordinator, int(block))
+                block, arrived = int(block), state.get("arrived") or []
+                if block < len(arrived) and self.peer_id in arrived[block]:
+                    self._wait_past = (block, int(state["versions"][block]))  # it has this version's update
+                    continue
+                await self._cycle(coordinator, block)
             except (TransportError, BlockTrainError, ValueError) as exc:
                 log.warning("block worker cycle failed, retrying in %.0f s: %s", RETRY_S, exc)
                 self.emit("error", error=str(exc)[:300])
@@ -130,11 +139,13 @@ class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
 
     async def _cycle(self, coordinator: LivePeer, block: int) -> None:
         fetched = await self.fetch(coordinator, block)
+        await self.ctx.fault_point("train", fetched.version)  # a test's crash before the version: nothing sent
         loss = await asyncio.to_thread(self.train, block)
         reply = await self.messenger.request(update_url(coordinator, fetched), recipient=coordinator.record.peer_id,
                                              round=fetched.version, tensors=self.difference(fetched),
                                              metadata=update_metadata(loss, self.settings.local_steps))
         self.ctx.traffic.add_sent("block_update", reply.size_bytes)
+        self._wait_past = (block, fetched.version)
         answer = reply.answer
         accepted = bool(answer.get("accepted"))
         self.updates["sent"] += 1

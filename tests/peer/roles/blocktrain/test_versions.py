@@ -183,3 +183,32 @@ def test_jitter_flags_no_worker() -> None:
 
     assert versions.pacing_status()["slow_workers"] == []
     assert not any(ledger.slow for ledger in versions.ledgers.values())
+
+
+def test_a_refused_second_update_of_a_worker_the_version_used_leaves_it_used() -> None:
+    versions = board()
+    versions.expect(0, ["a", "b"])
+    versions.offer(0, 0, "a", update(1.0), loss=1.0, now=0.5)
+    duplicate = versions.offer(0, 0, "a", update(9.0), loss=1.0, now=0.6)
+    versions.offer(0, 0, "b", update(3.0), loss=1.0, now=0.7)
+    ledger = versions.close(0, now=1.0)
+
+    stale = versions.offer(0, 0, "a", update(9.0), loss=1.0, now=1.5)  # trained again from the closed version
+
+    assert duplicate is not None and stale is not None and stale.startswith("stale")
+    assert ledger.used == ["a", "b"] and ledger.rejected == {} and ledger.refused_again == [("a", duplicate), ("a", stale)]
+    assert ledger.balance_problems() == []
+    assert torch.equal(versions.blocks[0]["w"], torch.full((2, 3), 2.0))  # 0 + mean(1, 3): both were used
+
+
+def test_a_worker_that_timed_out_and_is_heard_late_is_rejected_not_timed_out() -> None:
+    versions = board(adaptive=False)
+    versions.expect(0, ["a", "late"])
+    versions.offer(0, 0, "a", update(1.0), loss=1.0, now=0.5)
+    ledger = versions.close(0, now=10.0)
+    assert ledger.timed_out == ["late"]
+
+    reason = versions.offer(0, 0, "late", update(1.0), loss=1.0, now=12.0)
+
+    assert reason is not None and ledger.rejected == {"late": reason} and ledger.timed_out == []
+    assert ledger.balance_problems() == []
