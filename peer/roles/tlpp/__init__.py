@@ -5,8 +5,11 @@ below the cut. The run owner's ``tlpp-server`` holds the layers above the cut an
 and drives virtual batches drawn across the nodes; in secure mode the cut tensors travel as
 additive secret shares to it and to an independent ``helper`` (``gossamer helper``). Modules:
 ``settings``, ``names``, ``data`` (where a node's samples come from), ``server`` (+ ``steps``;
-``scheduling``: who it trains with), ``node``, ``helper``, ``secure`` (each party's share
-arithmetic), ``wire`` (what they say), ``ledger`` (what one virtual batch did) and ``commands``.
+``scheduling``: who it trains with; ``pacing``: how long it waits for the nodes, which are
+fail-slow), ``node``, ``helper``, ``secure`` (each party's share
+arithmetic), ``wire`` (what they say), ``ledger`` (what one virtual batch did) and ``commands``;
+for tests and chaos scripts only, ``fault_runs`` (runs with faults by peer, step and phase),
+``fault_checks`` (what such a run must show) and ``recheck`` (each step against the protocol).
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from gossamer.peer.roles.tlpp.commands import HELPER, NODE
 
 STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_failures", "step", "epoch", "index",
                "mode", "planned", "samples", "loss", "accuracy", "applied", "note", "bytes_sent", "bytes_received",
-               "wall_s")  # a StepLedger's fields (a test checks they are)
+               "wall_s", "deadline_s", "slow")  # a StepLedger's fields (a test checks they are)
 EVENTS = {
     "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper that sees them live: "
                            "helper_sees, null until a helper was asked)", ("nodes", "wanted", "helpers", "helper_sees")),
     "normalized": EventSchema("the input normalisation pooled from the nodes' per-channel counts and sums",
                               ("nodes", "samples", "mean", "std")),
-    "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason)",
+    "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason; "
+                        "each phase's deadline, the nodes flagged fail-slow)",
                         (*STEP_FIELDS, "balance_problems")),
     "eval": EventSchema("an evaluation on the orchestrator's held-out split",
                         ("step", "steps", "loss", "accuracy", "samples")),
@@ -40,8 +44,9 @@ EVENTS = {
 def describe(event: str, e: Mapping[str, Any]) -> str | None:
     if event == "step":
         dropped = f"  dropped {len(e['rejected'])}" if e["rejected"] else ""
+        slow = f"  {len(e['slow'])} slow" if e.get("slow") else ""
         return (f"step {e['step']} (epoch {e['epoch']}): loss {e['loss']:.3f}  accuracy {e['accuracy']:.3f}  "
-                f"{e['samples']} samples from {len(e['used'])} node(s){dropped}")
+                f"{e['samples']} samples from {len(e['used'])} node(s){dropped}{slow}")
     if event == "eval":
         return f"held-out at step {e['step']}: loss {e['loss']:.3f}, accuracy {e['accuracy']:.3f}"
     if event == "finished":

@@ -29,6 +29,10 @@ activation rows, and only for steps in the window ``announced .. announced + SHA
 ``SHARE_WINDOW + 1`` steps of its own shares and never fill anyone else's place. Shares of
 steps before the announced one are refused and dropped. With ``--share_log`` it logs one line per
 share tensor it accepts (``peer.roles.tlpp.wire``).
+
+Fault points (``RoleContext.fault_point``, where a test may crash or stall it): ``logits`` of a
+step (nothing of the step answered), ``sum`` (its logit share answered, not the sum) and
+``aggregate`` (its shares summed, not answered).
 """
 
 from __future__ import annotations
@@ -255,6 +259,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         return LinkMessage(PING, message.step, {"nodes": seen()})
 
     async def _logits(self, message: LinkMessage) -> LinkMessage:
+        await self.ctx.fault_point("logits", message.step)  # a test's crash or stall before its step's first answer
         nodes = node_list(message.fields.get("nodes"), "logits: nodes")
         sizes = message.fields.get("sizes")
         if not isinstance(sizes, dict) or set(sizes) != set(nodes) or not all(
@@ -288,6 +293,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
             raise RequestRefused(f"{what}: {short}; nothing over them is revealed", code="nodes")
 
     async def _sum(self, message: LinkMessage) -> LinkMessage:
+        await self.ctx.fault_point("sum", message.step)  # a test's crash mid-send: logits answered, not the sum
         nodes = node_list(message.fields.get("nodes"), "sum: nodes")
         rows = self.store.logit_rows(message.step)
         if not set(nodes) <= set(rows):
@@ -301,5 +307,6 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         if not used or short:  # which nodes it holds, but no share
             return LinkMessage(SUM, message.step, {"nodes": used, **({"note": short} if short else {})})
         summed = server_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])
+        await self.ctx.fault_point("aggregate", message.step)  # a test's crash: summed, never answered
         self.sums_served += 1
         return LinkMessage(SUM, message.step, {"nodes": used}, {GRADS: summed.ring})

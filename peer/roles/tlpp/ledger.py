@@ -14,7 +14,9 @@ class StepLedger(Exchange):
     ``expected`` are the nodes planned into it (``planned``: their sample counts), ``arrived``
     those that answered the forward pass, ``used`` those whose gradient the step applied, and
     ``rejected`` those dropped, with ``phase: reason``; plus the loss and accuracy over the
-    forwarded samples, whether a gradient was applied, and the bytes and time it took."""
+    forwarded samples, whether a gradient was applied, and the bytes and time it took; the
+    deadline of each phase's requests to the nodes (``deadline_s``: the ceiling with fixed pacing)
+    and the nodes flagged fail-slow when it ended (``slow``; ``peer.roles.tlpp.pacing``)."""
 
     step: int
     epoch: int
@@ -29,6 +31,8 @@ class StepLedger(Exchange):
     bytes_sent: int = 0
     bytes_received: int = 0
     wall_s: float = 0.0
+    deadline_s: dict[str, float] = field(default_factory=dict)  # phase -> its requests' deadline
+    slow: list[str] = field(default_factory=list)  # nodes flagged fail-slow when the step ended
 
     def drop(self, node: str, phase: str, reason: object) -> None:
         """``node`` is left out of the step from ``phase`` on, for ``reason``."""

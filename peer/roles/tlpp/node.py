@@ -39,6 +39,10 @@ reached or refuses) is simply absent from the helper's answer and the orchestrat
 of that phase. The failure is logged here; a helper that is really gone fails the orchestrator's
 own request to it. Pushes to the helper go in order over one link; requests are handled one at a
 time.
+
+Fault points (``RoleContext.fault_point``, where a test may crash or stall it): ``forward`` of a
+step (nothing of it sent) and ``backward`` (its gradients computed, and in secure mode share 1 on
+its way to the helper, before the answer).
 """
 
 from __future__ import annotations
@@ -178,6 +182,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
             raise RequestRefused(f"a data node does not answer {message.op!r}")
 
     async def _forward(self, message: LinkMessage) -> LinkMessage:
+        await self.ctx.fault_point("forward", message.step)  # a test's crash or stall before the step: nothing sent
         fields = message.fields
         if fields.get("mode") != self.settings.mode:
             raise RequestRefused(f"mode {fields.get('mode')!r} does not match the run's {self.settings.mode!r}")
@@ -257,6 +262,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                            self._base_backward(message, x))
         except (TraversalError, SharingError) as exc:
             raise RequestRefused(str(exc), code="malformed") from exc
+        await self.ctx.fault_point("backward", message.step)  # a test's crash mid-send: forward answered, not this
         self.steps_served += 1
         return reply
 

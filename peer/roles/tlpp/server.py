@@ -8,11 +8,16 @@ records (``VirtualBatchScheduler``, shuffled per epoch with the run seed), with 
 normalisation (once, before the first step; a ``tlpp.normalized`` event; a node whose record
 holds no valid statistics is not scheduled; a resumed server keeps its saved model's), and runs one virtual
 batch after another until ``steps`` (or ``epochs`` passes) are done. ``min_nodes`` gates the
-start only: a run whose nodes leave goes on with those that are left. After each step it applies
+start only: a run whose nodes leave goes on with those that are left (a resumed server waits for
+as few as a step needs, not for ``min_nodes`` again). After each step it applies
 the summed gradients with its optimizer, writes the step's ledger, emits a ``tlpp.step`` event
 (its ledger: loss, accuracy, nodes used and dropped, bytes) and every ``eval_every`` steps a ``tlpp.eval`` on the
 held-out split it keeps (labels and loss are visible to the orchestrator by design; the test
-images never leave it). At the end: a final evaluation, a checkpoint (safetensors, written
+images never leave it). Each node's request times are measured (``pacing``): ``/status``
+(``pacing``: each phase's next deadline, the nodes flagged fail-slow, each node's time over the
+others') and each step's ledger (``deadline_s``, ``slow``) say what the waits were and who is
+slow; with ``hyper.pacing = "adaptive"`` a node late past a phase's adaptive deadline is dropped
+from the step as one that timed out. At the end: a final evaluation, a checkpoint (safetensors, written
 atomically) and ``tlpp.finished``.
 
 Membership: a node that failed in a step is taken out of the schedule at once (the rest of the
@@ -36,9 +41,14 @@ reveal nothing.
 
 A helper failure (``HelperFailed``), or a setting the truncation guard refuses, stops training
 with one clear error: logged, in ``/status``, a ``tlpp.error`` event, and a checkpoint of the
-model so far; the role is failed (``/healthz`` answers 503) and ``gossamer orchestrator`` exits
+model so far; the step it stopped in applies nothing and its ledger stays in the history, every
+node of it rejected with why; the role is failed (``/healthz`` answers 503) and ``gossamer orchestrator`` exits
 non-zero. When training is finished the record says so (``assignment.tlpp_finished``), so the
 nodes and the helper know the run is over.
+
+Fault points (``RoleContext.fault_point``, where a test may crash or stall it; ``fault_runs``):
+``step`` of s (nothing of step s sent), ``backward`` of s (``steps``: the forwards answered, no
+backward request sent) and ``aggregate`` of s (the step's gradient summed, not applied).
 """
 
 from __future__ import annotations
@@ -102,7 +112,8 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
         self.optimizer = _optimizer(self.model, settings)
         self.links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
         self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side, server_side=server_side,
-                                 links=self.links, share_log=ShareLog(ctx.config.share_log or None), device=ctx.device)
+                                 links=self.links, share_log=ShareLog(ctx.config.share_log or None), device=ctx.device,
+                                 fault_point=ctx.fault_point)
         self.history: History[int, StepLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/tlpp")
         self.step = 0
@@ -143,7 +154,8 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
     def status(self) -> dict[str, Any]:
         return {"assignment": {"tlpp_finished": True} if self.finished else {}, "mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
                 "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
-                "evaluation": self.last_eval, "ledgers": self.history.last(3), "series": self.series}
+                "evaluation": self.last_eval, "ledgers": self.history.last(3), "series": self.series,
+                "pacing": self.driver.pacing.status()}
 
     def gauges(self) -> dict[str, float]:
         gauges = {"tlpp_step": float(self.step)}
@@ -169,9 +181,11 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
             self.done.set()
 
     async def _train(self) -> None:
-        scheduler = await self._schedule(max(self.settings.min_nodes, self._fewest))
+        # min_nodes gates the start only: a resumed run goes on with the nodes that are left
+        wanted = self._fewest if self.resumed_from else self.settings.min_nodes
+        scheduler = await self._schedule(max(wanted, self._fewest))
         if self.settings.secure:
-            scheduler = await self._until_helper_sees(scheduler, self.settings.min_nodes)
+            scheduler = await self._until_helper_sees(scheduler, wanted)
         if self.settings.normalize == "nodes" and not self.resumed_from:  # a resumed model keeps its own
             self._normalize()
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
@@ -197,7 +211,18 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
         ledger = StepLedger(step=self.step, epoch=batch.epoch, index=batch.index, mode=self.settings.mode)
         sent, received = _tlpp_bytes(self.ctx.traffic.sent), _tlpp_bytes(self.ctx.traffic.received)
         started = time.monotonic()
-        grads = await self.driver.run(batch, ledger, helper)
+        await self.ctx.fault_point("step", self.step)  # a test's crash or stall before the step: nothing sent
+        # a node neither live nor in the latest schedule left: it is no longer measured against the others
+        # (a slow node whose record lags its heartbeat is still scheduled: it stays measured, and flagged)
+        self.driver.pacing.keep_only({*self._scheduled, *self._node_counts()})
+        try:
+            grads = await self.driver.run(batch, ledger, helper)
+        except TrainingStopped as exc:  # the step is accounted for (every node rejected with why), not applied
+            ledger.give_up(f"training stopped: {exc}")
+            ledger.wall_s = round(time.monotonic() - started, 4)
+            self.history.add(ledger.step, ledger)
+            raise
+        await self.ctx.fault_point("aggregate", self.step)  # a test's crash: the step's gradient summed, not applied
         if grads is not None and not grads_finite(grads):
             ledger.note, grads = "gradients are not finite; step skipped", None
         if grads is not None:

@@ -26,8 +26,18 @@ Manifest layout (run config TOML)::
               max_abs (secure: the bound on |cut activation| a node enforces before sharing,
               the premise of the truncation guard), max_failure (secure: the truncation failure
               bound per virtual batch the guard allows), min_nodes (training starts once this
-              many nodes are live), node_timeout_s (deadline of one request to a node),
-              helper_timeout_s (deadline of one request to the helper), helper_wait_s (how
+              many nodes are live), node_timeout_s (deadline of one request to a node; with
+              adaptive pacing the ceiling), pacing = "fixed" | "adaptive" (``pacing``: every
+              node's forward and backward times are measured and a node persistently slower than
+              the others, its median step time over 1.3x theirs and 0.5 s more in 3 steps in a
+              row, is flagged fail-slow either way, in ``/status`` and each step's ledger;
+              "fixed", the default, waits up to node_timeout_s for every node; "adaptive" drops
+              the nodes still outstanding at a phase's adaptive deadline, once another node has
+              answered: a high quantile of the unflagged nodes' last times times a margin,
+              node_timeout_s its ceiling, node_floor_s its floor), node_floor_s (the adaptive
+              deadline's floor; generous, so that a node merely slowed by a busy host is not
+              dropped; default 5 s), helper_timeout_s (deadline of one request to the helper;
+              fixed: there is one helper, nothing to measure it against), helper_wait_s (how
               long the helper waits for the nodes' shares a request names, and how long the
               helper and a node wait to see each other live before a step), eval_every (steps between evaluations on the
               held-out split; 0: only at the end);
@@ -66,6 +76,7 @@ MODELS = tuple(BUILTINS)  # the built-in model names (model.name)
 MODES = ("base", "secure")
 OPTIMIZERS = ("adam", "sgd")
 NORMALIZE = ("none", "nodes", "fixed")
+PACING = ("fixed", "adaptive")
 DEFAULT_MODEL = "digits_cnn"
 MAX_STATS_CHANNELS = 256  # normalize = "nodes": per-channel sums must fit in a node's signed record
 
@@ -116,6 +127,8 @@ class TlppSettings:
     max_failure: float = setting(2e-4, table="hyper", above=0.0, high=1.0)
     min_nodes: int = setting(1, table="hyper", low=1)
     node_timeout_s: float = setting(20.0, table="hyper", above=0.0)
+    pacing: str = setting("fixed", table="hyper", choices=PACING)
+    node_floor_s: float = setting(5.0, table="hyper", above=0.0)
     helper_timeout_s: float = setting(20.0, table="hyper", above=0.0)
     helper_wait_s: float = setting(5.0, table="hyper", above=0.0)
     eval_every: int = setting(10, table="hyper", low=0)
@@ -129,6 +142,9 @@ class TlppSettings:
         self._check_secure()
         if self.steps == 0 and self.epochs == 0:
             raise ConfigError("hyper.steps and hyper.epochs are both 0: set one of them")
+        if self.pacing == "adaptive" and self.node_floor_s > self.node_timeout_s:
+            raise ConfigError(f"hyper.node_floor_s ({self.node_floor_s}) is above hyper.node_timeout_s "
+                              f"({self.node_timeout_s}): the adaptive deadline lies between them")
         if self.helper_wait_s >= self.helper_timeout_s:
             raise ConfigError(f"hyper.helper_wait_s ({self.helper_wait_s}) must be shorter than hyper.helper_timeout_s "
                               f"({self.helper_timeout_s}), or the orchestrator gives up before the helper answers")

@@ -47,6 +47,10 @@ anything over fewer than ``min_sum_nodes`` (k) nodes or ``min_batch`` samples: a
 answer or a sum below either applies nothing and the ledger's note says why (the helper refuses
 them too, and the nodes refuse a grad_scale below ``min_batch``).
 
+**Pacing** (``pacing``). The requests to the nodes in steps 1 and 3 are measured; with
+``hyper.pacing = "adaptive"`` a phase's nodes still outstanding at its adaptive deadline, once
+another node has answered, are dropped as late, as a node that timed out is (above).
+
 **The helper.** Any failure of a request to the helper (unreachable, timeout, refusal) raises
 ``HelperFailed``: secure training stops with that error rather than going on without the
 second server. Every remote await has the timeout of the settings.
@@ -55,7 +59,7 @@ second server. Every remote await has the timeout of the settings.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +69,7 @@ from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import PeerError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
 from gossamer.peer.roles.tlpp.ledger import StepLedger
+from gossamer.peer.roles.tlpp.pacing import NodePacing, run_phase
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
     ORCHESTRATOR,
@@ -92,10 +97,12 @@ from gossamer.peer.roles.tlpp.wire import (
     check_party,
     check_tensors,
     flat_grads,
+    used_nodes,
 )
 from gossamer.protocols.tlpp import VirtualBatch, affine_server, server_step, sum_grads
 
 Checker = Callable[[int, str, LinkMessage], dict[str, Tensor]]
+FaultPoint = Callable[[str, int], Awaitable[None]]
 
 
 class TrainingStopped(PeerError):
@@ -117,19 +124,19 @@ class StepDriver:
     version each node has cached."""
 
     def __init__(self, *, settings: TlppSettings, model: nn.Sequential, node_side: nn.Module, server_side: nn.Module,
-                 links: SecureLinks, share_log: ShareLog, device: torch.device) -> None:
+                 links: SecureLinks, share_log: ShareLog, device: torch.device, fault_point: FaultPoint) -> None:
         self.settings = settings
-        self.model = model
-        self.node_side = node_side
-        self.server_side = server_side
-        self.links = links
-        self.share_log = share_log
-        self.device = device
+        self.fault_point = fault_point  # ``RoleContext.fault_point``: "backward", before its requests go out
+        self.model, self.node_side, self.server_side = model, node_side, server_side
+        self.links, self.share_log, self.device = links, share_log, device
+        self.pacing = NodePacing(ceiling_s=settings.node_timeout_s, floor_s=settings.node_floor_s,
+                                 adaptive=settings.pacing == "adaptive")
         self.version = 0
         self._cached: dict[str, int] = {}
         self._confirmed: tuple[str, set[str]] = ("", set())  # (helper, the nodes it said it sees)
         self._told = -1  # the latest step the helper heard of from this orchestrator
         self.kept: set[str] = set()  # rejected from the last step through no fault of their own: still scheduled
+        self.batch: VirtualBatch | None = None  # the last step's virtual batch (a recheck reads its indices)
         self._weights: tuple[int, dict[str, Tensor]] | None = None
         self._params = {name: p.detach() for name, p in model.named_parameters()}
         self._node_params = {name: p.detach() for name, p in node_side.named_parameters()}
@@ -142,8 +149,16 @@ class StepDriver:
             self._grads = flat_grads(layout_numel(self._layout))
 
     async def run(self, batch: VirtualBatch, ledger: StepLedger, helper: str | None) -> dict[str, Tensor] | None:
-        """The step's summed gradients by parameter name, or None when nothing can be applied."""
-        plan, self.kept = batch.by_node(), set()
+        """The step's summed gradients by parameter name, or None when nothing can be applied; the
+        step's deadlines, and the nodes flagged slow at its end, in its ledger (``pacing``)."""
+        ledger.deadline_s = self.pacing.deadlines()
+        try:
+            return await self._run(batch, ledger, helper)
+        finally:
+            ledger.slow = self.pacing.settle()
+
+    async def _run(self, batch: VirtualBatch, ledger: StepLedger, helper: str | None) -> dict[str, Tensor] | None:
+        plan, self.kept, self.batch = batch.by_node(), set(), batch
         ledger.planned = batch.sizes()
         ledger.expect(ledger.planned)
         if self.settings.secure:
@@ -189,7 +204,7 @@ class StepDriver:
             unknown = sorted(nodes)  # only to announce the step: the helper's share window follows it
         if unknown:
             reply = await self._helper(helper, LinkMessage(PING, step, {"nodes": unknown}))
-            confirmed.update(_used(reply, dict.fromkeys(unknown)))
+            confirmed.update(used_nodes(reply, dict.fromkeys(unknown)))
         return confirmed & nodes
 
     def forget(self, nodes: set[str]) -> None:
@@ -209,11 +224,10 @@ class StepDriver:
 
     async def _forward_all(self, step: int, plan: dict[str, list[int]], ledger: StepLedger,
                            helper: str | None) -> dict[str, _Forwarded]:
-        nodes = sorted(plan)
-        results = await asyncio.gather(*(self._forward_one(step, n, plan[n], helper) for n in nodes),
-                                       return_exceptions=True)
+        self.weights()  # built once before the requests go out: no node's measured time pays for it
+        results = await run_phase(self.pacing, FORWARD, {n: self._forward_one(step, n, plan[n], helper) for n in plan})
         forwarded = {}
-        for node, result in zip(nodes, results, strict=True):
+        for node, result in sorted(results.items()):
             if isinstance(result, _Forwarded):
                 forwarded[node] = result
                 ledger.arrive(node)
@@ -260,6 +274,7 @@ class StepDriver:
         server = await asyncio.to_thread(server_step, self.server_side, acts, labels)
         ledger.loss, ledger.accuracy = server.loss, server.correct / server.count
         messages = {n: LinkMessage(BACKWARD, ledger.step, {}, {"cut_grad": server.cut_grads[n]}) for n in forwarded}
+        await self.fault_point("backward", ledger.step)
         grads = await self._backward_all(ledger, messages, self._check_base_grads)
         if not grads:
             ledger.note = "no node completed the backward pass"
@@ -288,7 +303,7 @@ class StepDriver:
             return self._give_up(ledger, f"not run: of the nodes that answered the forward pass, {short}")
         reply = await self._helper(helper, LinkMessage(LOGITS, ledger.step, {"nodes": sorted(forwarded), "sizes": sizes},
                                                        {"weight": weight.detach().cpu()}))
-        used = _used(reply, forwarded)
+        used = used_nodes(reply, forwarded)
         for node in sorted(set(forwarded) - set(used)):
             ledger.drop(node, "logits", "the helper holds no matching activation share")
         if not used:
@@ -316,6 +331,7 @@ class StepDriver:
         scale = float(logit_step.count)
         messages = {n: LinkMessage(BACKWARD, ledger.step, {"grad_scale": scale, "helper": helper},
                                    {"logit_grad": logit_step.logit_grads[n].to(torch.float32)}) for n in used}
+        await self.fault_point("backward", ledger.step)
         shares = await self._backward_all(ledger, messages, self._check_grad_shares)
         if not shares:
             ledger.note = "no node completed the backward pass"
@@ -324,7 +340,7 @@ class StepDriver:
         if short:
             return self._give_up(ledger, f"not summed: {short}")
         helper_sum = await self._helper(helper, LinkMessage(SUM, ledger.step, {"nodes": sorted(shares)}))
-        summed = _used(helper_sum, shares)
+        summed = used_nodes(helper_sum, shares)
         for node in sorted(set(shares) - set(summed)):
             ledger.drop(node, "sum", "the helper holds no gradient share")
         if not summed:
@@ -352,10 +368,9 @@ class StepDriver:
 
     async def _backward_all(self, ledger: StepLedger, messages: Mapping[str, LinkMessage],
                             check: Checker) -> dict[str, dict[str, Tensor]]:
-        nodes = sorted(messages)
-        results = await asyncio.gather(*(self._node(n, messages[n]) for n in nodes), return_exceptions=True)
+        results = await run_phase(self.pacing, BACKWARD, {n: self._node(n, messages[n]) for n in messages})
         done = {}
-        for node, result in zip(nodes, results, strict=True):
+        for node, result in sorted(results.items()):
             try:
                 if isinstance(result, BaseException):
                     raise result
@@ -377,12 +392,6 @@ class StepDriver:
         except (SecureLinkError, RequestRefused) as exc:
             raise HelperFailed(f"the helper {helper[:12]} failed during {message.op!r} of step {message.step}: {exc}; "
                                "secure training cannot go on without it") from exc
-
-
-def _used(reply: LinkMessage, asked: Mapping[str, object]) -> list[str]:
-    """The nodes the helper's answer says it used, of those it was asked about (sorted)."""
-    nodes = reply.fields.get("nodes")
-    return sorted(n for n in nodes if isinstance(n, str) and n in asked) if isinstance(nodes, list) else []
 
 
 def grads_finite(grads: Mapping[str, Tensor]) -> bool:

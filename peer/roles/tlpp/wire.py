@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from gossamer.peer.kit.secure_link import RequestRefused
+from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused
 
 NODE_METHOD = "tlpp-node"
 HELPER_METHOD = "tlpp-helper"
@@ -105,3 +105,9 @@ def node_list(value: object, what: str) -> list[str]:
     if len(set(value)) != len(value):
         raise RequestRefused(f"{what}: node ids repeat", code="malformed")
     return sorted(value)
+
+
+def used_nodes(reply: LinkMessage, asked: Mapping[str, object]) -> list[str]:
+    """The nodes the helper's answer says it used, of those it was asked about (sorted)."""
+    nodes = reply.fields.get("nodes")
+    return sorted(n for n in nodes if isinstance(n, str) and n in asked) if isinstance(nodes, list) else []
