@@ -1,5 +1,5 @@
 """A learner's pacing: how long its W2 window waits for pseudo-gradients, and which learners are
-fail-slow (``hyper.pacing``: "adaptive", the default, or "fixed").
+fail-slow (``hyper.pacing``: "fixed", the default, or "adaptive").
 
 Measured, for every pseudo-gradient a learner sends us for round t (once per sender and round,
 whether the inbox took it or refused it as stale or too far ahead), the moment it arrived against
