@@ -99,7 +99,7 @@ def test_build_aggregator_binds_parameters_and_leaves_the_rest_per_call() -> Non
         assert built(cs, (), f=0 if name == "mean" else 1).value.shape == (5,)
     trimmed = build_aggregator("trimmed_mean", f=2)
     assert torch.equal(trimmed(cs, ()).value, AGGREGATORS["trimmed_mean"](cs, (), f=2).value)
-    assert DEFAULT == "centered_clipping" and DEFAULT in AGGREGATORS
+    assert DEFAULT == "geometric_median" and DEFAULT in AGGREGATORS
 
 
 def test_degrades_to_the_median_when_withheld_updates_leave_too_few_for_krum() -> None:
