@@ -24,8 +24,8 @@ Manifest layout (run config TOML)::
     [hyper.aggregator]  name = "geometric_median" (default) | "mean" | ..., and its parameters
 
 The default aggregator is the geometric median (``robust.DEFAULT``): over the full grid of
-``scripts/experiments/byzantine.py`` its worst cost under adaptive attack was the smallest
-(EXPERIMENTS.md 2a). Centered clipping's one-step form with worker momentum was retired
+``scripts/experiments/byzantine.py`` its worst cost under adaptive attack up to f = n/4 was the
+smallest (EXPERIMENTS.md 2a; near n/2 the coordinate-wise median holds best). Centered clipping's one-step form with worker momentum was retired
 (``robust_clipping``).
 """
 
