@@ -26,7 +26,6 @@ interleave links and modes, so the rows share the machine's conditions::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 from _common import BenchError, machine_info, write_json
 from _wan_links import Links, Party
 
-from gossamer.crypto.identity import Identity
+from gossamer.peer.testing.tlpp_runs import BASE_NODE_COMMAND, secure_tables
 from gossamer.transport.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,13 +67,7 @@ helper_wait_s = 10.0
 def start_parties(mode: str, work: Path, links: Links | None, s: argparse.Namespace) -> list[Party]:
     """The orchestrator first (its manifest), then the helper (secure) and the nodes."""
     names = [f"node{i}" for i in range(NODES)]
-    secure = ""
-    node_command = ["peer", "--roles", "node"]
-    if mode == "secure":  # identities made up front, as their operators would: the helper pin and allowlist
-        helper = Identity.create(work / "helper.pem")
-        keys = [helper.public_key.hex(), *(Identity.create(work / f"{n}.pem").public_key.hex() for n in names)]
-        secure = f'helper = "{helper.peer_id}"\n[admission]\npolicy = "allowlist"\nallow = {json.dumps(keys)}\n'
-        node_command = ["node", "--helper", helper.peer_id]
+    secure, node_command = secure_tables(work, names) if mode == "secure" else ("", BASE_NODE_COMMAND)
     (work / "run.toml").write_text(RUN_TOML.format(mode=mode, batch_size=s.batch_size, steps=s.warmup + s.steps,
                                                    nodes=NODES, secure=secure))
     orch = Party("orch", ["orchestrator", "-c", str(work / "run.toml"), "--new_swarm"], work, links)

@@ -15,7 +15,6 @@ second half of the run; p50/p99 of the step time; the held-out loss at the start
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -24,8 +23,8 @@ from pathlib import Path
 
 from _soak import Sampler, load, report
 
-from gossamer.crypto.identity import Identity
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer.peer.testing.tlpp_runs import BASE_NODE_COMMAND, secure_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = 3
@@ -58,12 +57,7 @@ def main() -> int:
     load_before = load()
     work = Path(tempfile.mkdtemp(prefix="gossamer-soak-tlpp-"))  # kept: the logs are the evidence
     nodes = [f"node{i}" for i in range(NODES)]
-    secure, node_command = "", ["peer", "--roles", "node"]
-    if args.mode == "secure":  # the helper pin and the allowlist, from identities made up front
-        helper = Identity.create(work / "helper.pem")
-        keys = [helper.public_key.hex(), *(Identity.create(work / f"{n}.pem").public_key.hex() for n in nodes)]
-        secure = f'helper = "{helper.peer_id}"\n[admission]\npolicy = "allowlist"\nallow = {json.dumps(keys)}\n'
-        node_command = ["node", "--helper", helper.peer_id]
+    secure, node_command = secure_tables(work, nodes) if args.mode == "secure" else ("", BASE_NODE_COMMAND)
     (work / "run.toml").write_text(RUN.format(mode=args.mode, steps=args.steps, eval_every=max(1, args.steps // 10),
                                               nodes=NODES, secure=secure))
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gossamer.crypto.identity import Identity
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer.peer.testing.tlpp_runs import BASE_NODE_COMMAND, secure_tables
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -47,20 +47,10 @@ def start(work: Path, name: str, args: list[str],
                            log_path=work / f"{name}.log")
 
 
-def secure_tables(work: Path, nodes: list[str]) -> tuple[str, list[str]]:
-    """Secure mode: identities made for the helper and the data nodes before the run (as their
-    operators would, with ``gossamer identity new``), the run config's helper pin and allowlist,
-    and the ``node`` command pinning that helper."""
-    helper = Identity.create(work / "helper.pem")
-    keys = [helper.public_key.hex(), *(Identity.create(work / f"{name}.pem").public_key.hex() for name in nodes)]
-    return (f'helper = "{helper.peer_id}"\n[admission]\npolicy = "allowlist"\nallow = {json.dumps(keys)}\n',
-            ["node", "--helper", helper.peer_id])
-
-
 def start_run(work: Path, *, mode: str, steps: int,
               share_logs: bool = False) -> tuple[GossamerProcess, dict, list[GossamerProcess]]:
     tables, node_command = secure_tables(work, [f"node{i}" for i in range(3)]) if mode == "secure" else \
-        ("", ["peer", "--roles", "node"])
+        ("", BASE_NODE_COMMAND)
     (work / "run.toml").write_text(RUN.format(name=f"tl-{mode}", mode=mode, steps=steps) + tables)
     orch = start(work, "orch", ["orchestrator", "-c", str(work / "run.toml"), "--new_swarm"],
                  work / "orch-shares.jsonl" if share_logs else None)
