@@ -31,7 +31,8 @@ class EventSink:
     reader that falls behind (the pipe full) never blocks the event loop: the daemon keeps
     answering its peers and ``/status``. A line that finds the queue full is dropped and counted,
     and an ``events_dropped`` line says how many once there is room again (or at ``close``).
-    ``close`` writes what is queued (bounded by ``timeout_s``)."""
+    ``flush`` waits until what was emitted so far is written; ``close`` writes what is queued and
+    stops the writer (both bounded by ``timeout_s``)."""
 
     def __init__(self, *, enabled: bool, stream: TextIO | None = None, observer: Observer | None = None,
                  buffered: bool = False, max_queued: int = MAX_QUEUED) -> None:
@@ -40,7 +41,7 @@ class EventSink:
         self.observer = observer
         self.dropped = 0
         self._unreported = 0
-        self._queue: queue.Queue[str | None] | None = None
+        self._queue: queue.Queue[str | threading.Event | None] | None = None
         self._writer: threading.Thread | None = None
         if enabled and buffered:
             self._queue = queue.Queue(maxsize=max_queued)
@@ -63,6 +64,18 @@ class EventSink:
         if not self._offer(line):
             self.dropped += 1
             self._unreported += 1
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every line emitted before this call is written (or ``timeout_s`` passes: a
+        reader that stopped reading is not waited for). True when they were."""
+        if self._queue is None or self._writer is None or not self._writer.is_alive():
+            return self._queue is None
+        written = threading.Event()
+        try:
+            self._queue.put(written, timeout=timeout_s)
+        except queue.Full:
+            return False
+        return written.wait(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Write the queued lines (at most ``timeout_s``: a reader that stopped reading is not waited for)."""
@@ -98,5 +111,7 @@ class EventSink:
     def _write_lines(self) -> None:
         assert self._queue is not None
         while (line := self._queue.get()) is not None:
-            if not self._write(line):
+            if isinstance(line, threading.Event):
+                line.set()
+            elif not self._write(line):
                 return

@@ -79,3 +79,27 @@ def test_an_unbuffered_sink_writes_at_once() -> None:
         EventSink(enabled=True, stream=stream).emit("test.now", value=1)
     assert read_lines(read_fd, 1) == [{"event": "test.now", "value": 1}]
     os.close(read_fd)
+
+
+def test_flush_returns_once_every_earlier_line_is_written() -> None:
+    read_fd, write_fd = os.pipe()
+    stream = os.fdopen(write_fd, "w", encoding="utf-8")
+    sink = EventSink(enabled=True, stream=stream, buffered=True)
+    for i in range(5):
+        sink.emit("test.tick", i=i)
+    assert sink.flush()
+    os.set_blocking(read_fd, False)  # everything must already be in the pipe: a read that waits would fail here
+    assert [json.loads(line)["i"] for line in os.read(read_fd, 65536).splitlines()] == list(range(5))
+    sink.close()
+    stream.close()
+    os.close(read_fd)
+
+
+def test_flush_gives_up_on_a_reader_that_stopped_reading() -> None:
+    sink, read_fd = pipe_sink(max_queued=10)
+    padding = "x" * 100_000
+    for i in range(3):  # 300 kB: more than the pipe holds, and nobody reads
+        sink.emit("test.tick", i=i, padding=padding)
+    assert not sink.flush(timeout_s=0.5)
+    os.close(read_fd)  # the writer's next write fails; close does not wait for it
+    sink.close(timeout_s=0.5)

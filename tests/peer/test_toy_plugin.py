@@ -94,6 +94,7 @@ async def test_a_toy_protocol_runs_through_real_daemons(tmp_path: Path, monkeypa
 
         assert role.settings.greeting == "bonjour"  # read from the owner-signed manifest
         assert role.heard == {owner.identity.peer_id: "bonjour"}
+        assert joiner.events.flush()  # the daemon's events go out through a writer thread
         lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # the joiner's --events
         assert [e for e in lines if e["event"].startswith("echo.")] == [
             {"event": "echo.heard", "greeting": "bonjour", "peer": owner.identity.peer_id}]
