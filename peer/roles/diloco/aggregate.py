@@ -9,7 +9,8 @@ round degrades to the coordinate-wise median with the same f, and when even that
 to the median with the largest f the arrivals support, counting the silent peers as faulty
 (``robust.aggregate_or_degrade``); the round's note says which. Only a run whose f cannot fit
 the W2 neighbourhood at all (or a round with nothing usable) falls back to this learner's own
-pseudo-gradient, and the note says that too.
+pseudo-gradient, and the note says that too; the neighbours' pseudo-gradients that arrived are
+then rejected in the ledger with that note as the reason.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class PseudoGradientAggregator:
                                                      max_norm=self._max_norm)
         except (InvalidSetting, NotEnoughUpdates) as exc:
             self.note = f"aggregation fell back to the own pseudo-gradient: {exc}"
+            for sender in arrived:  # not used: accounted as refused, so the round's ledger still balances
+                ledger.reject(sender, self.note)
             return d
         for failure in result.rejected:  # the silent ones stay timed out
             if failure.sender not in ledger.timed_out:

@@ -122,6 +122,8 @@ def test_a_neighbourhood_too_small_for_f_falls_back_to_the_own_pseudo_gradient_a
 
     assert torch.equal(flatten(out), flatten(own))
     assert aggregator.note.startswith("aggregation fell back to the own pseudo-gradient") and "n > 2f + 2" in aggregator.note
+    assert ledger.used == [] and ledger.rejected == dict.fromkeys(LEARNERS[1:5], aggregator.note)  # none left unaccounted
+    assert ledger.balance_problems() == []
 
 
 # -- the --attack option: what a Byzantine learner sends ----------------------------------------------
