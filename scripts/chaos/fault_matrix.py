@@ -6,7 +6,10 @@ the JSON, so any run can be replayed).
 Each case is five learners on LocalNet (``peer.testing.localnet``: real roles behind real HTTP
 servers in one process, signed messages, one view of signed records) training a tiny byte LM for
 ``--rounds`` rounds, mixing globally with an exact-average round every second round (the last
-round is one). Faults (``LocalNet`` injection):
+round is one). W2 goes through ``--aggregator`` (default: the run's default, ``robust.DEFAULT``,
+the geometric median; ``mean`` is plain gossip DiLoCo; ``--aggregator_param KEY=VALUE``, repeated,
+sets its parameters, e.g. ``f=1``); ``--w1_clip_tau X`` > 0 makes W1 clipped gossip. Faults
+(``LocalNet`` injection):
 
 - ``crash_before``: the peer dies at its first message of the round (its parameters), before
   anything of the round went out;
@@ -24,15 +27,19 @@ the nearest.
 A crashed peer's record expires at once (a run with a short TTL), as ``--ttl_s`` would make it in
 a real run. Pass, for every case: every survivor finishes every round; every ledger balances; from
 the round after the last crash on, each survivor used exactly the other survivors' parameters and
-pseudo-gradients (the protocol's result over the survivors); every survivor's every round,
-recomputed from the protocol's pure functions (``protocols.learner_round``) over the contributions
-its ledger says it used, as they were sent, from its state at the end of the round before, is
-within 1e-5 (max abs) of what it applied (``peer/roles/diloco/recheck.py``); a peer that crashed
-mid-aggregate died with its round's outer step not taken; no wait went past its deadline
-(``w2_deadline_s`` = ``w1_grace_s`` = 10 s, 1 s slack for the event loop); after
-the final exact-average round the survivors' parameters and outer momentum are bit-identical.
+received exactly their pseudo-gradients, and used all of them (Krum and multi-Krum: those the rule
+selected; the recheck says which); every survivor's every round, recomputed from the protocol's
+pure functions (``protocols.learner_round``, and ``protocols.robust``'s aggregator and clipped
+gossip for a robust W2 and a clipped W1) over the contributions its ledger says it received and
+used, as they were sent, from its state at the end of the round before, is within 1e-5 (max abs)
+of what it applied (``peer/roles/diloco/recheck.py``); a peer that crashed mid-aggregate died with
+its round's outer step not taken; no wait went past its deadline (``w2_deadline_s`` =
+``w1_grace_s`` = 10 s, 1 s slack for the event loop); after the final exact-average round the
+survivors' parameters and outer momentum are bit-identical (not required with a clipped W1: each
+learner clips its neighbours' differences to its own parameters, so that round is no exact average).
 
     .venv/bin/python scripts/chaos/fault_matrix.py [--rounds 4] [--chaos 8] [--seed N] [--json PATH]
+        [--aggregator NAME] [--aggregator_param KEY=VALUE ...] [--w1_clip_tau X]
 """
 
 from __future__ import annotations
@@ -47,7 +54,9 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from _diloco import bit_identical, load
 from _diloco import run_config as diloco_run
@@ -56,6 +65,7 @@ from gossamer.peer.roles import PLUGINS
 from gossamer.peer.roles.diloco.learner import LearnerRole
 from gossamer.peer.roles.diloco.recheck import RoundStates, recheck
 from gossamer.peer.testing.localnet import LocalNet
+from gossamer.protocols.robust import AGGREGATORS, DEFAULT
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = 5
@@ -65,10 +75,20 @@ TOLERANCE = 1e-5  # max abs gap between a survivor's applied round and the recom
 Fault = tuple[str, str, int]  # (kind, peer, round)
 CRASHES = ("crash_before", "crash_mid_send", "crash_mid_aggregate")
 KINDS = (*CRASHES, "slow_send")
+SELECTING = ("krum", "multi_krum")  # W2 rules that use only the pseudo-gradients they select
 
 
-def run_config(rounds: int) -> dict:
-    return diloco_run("fault-matrix", peers=PEERS, rounds=rounds, deadline_s=DEADLINE_S)
+@dataclass(frozen=True)
+class Setup:
+    """How every case's learners mix: the W2 aggregator (name and parameters) and the W1 clipping radius."""
+
+    aggregator: str = DEFAULT
+    params: dict[str, Any] = field(default_factory=dict)
+    w1_clip_tau: float = 0.0
+
+    def run_config(self, rounds: int) -> dict:
+        return diloco_run("fault-matrix", peers=PEERS, rounds=rounds, deadline_s=DEADLINE_S,
+                          aggregator={"name": self.aggregator, **self.params}, w1_clip_tau=self.w1_clip_tau)
 
 
 def inject(net: LocalNet, fault: Fault, slow_s: float) -> None:
@@ -82,8 +102,8 @@ def inject(net: LocalNet, fault: Fault, slow_s: float) -> None:
     actions[kind]()
 
 
-async def one_case(faults: list[Fault], *, rounds: int, slow_s: float, workdir: Path) -> dict:
-    net = await LocalNet.create(run_config(rounds), plugins=PLUGINS, workdir=workdir, keep_sent=True)
+async def one_case(faults: list[Fault], *, rounds: int, slow_s: float, workdir: Path, setup: Setup) -> dict:
+    net = await LocalNet.create(setup.run_config(rounds), plugins=PLUGINS, workdir=workdir, keep_sent=True)
     roles: dict[str, LearnerRole] = {f"l{i}": (await net.add(f"l{i}", ("learner",))).role  # type: ignore[misc]
                                      for i in range(PEERS)}
     states = RoundStates(roles)
@@ -97,13 +117,13 @@ async def one_case(faults: list[Fault], *, rounds: int, slow_s: float, workdir: 
         await net.start()
         await asyncio.wait_for(asyncio.gather(*(role.drain() for role in survivors.values())), timeout=600)
         wall = time.monotonic() - started
-        return {"faults": faults, "wall_s": wall, **check(net, survivors, crashed, faults, rounds, states)}
+        return {"faults": faults, "wall_s": wall, **check(net, survivors, crashed, faults, rounds, states, setup)}
     finally:
         await net.aclose()
 
 
 def check(net: LocalNet, survivors: dict[str, LearnerRole], crashed: set[str], faults: list[Fault],
-          rounds: int, states: RoundStates) -> dict:
+          rounds: int, states: RoundStates, setup: Setup) -> dict:
     settled_from = max([r + 1 for kind, _, r in faults if kind in CRASHES], default=0)
     problems: list[str] = []
     max_wait = 0.0
@@ -118,9 +138,12 @@ def check(net: LocalNet, survivors: dict[str, LearnerRole], crashed: set[str], f
                 continue
             problems += [f"{name} round {t}: {p}" for p in ledger.balance_problems()]
             max_wait = max(max_wait, ledger.w1_wait_s, ledger.w2_wait_s)
-            if t >= settled_from and (ledger.params.used != others or ledger.pseudo_gradients.used != others):
-                problems.append(f"{name} round {t} used {len(ledger.params.used)} parameter sets and "
-                                f"{len(ledger.pseudo_gradients.used)} pseudo-gradients, not the {len(others)} survivors'")
+            pgrads = ledger.pseudo_gradients
+            used_all = setup.aggregator in SELECTING or pgrads.used == others
+            if t >= settled_from and (ledger.params.used != others or pgrads.arrived != others or not used_all):
+                problems.append(f"{name} round {t} used {len(ledger.params.used)} parameter sets and received "
+                                f"{len(pgrads.arrived)} pseudo-gradients (used {len(pgrads.used)}), not the "
+                                f"{len(others)} survivors'")
     dead = [peer for peer in crashed if net[peer].alive]
     problems += [f"{peer} did not crash" for peer in dead]
     for kind, peer, r in faults:
@@ -139,7 +162,7 @@ def check(net: LocalNet, survivors: dict[str, LearnerRole], crashed: set[str], f
     if max_wait > DEADLINE_S + SLACK_S:
         problems.append(f"a wait went past its deadline ({max_wait:.1f} s)")
     identical = bit_identical(list(survivors.values()))
-    if not identical:
+    if not identical and not setup.w1_clip_tau:
         problems.append("the survivors are not bit-identical after the exact-average round")
     return {"survivors": sorted(survivors), "max_wait_s": max_wait, "identical": identical, "recheck_gap": gap,
             "problems": problems, "passed": not problems}
@@ -162,7 +185,7 @@ def chaos(rng: random.Random, count: int, rounds: int) -> list[list[Fault]]:
     return cases
 
 
-async def main_async(args: argparse.Namespace) -> list[dict]:
+async def main_async(args: argparse.Namespace, setup: Setup) -> list[dict]:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"chaos seed {seed} (replay: --seed {seed})", flush=True)
     cases = [("matrix", faults) for faults in matrix(args.rounds)]
@@ -170,7 +193,8 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory(prefix="gossamer-faults-") as tmp:
         for i, (source, faults) in enumerate(cases):
-            result = await one_case(faults, rounds=args.rounds, slow_s=args.slow_s, workdir=Path(tmp) / str(i))
+            result = await one_case(faults, rounds=args.rounds, slow_s=args.slow_s, workdir=Path(tmp) / str(i),
+                                    setup=setup)
             result.update(source=source, seed=seed if source == "chaos" else None)
             results.append(result)
             print(f"{source:6s} {describe(faults):60s} {'pass' if result['passed'] else 'FAIL'} "
@@ -182,6 +206,17 @@ def describe(faults: list[Fault]) -> str:
     return " + ".join(f"{kind} {peer}@{round}" for kind, peer, round in faults)
 
 
+def aggregator_param(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, the value read as JSON (a number, true/false) or else kept as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -189,12 +224,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--slow_s", type=float, default=2.0)
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/fault_matrix.json")
+    parser.add_argument("--aggregator", choices=sorted(AGGREGATORS), default=DEFAULT, help="the W2 aggregator")
+    parser.add_argument("--aggregator_param", action="append", default=[], type=aggregator_param,
+                        metavar="KEY=VALUE", help="one of the aggregator's parameters (e.g. f=1); repeat for more")
+    parser.add_argument("--w1_clip_tau", type=float, default=0.0, help="> 0: W1 is clipped gossip with this radius")
     args = parser.parse_args()
+    setup = Setup(aggregator=args.aggregator, params=dict(args.aggregator_param), w1_clip_tau=args.w1_clip_tau)
     logging.basicConfig(level=logging.ERROR)
     load_before = load()
-    results = asyncio.run(main_async(args))
+    results = asyncio.run(main_async(args, setup))
     passed = sum(r["passed"] for r in results)
-    print(f"\nDiLoCo fault matrix: {PEERS} learners, {args.rounds} rounds; load before {load_before}, after {load()}\n")
+    print(f"\nDiLoCo fault matrix: {PEERS} learners, {args.rounds} rounds, W2 {setup.aggregator} {setup.params or ''}, "
+          f"W1 clip tau {setup.w1_clip_tau}; load before {load_before}, after {load()}\n")
     print("| cases | faults each | passed | survivors bit-identical | largest recheck gap | longest wait (s) "
           "| median case (s) |")
     print("|---|---|---|---|---|---|---|")
