@@ -1,4 +1,5 @@
-"""WAN emulation: an asyncio TCP proxy that adds latency, jitter, a bandwidth cap, drops and resets.
+"""WAN emulation: an asyncio TCP proxy that adds latency, jitter, a bandwidth cap, drops, resets and
+slicing (a stream delivered a few bytes, or one byte, per write).
 
 The kernels the tests and benchmarks run on have no ``netem``, so a ``WanProxy`` stands in for an
 internet link between two loopback endpoints::
@@ -10,6 +11,8 @@ internet link between two loopback endpoints::
 
 ``up`` shapes bytes from the connecting client to the target, ``down`` the way back (default: the
 same profile). Each accepted connection gets one ``Pipe`` per direction (see ``wan_link``).
+``LinkProfile(slice_bytes=1)`` forwards a direction one byte per write, so the endpoint's frame
+and body parsers see every partial read there is (``wan_link``: what slicing costs).
 
 When the proxy's port must be known before its target exists (a peer that announces the proxy's
 port as its own from its first record), open the listening socket first and hand it over later::
@@ -95,11 +98,13 @@ class ProxyOptions:
 
 @dataclass(frozen=True)
 class DirectionStats:
-    """What one direction forwarded, over all connections."""
+    """What one direction forwarded, over all connections; ``writes`` counts the sends to the
+    destination socket: one per chunk, or one per slice when the profile sets ``slice_bytes``."""
 
     bytes_forwarded: int
     chunks_forwarded: int
     chunks_dropped: int
+    writes: int
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,7 @@ class WanProxy:
     def stats(self) -> WanStats:
         """A snapshot of the counters."""
         def direction(c: DirectionCounters) -> DirectionStats:
-            return DirectionStats(c.bytes_forwarded, c.chunks_forwarded, c.chunks_dropped)
+            return DirectionStats(c.bytes_forwarded, c.chunks_forwarded, c.chunks_dropped, c.writes)
 
         c = self._counts
         return WanStats(direction(self._up_counters), direction(self._down_counters),

@@ -1,4 +1,5 @@
-"""WanProxy: bytes intact and in order, latency / rate lower bounds, drops, resets, refusals, cleanup."""
+"""WanProxy: bytes intact and in order, latency / rate lower bounds, drops, resets, refusals, cleanup.
+Slicing (``slice_bytes``) and the transports through it: ``test_wan_slicing.py``."""
 
 from __future__ import annotations
 
@@ -239,6 +240,8 @@ async def test_drops_delay_but_deliver_everything(echo: EchoServer) -> None:
     ({"reset_after_bytes": -1}, "reset_after_bytes"),
     ({"reset_after_bytes": 10, "reset_probability": 0.5}, "reset_after_bytes"),
     ({"refuse_probability": 2.0}, "refuse_probability"),
+    ({"slice_bytes": 0}, "slice_bytes"),
+    ({"slice_bytes": 1.5}, "slice_bytes"),
     ({"seed": "x"}, "seed"),
 ])
 def test_link_profile_rejects_bad_fields(fields: dict, name: str) -> None:
