@@ -24,8 +24,9 @@ Map of the package:
 - ``http``      shared HTTP pieces (``HttpConfig``, capped body and JSON reading);
                 ``http_server`` (aiohttp server with body caps, header/idle deadlines against
                 slowloris, connection cap, tensor helpers) and ``http_client``.
-- ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets
-                (``wan_link`` holds the per-link profile and pacing).
+- ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets,
+                1-byte slicing, and an access link shared by a peer's proxies
+                (``wan_link`` holds the per-link profile, ``AccessLink`` and pacing).
 - ``relay``     a relayed data plane for private peers (TURN-style): ``RelayServer`` on a public
                 peer, ``RelayClient`` on the private one (a subpackage: ``wire``, ``server``,
                 ``client``).

@@ -23,6 +23,14 @@ port as its own from its first record), open the listening socket first and hand
 
 Connections that arrive in between wait in the listen backlog and are served once the proxy runs.
 
+By default every connection is its own link at the profile's rate. Proxies in front of one peer's
+ports can share that peer's access link instead (``AccessLink``: one token bucket per direction
+for all their connections), so a peer with several neighbours divides its bandwidth among them::
+
+    access = AccessLink.from_mbit(100)
+    http = await WanProxy.create("127.0.0.1", http_port, up=profile, access=access)
+    tcp = await WanProxy.create("127.0.0.1", tcp_port, up=profile, access=access)
+
 Connection semantics: EOF from one side is forwarded (after the link's latency) as
 ``shutdown(SHUT_WR)`` to the other, so half-closed request/response exchanges work; the proxy
 closes both sockets once both directions have reached EOF. Any socket error (a reset, a write to a
@@ -42,9 +50,9 @@ import struct
 from dataclasses import dataclass
 
 from gossamer.transport.errors import TransportError
-from gossamer.transport.wan_link import DirectionCounters, InjectedReset, LinkProfile, Pipe
+from gossamer.transport.wan_link import AccessLink, DirectionCounters, InjectedReset, LinkProfile, Pipe
 
-__all__ = ["DirectionStats", "LinkProfile", "ProxyOptions", "WanProxy", "WanStats", "listen_socket"]
+__all__ = ["AccessLink", "DirectionStats", "LinkProfile", "ProxyOptions", "WanProxy", "WanStats", "listen_socket"]
 
 logger = logging.getLogger(__name__)
 CANCEL_AGAIN_S = 1.0
@@ -166,11 +174,11 @@ class WanProxy:
     """A TCP proxy to one target that shapes each connection like a WAN link (module docstring)."""
 
     def __init__(self, listener: socket.socket, target: tuple[int, tuple], *, up: LinkProfile,
-                 down: LinkProfile, options: ProxyOptions) -> None:
+                 down: LinkProfile, options: ProxyOptions, access: AccessLink | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._listener = listener
         self._target_family, self._target_address = target
-        self._up, self._down, self._options = up, down, options
+        self._up, self._down, self._options, self._access = up, down, options, access
         self._up_rng, self._down_rng = random.Random(up.seed), random.Random(down.seed)
         self._up_counters, self._down_counters = DirectionCounters(), DirectionCounters()
         self._counts = _ConnectionCounters()
@@ -182,9 +190,14 @@ class WanProxy:
     async def create(cls, target_host: str, target_port: int, *, up: LinkProfile,
                      down: LinkProfile | None = None, listen_host: str = "127.0.0.1", listen_port: int = 0,
                      max_connections: int = 64, queue_chunks: int = 4096, queue_bytes: int | None = None,
-                     connect_timeout_s: float = 5.0, listener: socket.socket | None = None) -> WanProxy:
+                     connect_timeout_s: float = 5.0, listener: socket.socket | None = None,
+                     access: AccessLink | None = None) -> WanProxy:
         """Listen on (listen_host, listen_port), or serve ``listener`` (a ``listen_socket``; the
-        proxy owns it from now on), and forward every connection to the target."""
+        proxy owns it from now on), and forward every connection to the target. With ``access``,
+        the connections' bandwidth is the target's shared access link (``AccessLink``) instead of
+        the profiles' rate per connection."""
+        if not isinstance(access, AccessLink | None):
+            raise ValueError(f"WanProxy access must be an AccessLink, got {access!r}")
         options = ProxyOptions(max_connections=max_connections, queue_chunks=queue_chunks,
                                queue_bytes=queue_bytes, connect_timeout_s=connect_timeout_s)
         for name, profile in (("up", up), ("down", down)):
@@ -199,7 +212,7 @@ class WanProxy:
                 listener.close()
             raise TransportError(f"WAN proxy to {target_host}:{target_port} cannot start: {exc}") from exc
         target = (infos[0][0], infos[0][4])
-        proxy = cls(listener, target, up=up, down=up if down is None else down, options=options)
+        proxy = cls(listener, target, up=up, down=up if down is None else down, options=options, access=access)
         proxy._accept_task = loop.create_task(proxy._accept_loop())
         proxy._accept_task.add_done_callback(proxy._task_done)
         return proxy
@@ -299,8 +312,8 @@ class WanProxy:
         for sock in (client, target):
             with contextlib.suppress(OSError):  # a peer already gone shows up in the pipes below
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        pipes = (self._pipe(client, target, self._up, self._up_rng, self._up_counters),
-                 self._pipe(target, client, self._down, self._down_rng, self._down_counters))
+        pipes = (self._pipe(client, target, self._up, self._up_rng, self._up_counters, "inbound"),
+                 self._pipe(target, client, self._down, self._down_rng, self._down_counters, "outbound"))
         tasks = [self._loop.create_task(loop) for pipe in pipes for loop in (pipe.read_loop(), pipe.write_loop())]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -319,7 +332,8 @@ class WanProxy:
         return True
 
     def _pipe(self, src: socket.socket, dst: socket.socket, profile: LinkProfile, rng: random.Random,
-              counters: DirectionCounters) -> Pipe:
+              counters: DirectionCounters, direction: str) -> Pipe:
         queue_bytes = self._options.queue_bytes or profile.default_queue_bytes()
+        bucket = None if self._access is None else self._access.bucket(direction, self._loop.time())
         return Pipe(src, dst, profile, rng=rng, counters=counters, queue_bytes=queue_bytes,
-                    queue_chunks=self._options.queue_chunks)
+                    queue_chunks=self._options.queue_chunks, bucket=bucket)

@@ -145,12 +145,49 @@ class TokenBucket:
         self._burst = burst_bytes
         self._tokens = float(burst_bytes)
         self._last = now
+        self.charged_bytes = 0
 
     def reserve(self, size_bytes: int, now: float) -> float:
         """Charge ``size_bytes`` at ``now``; return the time the bucket is out of debt again."""
+        self.charged_bytes += size_bytes
         self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate) - size_bytes
         self._last = now
         return now if self._tokens >= 0 else now - self._tokens / self._rate
+
+
+class AccessLink:
+    """One peer's access link, shared: every connection of every proxy handed it (the proxies in
+    front of one peer's ports) charges one token bucket per direction, so together they get the
+    link's rate instead of the rate each (a mesh of pair links gives a peer with k neighbours k
+    times its bandwidth). ``inbound`` paces what crosses a proxy towards its target (the proxy's
+    ``up``), ``outbound`` what comes back (``down``); latency, jitter, drops and resets stay per
+    connection, from the proxy's profiles. Buckets start at the first connection."""
+
+    def __init__(self, rate_bytes_per_s: float, *, burst_bytes: int | None = None) -> None:
+        _check_number("AccessLink", "rate_bytes_per_s", rate_bytes_per_s, low=0.0, low_open=True)
+        if burst_bytes is not None:
+            _check_int("AccessLink", "burst_bytes", burst_bytes, low=1)
+        self.rate_bytes_per_s = float(rate_bytes_per_s)
+        self.burst_bytes = burst_bytes or max(MIN_BURST_BYTES, math.ceil(rate_bytes_per_s * BURST_WINDOW_S))
+        self._buckets: dict[str, TokenBucket] = {}
+
+    @classmethod
+    def from_mbit(cls, mbit_per_s: float) -> AccessLink:
+        _check_number("AccessLink", "mbit_per_s", mbit_per_s, low=0.0, low_open=True)
+        return cls(mbit_per_s * 1e6 / 8)
+
+    def charged_bytes(self, direction: str) -> int:
+        """Bytes charged to ``direction`` so far, over every connection sharing the link."""
+        bucket = self._buckets.get(direction)
+        return 0 if bucket is None else bucket.charged_bytes
+
+    def bucket(self, direction: str, now: float) -> TokenBucket:
+        """The shared bucket of ``direction`` ("inbound" or "outbound")."""
+        if direction not in ("inbound", "outbound"):
+            raise ValueError(f"AccessLink direction must be 'inbound' or 'outbound', got {direction!r}")
+        if direction not in self._buckets:
+            self._buckets[direction] = TokenBucket(self.rate_bytes_per_s, self.burst_bytes, now)
+        return self._buckets[direction]
 
 
 Chunk = tuple[float, bytes | None]  # (due time, data); data None marks EOF
@@ -212,13 +249,17 @@ class Pipe:
     """Moves bytes from ``src`` to ``dst`` through one ``LinkProfile`` (see the module docstring)."""
 
     def __init__(self, src: socket.socket, dst: socket.socket, profile: LinkProfile, *,
-                 rng: random.Random, counters: DirectionCounters, queue_bytes: int, queue_chunks: int) -> None:
+                 rng: random.Random, counters: DirectionCounters, queue_bytes: int, queue_chunks: int,
+                 bucket: TokenBucket | None = None) -> None:
+        """``bucket``: a shared one (an ``AccessLink``'s) instead of this pipe's own from ``profile``."""
         self._loop = asyncio.get_running_loop()
         self._src, self._dst, self._profile = src, dst, profile
         self._rng, self._counters = rng, counters
         self._queue = ChunkQueue(max_bytes=queue_bytes, max_chunks=queue_chunks)
         rate, burst = profile.rate_bytes_per_s, profile.burst_bytes
-        self._bucket = None if rate is None or burst is None else TokenBucket(rate, burst, self._loop.time())
+        if bucket is None and rate is not None and burst is not None:
+            bucket = TokenBucket(rate, burst, self._loop.time())
+        self._bucket = bucket
         self._last_due = 0.0
         self._forwarded_bytes = 0
         self._reset_at = self._draw_reset_point()

@@ -6,6 +6,12 @@ whose port the peer announces instead of its own, so every connection any peer o
 crosses exactly one emulated link, in both directions. A proxy's listener is opened before its
 peer starts (``reserve``: the port goes into the peer's flags) and handed to the proxy once the
 peer says where it listens (``connect``); connections made in between wait in the backlog.
+
+With ``shared`` the proxies reserved for one peer (``reserve(peer=...)``) share that peer's access
+link (``AccessLink`` at the profile's rate): its connections together get the rate, as a peer with
+one 100 Mbit/s line has, instead of the rate each (a mesh of pair links). Each byte between two
+peers crosses one proxy, so it is charged to one of their access links: the receiver's for what a
+connection's opener sends, the opener's for the answers.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
-from gossamer.transport.wan import LinkProfile, WanProxy, listen_socket
+from gossamer.transport.wan import AccessLink, LinkProfile, WanProxy, listen_socket
 
 CALL_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 120.0
@@ -36,6 +42,7 @@ class Reserved:
     """A listener opened for a proxy whose target is not known yet."""
 
     listener: socket.socket
+    access: AccessLink | None = None
 
     @property
     def port(self) -> int:
@@ -43,10 +50,15 @@ class Reserved:
 
 
 class Links:
-    """Proxies shaped by ``profile`` (both directions), each in front of one peer's port."""
+    """Proxies shaped by ``profile`` (both directions), each in front of one peer's port; with
+    ``shared``, one access link per peer (module docstring)."""
 
-    def __init__(self, profile: LinkProfile) -> None:
+    def __init__(self, profile: LinkProfile, *, shared: bool = False) -> None:
+        if shared and profile.rate_bytes_per_s is None:
+            raise ValueError("shared access links need a profile with a rate")
         self.profile = profile
+        self.shared = shared
+        self._access: dict[str, AccessLink] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="wan-links", daemon=True)
         self._thread.start()
@@ -55,13 +67,20 @@ class Links:
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(CALL_TIMEOUT_S)
 
-    def reserve(self) -> Reserved:
-        return Reserved(listen_socket("127.0.0.1", 0))
+    def reserve(self, peer: str | None = None) -> Reserved:
+        """A listener for one of ``peer``'s ports (its access link's, when links are shared)."""
+        access = None
+        if self.shared:
+            if peer is None:
+                raise ValueError("shared access links: say whose port this is (peer=...)")
+            assert self.profile.rate_bytes_per_s is not None
+            access = self._access.setdefault(peer, AccessLink(self.profile.rate_bytes_per_s))
+        return Reserved(listen_socket("127.0.0.1", 0), access)
 
     def connect(self, reserved: Reserved, target_port: int) -> WanProxy:
         """Start forwarding ``reserved``'s connections to 127.0.0.1:target_port through the link."""
         proxy = self._call(WanProxy.create("127.0.0.1", target_port, up=self.profile, listener=reserved.listener,
-                                           max_connections=256))
+                                           max_connections=256, access=reserved.access))
         self._proxies.append(proxy)
         return proxy
 
@@ -81,6 +100,7 @@ class Links:
     def close_proxies(self) -> None:
         """Close every proxy made so far (the loop keeps running for the next arm's)."""
         proxies, self._proxies = self._proxies, []
+        self._access = {}  # the next arm's peers start with idle lines
 
         async def close() -> None:
             await asyncio.gather(*(p.aclose() for p in proxies))
@@ -99,7 +119,7 @@ class Party:
     is None: plain loopback). Its DHT port is not shaped."""
 
     def __init__(self, name: str, args: list[str], work: Path, links: Links | None) -> None:
-        self.fronts = (links.reserve(), links.reserve()) if links is not None else None
+        self.fronts = (links.reserve(name), links.reserve(name)) if links is not None else None
         announce = ["--announce_http_port", str(self.fronts[0].port),
                     "--announce_tcp_port", str(self.fronts[1].port)] if self.fronts else []
         self.proc = GossamerProcess([*args, "--events", *LOOPBACK, *announce, "--threads", "1",

@@ -21,6 +21,7 @@ LABELS = {"gossamer_diloco": "gossamer DiLoCo (W1 = W2 = global)",
           "hivemind_sync": "hivemind.Optimizer, synchronous large batch",
           "hivemind_local": "hivemind.Optimizer, use_local_updates=True"}
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+LINK_WORDS = {"access": "one shared access link per peer", "pair": "each connection shaped on its own (pair links)"}
 
 
 def curve(peers: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -139,7 +140,8 @@ def render(report: dict[str, Any]) -> str:
     intro = (f"{s['peers']} peers, one torch thread each, on {report['machine']['cpu_count']} cores; "
              f"ByteTransformer d_model {s['d_model']}, {s['n_layers']} layers, context {s['context']} "
              f"({report['parameters']:,} parameters, {report['model_mb_fp32']:.1f} MB fp32); batch {s['batch_size']}, "
-             f"H = {s['inner_steps']}; links {s['mbit']:g} Mbit/s, {s['latency_ms']:g} ms one way; "
+             f"H = {s['inner_steps']}; links {s['mbit']:g} Mbit/s, {s['latency_ms']:g} ms one way, "
+             f"{LINK_WORDS[s.get('link', 'pair')]}; "
              f"{s['budget_s']:g} s per arm. Untrained held-out loss: {report['untrained_loss']:.3f} nats/byte.")
     target_rows = [[name, _f(t["value"], "{:.2f}") if isinstance(t["value"], float) else str(t["value"]),
                     t["target"], "pass" if t["pass"] else "FAIL"] for name, t in summary["targets"].items()]
@@ -168,7 +170,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     s = report["settings"]
     ax.set_xlabel("wall-clock seconds since every peer of the arm was up")
     ax.set_ylabel("held-out loss (nats/byte; dots: each peer, line: mean)")
-    ax.set_title(f"{s['peers']} peers over {s['mbit']:g} Mbit/s, {s['latency_ms']:g} ms links "
+    ax.set_title(f"{s['peers']} peers, {s['mbit']:g} Mbit/s {s.get('link', 'pair')} links, {s['latency_ms']:g} ms, "
+                 f"H = {s['inner_steps']} "
                  f"({report['model_mb_fp32']:.0f} MB model)")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -21,8 +21,11 @@ Links: every port a peer listens on (gossamer's HTTP, TCP and DHT; hivemind's p2
 own ``WanProxy`` in this process (``--mbit`` each direction, ``--latency_ms`` one way), and the
 peer announces the proxy's port instead of its own (gossamer: ``--announce_http_port``,
 ``--announce_tcp_port``, ``--announce_maddrs``; hivemind: ``announce_maddrs``). So every
-connection between two peers crosses one emulated link, and each connection is shaped on its own
-(a mesh of pair links, not a shared access link). The orchestrator's DHT is not behind a proxy.
+connection between two peers crosses one emulated link. With ``--link access`` (the default) a
+peer's proxies share its access link: all its connections together get ``--mbit`` each way, as
+one home or office line would; ``--link pair`` shapes each connection on its own (a mesh of pair
+links: a peer with k neighbours gets k times the rate). The orchestrator's DHT is not behind a
+proxy.
 
 Measured per peer: held-out loss samples against wall-clock time (gossamer: every round;
 hivemind: after a new epoch, at most every ``--eval_every_s``), compute utilisation = time in
@@ -32,7 +35,7 @@ problems (gossamer; hivemind: failure lines in its log), and the bytes every pro
 Writes JSON with every sample and a PNG of loss against wall-clock time::
 
     nice -n 10 .venv/bin/python scripts/bench/wan_training.py [--peers 3] [--budget_s 120] [--mbit 100]
-        [--latency_ms 50] [--arms gossamer_diloco gossamer_gossip hivemind_sync hivemind_local]
+        [--latency_ms 50] [--link access|pair] [--inner_steps 8] [--arms gossamer_diloco gossamer_gossip hivemind_sync hivemind_local]
         [--json scripts/bench/results/wan_training.json] [--report_only]
 """
 
@@ -77,6 +80,7 @@ class Settings:
     budget_s: float
     mbit: float
     latency_ms: float
+    link: str
     d_model: int
     n_layers: int
     n_heads: int
@@ -157,7 +161,7 @@ def run_gossamer(arm: str, s: Settings, work: Path, links: Links, ids: list[Peer
         ready = orch.wait_ready(timeout_s=START_TIMEOUT_S)
         fronts = []
         for i, ident in enumerate(ids):
-            http, tcp, dht = links.reserve(), links.reserve(), links.reserve()
+            http, tcp, dht = (links.reserve(ident.peer_id) for _ in range(3))
             dht_port = free_port()
             links.connect(dht, dht_port)
             procs.append(GossamerProcess(
@@ -218,7 +222,7 @@ def run_hivemind(arm: str, s: Settings, work: Path, links: Links, ids: list[Peer
     initial: list[str] = []
     try:
         for i, ident in enumerate(ids):
-            front, host_port = links.reserve(), free_port()
+            front, host_port = links.reserve(ident.peer_id), free_port()
             links.connect(front, host_port)
             procs.append(GossamerProcess(
                 [*common, "--host_port", str(host_port), "--announce_port", str(front.port), "--shard",
@@ -303,6 +307,8 @@ def main() -> int:
     parser.add_argument("--budget_s", type=float, default=120.0)
     parser.add_argument("--mbit", type=float, default=100.0)
     parser.add_argument("--latency_ms", type=float, default=50.0)
+    parser.add_argument("--link", choices=("access", "pair"), default="access",
+                        help="access: a peer's connections share its --mbit line; pair: --mbit per connection")
     parser.add_argument("--d_model", type=int, default=256)
     parser.add_argument("--n_layers", type=int, default=4)
     parser.add_argument("--n_heads", type=int, default=4)
@@ -334,7 +340,7 @@ def main() -> int:
     ids = make_identities(work, s.peers)
     baseline = untrained_loss(s)
     n_params = sum(p.numel() for p in build_model(ModelConfig.from_dict(s.model), seed=s.seed).parameters())
-    links = Links(LinkProfile.from_mbit(s.mbit, s.latency_ms))
+    links = Links(LinkProfile.from_mbit(s.mbit, s.latency_ms), shared=s.link == "access")
     arms: dict[str, Any] = {}
     try:
         for arm in args.arms:
