@@ -34,8 +34,8 @@ waits; hivemind's epoch-starting ``opt.step``), rounds that ended partial and le
 problems (gossamer; hivemind: failure lines in its log), and the bytes every proxy forwarded.
 Writes JSON with every sample and a PNG of loss against wall-clock time::
 
-    nice -n 10 .venv/bin/python scripts/bench/wan_training.py [--peers 3] [--budget_s 120] [--mbit 100]
-        [--latency_ms 50] [--link access|pair] [--inner_steps 8] [--arms gossamer_diloco gossamer_gossip hivemind_sync hivemind_local]
+    nice -n 10 .venv/bin/python scripts/bench/wan_training.py [--peers 3] [--budget_s 150] [--mbit 100]
+        [--latency_ms 50] [--link access|pair] [--inner_steps 30] [--arms gossamer_diloco gossamer_gossip hivemind_sync hivemind_local]
         [--json scripts/bench/results/wan_training.json] [--report_only]
 """
 
@@ -304,7 +304,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--peers", type=int, default=3)
-    parser.add_argument("--budget_s", type=float, default=120.0)
+    parser.add_argument("--budget_s", type=float, default=150.0)
     parser.add_argument("--mbit", type=float, default=100.0)
     parser.add_argument("--latency_ms", type=float, default=50.0)
     parser.add_argument("--link", choices=("access", "pair"), default="access",
@@ -314,7 +314,9 @@ def main() -> int:
     parser.add_argument("--n_heads", type=int, default=4)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--inner_steps", type=int, default=8, help="H (DiLoCo) and the local-updates period")
+    parser.add_argument("--inner_steps", type=int, default=30,
+                        help="H (DiLoCo) and the local-updates period: at 8 (~3 s of compute) hivemind's background "
+                             "averaging (5 s of matchmaking) blocked the next epoch")
     parser.add_argument("--sync_accumulate", type=int, default=0,
                         help="hivemind sync: micro-batches per peer per global step (0: H, DiLoCo's period)")
     parser.add_argument("--eval_batches", type=int, default=1)
