@@ -136,13 +136,16 @@ def trained(run: Run) -> dict:
     for i in range(3):
         run.procs[f"w{i}"].wait_ready()
     everyone = {run.ids[f"w{i}"] for i in range(3)}
-    closed, assignment = set(), {}
-    while len(closed) < 3:  # every block has closed a version since all three workers were assigned
+    assignment: dict = {}
+    # The first version closed with all three workers assigned: training is under way and w0's block
+    # far from its target. (Waiting for every block to close one, w0 slowed by a loaded machine had
+    # its first version closed only after the others' blocks had finished: nothing left to reassign.)
+    while True:
         event = run.orch.wait_event(lambda e: e["event"] in ("blocktrain.version", "blocktrain.assignment"), timeout_s=60)
         if event["event"] == "blocktrain.assignment":
             assignment = event["assignment"]
         elif everyone <= set(assignment):
-            closed.add(event["block"])
+            break
     victim = run.ids["w0"]
     orphan = assignment[victim]
 
