@@ -28,6 +28,12 @@ less, so only a markedly slow node is cut.
 The helper's deadline (``helper_timeout_s``) stays fixed: there is exactly one helper per run, so
 there is no group of peers doing the same work to measure it against, and a helper that misses it
 stops secure training (``steps.HelperFailed``) rather than being left out.
+
+Every request to a node or the helper is timed by ``request`` (``within``): a deadline this
+process slept through (stopped with SIGSTOP, a suspended VM: its timer fires more than
+``STALL_S`` late) is given once more, since the answer may sit unread in a socket and the time the
+orchestrator itself did not run is not the peer's. A plain timer would fire before the answer is
+read, and a hung orchestrator, once continued, would drop its nodes or stop on ``HelperFailed``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from gossamer.peer.kit.secure_link import SecureLinkError
+from gossamer.peer.kit.secure_link import LinkMessage, SecureLinkError, SecureLinks
 from gossamer.peer.roles.tlpp.wire import BACKWARD, FORWARD
 from gossamer.protocols.pacing import AdaptiveDeadline, Pacing, SlowPeers
 
@@ -49,6 +55,10 @@ WINDOW = 8
 """Each node's last times of a phase that make the phase's deadline."""
 MIN_GAP_S = 0.5
 """How much longer than the others' a node's median step time must also be to count as slow."""
+STALL_S = 1.0
+"""A deadline's timer firing this much late means this process did not run (``within``)."""
+BACKSTOP_S = 3600.0
+"""The transport's own deadline under ``request``: only a stop this long mid-request outlasts ``within``."""
 
 
 class NodePacing:
@@ -192,3 +202,32 @@ async def run_phase(pacing: NodePacing, phase: str, calls: Mapping[str, Awaitabl
     outcome = await paced(calls, pacing.cutoff_s(phase))
     pacing.record(phase, outcome)
     return outcome.results
+
+
+async def within(call: Awaitable[T], timeout_s: float) -> T:
+    """``call``'s result, or TimeoutError once it ran ``timeout_s``; a deadline this process slept
+    through (its timer ran over ``STALL_S`` late) is given once more (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(call)
+    try:
+        for _ in range(2):
+            due = loop.time() + timeout_s
+            done, _pending = await asyncio.wait({task}, timeout=timeout_s)
+            if done:
+                return task.result()
+            if loop.time() - due <= STALL_S:
+                break
+        raise TimeoutError(f"no response within {timeout_s} s")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def request(links: SecureLinks, peer: str, method: str, message: LinkMessage, *, timeout_s: float) -> LinkMessage:
+    """``links.request`` timed by ``within``; SecureLinkError when it runs out (its link closed)."""
+    try:
+        return await within(links.request(peer, method, message, timeout_s=BACKSTOP_S), timeout_s)
+    except TimeoutError as exc:
+        raise SecureLinkError(f"link to peer {peer[:12]} failed during {message.op!r} (step {message.step}): "
+                              f"{exc}") from None

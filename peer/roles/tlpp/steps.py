@@ -53,7 +53,7 @@ another node has answered, are dropped as late, as a node that timed out is (abo
 
 **The helper.** Any failure of a request to the helper (unreachable, timeout, refusal) raises
 ``HelperFailed``: secure training stops with that error rather than going on without the
-second server. Every remote await has the timeout of the settings.
+second server. Every remote await has the timeout of the settings (``pacing.request``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import PeerError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
 from gossamer.peer.roles.tlpp.ledger import StepLedger
-from gossamer.peer.roles.tlpp.pacing import NodePacing, run_phase
+from gossamer.peer.roles.tlpp.pacing import NodePacing, request, run_phase
 from gossamer.peer.roles.tlpp.secure import (
     HELPER,
     ORCHESTRATOR,
@@ -383,12 +383,12 @@ class StepDriver:
         return done
 
     async def _node(self, node: str, message: LinkMessage) -> LinkMessage:
-        return await self.links.request(node, NODE_METHOD, message, timeout_s=self.settings.node_timeout_s)
+        return await request(self.links, node, NODE_METHOD, message, timeout_s=self.settings.node_timeout_s)
 
     async def _helper(self, helper: str, message: LinkMessage) -> LinkMessage:
         self._told = max(self._told, message.step)
         try:
-            return await self.links.request(helper, HELPER_METHOD, message, timeout_s=self.settings.helper_timeout_s)
+            return await request(self.links, helper, HELPER_METHOD, message, timeout_s=self.settings.helper_timeout_s)
         except (SecureLinkError, RequestRefused) as exc:
             raise HelperFailed(f"the helper {helper[:12]} failed during {message.op!r} of step {message.step}: {exc}; "
                                "secure training cannot go on without it") from exc
