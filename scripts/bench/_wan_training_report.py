@@ -18,6 +18,7 @@ from _common import markdown_table
 
 LABELS = {"gossamer_diloco": "gossamer DiLoCo (W1 = W2 = global)",
           "gossamer_gossip": "gossamer gossip DiLoCo (g: W1 ring, W2 ring on subset)",
+          "gossamer_gossip_avg": "gossamer gossip (g), outer step plain averaging (lr 1, momentum 0)",
           "hivemind_sync": "hivemind.Optimizer, synchronous large batch",
           "hivemind_local": "hivemind.Optimizer, use_local_updates=True"}
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)

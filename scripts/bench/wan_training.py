@@ -12,6 +12,9 @@ the same inner AdamW (lr, betas, weight decay, gradient clipping). Arms, one aft
   the manifest's defaults otherwise (heartbeat 5 s, W1 grace 2 s, W2 deadline 15 s);
 - ``gossamer_gossip``: the same daemons, gossip DiLoCo with EXPERIMENTS.md's best variant (g):
   W1 ring, W2 ring on the embeddings + first layer + head;
+- ``gossamer_gossip_avg`` (only when named in ``--arms``): the gossip arm with plain averaging
+  as its outer step (outer lr 1, no momentum: the rule of hivemind's local updates), to tell the
+  outer optimizer's share of a difference from the system's;
 - ``hivemind_sync``: hivemind 1.1.12 ``Optimizer``, synchronous large batch (gradients accumulated
   to ``peers x batch x --sync_accumulate`` samples, then all-reduced);
 - ``hivemind_local``: ``Optimizer(use_local_updates=True)``, parameters averaged in the
@@ -68,6 +71,7 @@ from gossamer.transport.wan import LinkProfile
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 ARMS = ("gossamer_diloco", "gossamer_gossip", "hivemind_sync", "hivemind_local")
+EXTRA_ARMS = ("gossamer_gossip_avg",)  # only when named in --arms
 W2_SUBSET = ["embed", "pos", "blocks.0", "norm_f", "head"]  # EXPERIMENTS.md's subset: embeddings + layer0 + head
 FAILURE_WORDS = {"gossamer": ("ERROR", "Traceback"),
                  "hivemind": ("failed", "Failed", "timed out", "TimeoutError", "Traceback", "Exception")}
@@ -139,6 +143,7 @@ eval_batches = {eval_batches}
 min_learners = {peers}
 [hyper.diloco]
 inner_steps = {inner_steps}
+{outer}
 [hyper.mixing]
 {mixing}
 [hyper.aggregator]
@@ -146,13 +151,17 @@ name = "mean"
 """
 MIXING = {"gossamer_diloco": 'w1 = "global"\nw2 = "global"',
           "gossamer_gossip": f'w1 = "ring"\nw2 = "ring"\nw2_subset = {json.dumps(W2_SUBSET)}'}
+MIXING["gossamer_gossip_avg"] = MIXING["gossamer_gossip"]
+# gossip (g) with plain averaging for its outer step (lr 1, no momentum), hivemind local updates' rule
+OUTER = {"gossamer_gossip_avg": "outer_lr = 1.0\nouter_momentum = 0.0"}
 
 
 def run_gossamer(arm: str, s: Settings, work: Path, links: Links, ids: list[PeerIdentity]) -> dict[str, Any]:
     model = "\n".join(f"{k} = {v}" for k, v in s.model.items())
     (work / "run.toml").write_text(RUN_TOML.format(arm=arm, model=model, batch_size=s.batch_size, seed=s.seed,
                                                    peers=s.peers, eval_batches=s.eval_batches,
-                                                   inner_steps=s.inner_steps, mixing=MIXING[arm]))
+                                                   inner_steps=s.inner_steps, mixing=MIXING[arm],
+                                                   outer=OUTER.get(arm, "")))
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", "--host",
                             "127.0.0.1", "--host_maddrs", "/ip4/127.0.0.1/tcp/0", "--identity_path",
                             str(work / "owner.pem")], log_path=work / "orchestrator.log")
@@ -302,7 +311,8 @@ def untrained_loss(s: Settings) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS + EXTRA_ARMS, default=list(ARMS),
+                        help="gossamer_gossip_avg (not run by default): gossip with a plain-averaging outer step")
     parser.add_argument("--peers", type=int, default=3)
     parser.add_argument("--budget_s", type=float, default=150.0)
     parser.add_argument("--mbit", type=float, default=100.0)
