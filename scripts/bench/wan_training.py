@@ -45,9 +45,11 @@ Writes JSON with every sample and a PNG of loss against wall-clock time::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -287,12 +289,17 @@ def collect(procs: list[GossamerProcess], *, until: float, stop_when) -> list[li
 
 
 def stop_after_exit(proc: GossamerProcess, grace_s: float = 30.0) -> int:
-    """Give a process that printed ``done`` time to shut its DHT and averager down, then stop it."""
+    """Give a process that printed ``done`` time to shut its DHT and averager down, then stop it
+    and whatever it left in its process group (hivemind's DHT and averager processes outlived a
+    peer that exited, and kept taking CPU from the next arms)."""
     try:
         proc.proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-    return proc.stop()
+    code = proc.stop()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.proc.pid, signal.SIGKILL)
+    return code
 
 
 def failure_lines(log: Path, words: tuple[str, ...]) -> dict[str, Any]:
