@@ -65,7 +65,7 @@ class Introspection:
             "live_peers": [peer_row(p.record, now) for p in live],
             "records_rejected": dict(self.view.rejected),
             "dht": {"stored": dict(self.store_log.stored), "store_failures": dict(self.store_log.failed),
-                    "refused": dict(self.membership.refused)},
+                    "refused": dict(self.membership.refused), "rejoined": self.membership.rejoined},
             "role_status": {role.name: role.status() if owner else role.public_status() for role in self.roles},
             "withheld": {} if owner else {role.name: sorted(role.private_status) for role in self.roles
                                           if role.private_status},

@@ -35,7 +35,8 @@ Modules: ``membership`` (``DhtMembership``), ``config`` (``DhtConfig`` and its a
 ``startup`` (starting and stopping p2pd and the DHT node; ``DhtStartFailed``, ``BootstrapFailed``),
 ``entries`` (signed entries: ``seal_entry``, ``open_entry``, ``Entry``, ``EntryRefused``),
 ``validation`` (``EntryValidator``, ``KeyRule``), ``records`` (reading entries out of hivemind's
-answers). The public names are importable from this package.
+answers), ``rejoin`` (``Rejoiner``: a node that lost every peer, e.g. after its host stalled,
+bootstraps again before its next request). The public names are importable from this package.
 """
 
 from gossamer.transport.dht.config import PEER_MADDR_FORM, DhtConfig

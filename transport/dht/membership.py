@@ -19,6 +19,7 @@ from gossamer.crypto.identity import Identity
 from gossamer.transport.dht.config import DhtConfig
 from gossamer.transport.dht.entries import seal_entry
 from gossamer.transport.dht.records import dht_key, read_entries
+from gossamer.transport.dht.rejoin import Rejoiner
 from gossamer.transport.dht.startup import (
     HIVEMIND_ERRORS,
     check_ports_free,
@@ -39,6 +40,8 @@ class DhtMembership:
     def __init__(self, *, config: DhtConfig, p2p: P2P, node: DHTNode, validator: EntryValidator,
                  visible_maddrs: list[str]) -> None:
         self._config = config
+        self._rejoiner = Rejoiner(config.initial_peers, retry_s=config.request_timeout_s,
+                                  timeout_s=config.request_timeout_s)
         self._p2p = p2p
         self._node = node
         self._validator = validator
@@ -70,6 +73,11 @@ class DhtMembership:
     def now(self) -> float:
         """DHT time (hivemind's ``get_dht_time``): the clock all expiration times are on."""
         return get_dht_time()
+
+    @property
+    def rejoined(self) -> int:
+        """How many times this node lost every DHT peer and joined again (``rejoin``)."""
+        return self._rejoiner.rejoined
 
     @property
     def refused(self) -> Counter[str]:
@@ -158,6 +166,7 @@ class DhtMembership:
             raise TransportError(f"DHT {what}: this DhtMembership is closed")
         timeout_s = self._config.request_timeout_s
         try:
+            await self._rejoiner.ensure_joined(self._node, self._p2p)  # bounded on its own
             async with asyncio.timeout(timeout_s):
                 return await request()
         except TimeoutError as exc:

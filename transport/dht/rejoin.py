@@ -1,0 +1,121 @@
+"""``Rejoiner``: a DHT node that lost every peer joins the DHT again instead of staying alone.
+
+hivemind drops a peer from the routing table the first time a request to it goes unanswered
+(``DHTProtocol.update_routing_table``), and bootstraps only once, in ``DHTNode.create``. A process
+that stalls (SIGSTOP, a starved CPU, a suspended laptop) comes back to find every request it had in
+flight timed out at once, so it drops every peer, while its peers, whose requests it did not answer,
+dropped it too. Nothing refills that table: the node then stores to and reads from itself alone,
+and its daemon sees a run with nobody else in it, for good (an e2e learner frozen for a few seconds
+trained alone for 800 rounds while its peers went on without it).
+
+Before each request, ``ensure_joined`` looks at the routing table. When it is empty it bootstraps
+again the way ``DHTNode.create`` does: ping the initial peers, the peers p2pd is still connected
+to and the peers this node knew (a bounded list), so that a node started with no initial peers
+rejoins as well, then look up its own id to refill the table. At most one attempt per ``retry_s``, each bounded by ``timeout_s``, so a node
+whose peers are really gone pays little for trying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from hivemind.dht.node import DHTNode
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+from gossamer.transport.dht.startup import HIVEMIND_ERRORS
+
+log = logging.getLogger(__name__)
+
+REMEMBERED_PEERS = 32
+"""Peers of the routing table a node keeps in mind to rejoin through (besides its initial peers)."""
+
+
+class Rejoiner:
+    """Bootstraps a DHT node again when its routing table is empty (see the module docstring)."""
+
+    def __init__(self, initial_peers: Iterable[str], *, retry_s: float, timeout_s: float,
+                 remembered: int = REMEMBERED_PEERS, clock: Callable[[], float] = time.monotonic) -> None:
+        self._initial = {PeerID.from_base58(Multiaddr(text)["p2p"]): Multiaddr(text) for text in initial_peers}
+        self._known: OrderedDict[PeerID, None] = OrderedDict()
+        self._remembered = remembered
+        self._retry_s = retry_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._next_try = float("-inf")
+        self._alone_since: float | None = None
+        self._warned = False  # this spell without a peer was logged
+        self.rejoined = 0
+        """How many times this node found itself alone and joined the DHT again."""
+
+    async def candidates(self, p2p: P2P) -> list[PeerID]:
+        """Whom to rejoin through: the initial peers, the peers p2pd is still connected to, then
+        the peers this node knew."""
+        connected = [info.peer_id for info in await p2p.list_peers()]
+        ordered = [*self._initial, *connected, *reversed(self._known)]
+        return [peer for peer in dict.fromkeys(ordered) if peer != p2p.peer_id]
+
+    async def ensure_joined(self, node: DHTNode, p2p: P2P) -> None:
+        """Bootstrap again when ``node``'s routing table is empty (at most once per ``retry_s``).
+        The first node of a new swarm, with nobody to ask yet, waits for the others to come."""
+        table = node.protocol.routing_table
+        if table.peer_id_to_uid:
+            self._remember(table.peer_id_to_uid)
+            self._alone_since = None
+            self._warned = False
+            return
+        now = self._clock()
+        if now < self._next_try:
+            return
+        self._next_try = now + self._retry_s
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._timeout_s):
+                await self._bootstrap(node, p2p)
+        self._alone_since = now if self._alone_since is None else self._alone_since
+        if table.peer_id_to_uid:
+            self.rejoined += 1
+            log.info("the DHT node joined again after %.1f s without a peer: %d peer(s) in its routing table",
+                     self._clock() - self._alone_since, len(table.peer_id_to_uid))
+            self._alone_since = None
+            self._warned = False
+
+    async def _bootstrap(self, node: DHTNode, p2p: P2P) -> None:
+        connected = {info.peer_id for info in await p2p.list_peers()}
+        await asyncio.gather(*(_connect(p2p, peer, maddr, timeout_s=node.protocol.wait_timeout)
+                               for peer, maddr in self._initial.items() if peer not in connected))
+        candidates = await self.candidates(p2p)
+        if not candidates:
+            return
+        if not self._warned:
+            self._warned = True
+            log.warning("the DHT node has no peer left in its routing table (its requests to them went "
+                        "unanswered: they left, or this host or its network stalled); joining again through "
+                        "%d known peer(s)", len(candidates))
+        answers = await asyncio.gather(*(node.protocol.call_ping(peer) for peer in candidates))
+        if any(answer is not None for answer in answers):
+            await node.find_nearest_nodes([node.node_id])  # refill the table, as DHTNode.create does
+
+    def _remember(self, peers: Iterable[PeerID]) -> None:
+        for index, peer in enumerate(peers):
+            if index >= self._remembered:
+                break
+            self._known[peer] = None
+            self._known.move_to_end(peer)
+        while len(self._known) > self._remembered:
+            self._known.popitem(last=False)
+
+
+async def _connect(p2p: P2P, peer: PeerID, maddr: Multiaddr, *, timeout_s: float) -> None:
+    """Dial an initial peer at its address (p2pd may have forgotten it since the start); a failure is
+    left to the ping that follows to report."""
+    address = maddr.decapsulate(Multiaddr(f"/p2p/{peer}"))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await p2p._client.connect(peer, [address])  # hivemind keeps its daemon client private
+    except (TimeoutError, *HIVEMIND_ERRORS, AttributeError) as exc:
+        log.debug("could not dial initial peer %s: %r", peer, exc)
