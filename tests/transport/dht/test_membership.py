@@ -3,8 +3,6 @@ client mode, foreign values refused by every node, aclose stops p2pd."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from hivemind.dht.node import DHTNode
 
@@ -16,18 +14,6 @@ from gossamer.transport.errors import TransportError
 from tests.transport.dht.support import FAST, KEY, join, p2pd_children
 
 ALICE, BOB, CAROL = (Identity.generate() for _ in range(3))
-
-
-@pytest.fixture
-async def swarm() -> AsyncIterator[list[DhtMembership]]:
-    first = await DhtMembership.create(DhtConfig(new_swarm=True, **FAST))
-    members = [first]
-    try:
-        members += [await join(first), await join(first)]
-        yield members
-    finally:
-        for member in members:
-            await member.aclose()
 
 
 async def test_three_nodes_see_all_records(swarm: list[DhtMembership]) -> None:

@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
-import pytest
 from hivemind.dht.node import DHTNode
 
 from gossamer.crypto.identity import Identity
-from gossamer.transport.dht.config import DhtConfig
 from gossamer.transport.dht.membership import DhtMembership
-from tests.transport.dht.support import FAST, KEY, join
+from tests.transport.dht.support import KEY
 
 ALICE, CAROL = Identity.generate(), Identity.generate()
-
-
-@pytest.fixture
-async def trio() -> AsyncIterator[list[DhtMembership]]:
-    first = await DhtMembership.create(DhtConfig(new_swarm=True, **FAST))
-    members = [first]
-    try:
-        members += [await join(first), await join(first)]
-        yield members
-    finally:
-        for member in members:
-            await member.aclose()
 
 
 def node(member: DhtMembership) -> DHTNode:
@@ -66,8 +52,8 @@ async def cut_off(lonely: DhtMembership, others: list[DhtMembership]) -> None:
 
 
 async def test_a_node_cut_off_from_every_peer_joins_again_and_reads_what_they_stored(
-        trio: list[DhtMembership]) -> None:
-    first, lonely, third = trio
+        swarm: list[DhtMembership]) -> None:
+    first, lonely, third = swarm
     await cut_off(lonely, [first, third])
 
     expiration = first.now() + 60
@@ -79,8 +65,8 @@ async def test_a_node_cut_off_from_every_peer_joins_again_and_reads_what_they_st
     assert {first._p2p.peer_id, third._p2p.peer_id} <= table(lonely)
 
 
-async def test_what_a_rejoined_node_stores_reaches_the_others(trio: list[DhtMembership]) -> None:
-    first, lonely, third = trio
+async def test_what_a_rejoined_node_stores_reaches_the_others(swarm: list[DhtMembership]) -> None:
+    first, lonely, third = swarm
     await cut_off(lonely, [first, third])
 
     expiration = first.now() + 60
@@ -90,9 +76,9 @@ async def test_what_a_rejoined_node_stores_reaches_the_others(trio: list[DhtMemb
     assert lonely.rejoined == 1
 
 
-async def test_the_first_node_rejoins_through_the_peers_it_knew(trio: list[DhtMembership]) -> None:
+async def test_the_first_node_rejoins_through_the_peers_it_knew(swarm: list[DhtMembership]) -> None:
     """The node that started the swarm has no initial peers: it rejoins through those it had met."""
-    first, second, third = trio
+    first, second, third = swarm
     await cut_off(first, [second, third])
 
     expiration = first.now() + 60
@@ -103,8 +89,8 @@ async def test_the_first_node_rejoins_through_the_peers_it_knew(trio: list[DhtMe
 
 
 async def test_a_node_whose_peers_are_gone_pays_one_bounded_attempt_per_retry_interval(
-        trio: list[DhtMembership]) -> None:
-    first, lonely, third = trio
+        swarm: list[DhtMembership]) -> None:
+    first, lonely, third = swarm
     await cut_off(lonely, [first, third])
     with frozen(first, third):
         assert await lonely.get_all(KEY) == {}  # the attempt fails: nobody answers
