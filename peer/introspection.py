@@ -88,6 +88,7 @@ class Introspection:
                         round=self.round, bytes_sent=sent, bytes_received=received,
                         records_rejected=dict(self.view.rejected),
                         dht_store_failures=dict(self.store_log.failed), dht_refused=dict(self.membership.refused),
+                        dht_rejoined=self.membership.rejoined,
                         extra_gauges={**{f"process_{k}": float(v) for k, v in process_usage().items()},
                                       **{k: v for role in self.roles
                                          for k, v in (role.gauges() if owner else role.public_gauges()).items()}})

@@ -48,6 +48,7 @@ class Snapshot:
     records_rejected: dict[str, int]
     dht_store_failures: dict[str, int] = field(default_factory=dict)
     dht_refused: dict[str, int] = field(default_factory=dict)
+    dht_rejoined: int = 0
     extra_gauges: dict[str, float] = field(default_factory=dict)
 
 
@@ -76,6 +77,8 @@ class _DaemonCollector(Collector):
             for key, value in sorted(values.items()):
                 family.add_metric([key], value)
             yield family
+        yield CounterMetricFamily("gossamer_dht_rejoined", "Times this node lost every DHT peer and joined again",
+                                  value=snap.dht_rejoined)
         for name, value in sorted(snap.extra_gauges.items()):
             yield GaugeMetricFamily(f"gossamer_{name}", f"Role metric {name}", value=value)
 

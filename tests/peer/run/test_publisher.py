@@ -49,11 +49,12 @@ async def test_a_refused_store_warns_once_counts_retries_sooner_and_logs_the_rec
     assert await membership.get_all(KEY) == {me.peer_id: (b"now", now + 61)}
 
 
-def test_store_failures_and_dht_refusals_are_exported() -> None:
+def test_store_failures_dht_refusals_and_rejoins_are_exported() -> None:
     snapshot = Snapshot(uptime_s=1.0, live_peers=2, round=0, bytes_sent={}, bytes_received={}, records_rejected={},
-                        dht_store_failures={"manifest": 3}, dht_refused={"subkey": 5})
+                        dht_store_failures={"manifest": 3}, dht_refused={"subkey": 5}, dht_rejoined=2)
 
     text = PeerMetrics(lambda owner: snapshot).render().decode()
 
     assert 'gossamer_dht_store_failures_total{entry="manifest"} 3.0' in text
     assert 'gossamer_dht_refused_total{reason="subkey"} 5.0' in text
+    assert "gossamer_dht_rejoined_total 2.0" in text
