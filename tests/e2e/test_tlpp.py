@@ -1,6 +1,7 @@
 """TL++ through the CLI on 127.0.0.1: ``gossamer orchestrator``, ``gossamer helper`` and
 ``gossamer peer --roles node --data ...`` as separate processes. Base mode trains (the loss falls)
-and goes on when a node is SIGKILLed mid-run (the ledger records it); secure mode trains, the
+and goes on when a node is SIGKILLed mid-run (the ledger records it), also once its record has
+expired (``min_nodes`` gates the start only); secure mode trains, the
 servers' share logs show that neither ever received both shares of any tensor, and a SIGKILLed
 helper stops secure training with a clear error instead of a hang: the orchestrator writes its
 checkpoint and exits with code 1."""
@@ -101,6 +102,26 @@ def test_base_mode_trains_and_goes_on_when_a_node_is_killed(tmp_path: Path) -> N
         metrics = http_get(ready["http"], "/metrics")
         assert 'gossamer_bytes_sent_total{kind="tlpp_forward"}' in metrics, metrics[-2000:]
         assert 'gossamer_bytes_received_total{kind="tlpp_backward"}' in metrics
+    finally:
+        for proc in [*nodes, orch]:
+            proc.stop()
+
+
+def test_base_mode_goes_on_after_the_killed_nodes_record_expired(tmp_path: Path) -> None:
+    """``min_nodes`` (3 here) gates the start only: once the killed node's record has left the
+    orchestrator's view, 2 nodes live, the run trains on with them instead of going back to
+    "waiting for TL++ nodes" for good. The run's last step is out of reach, so it is still training
+    when the record expires however fast the machine (at 60 steps it could finish first)."""
+    orch, _ready, nodes = start_run(tmp_path, mode="base", steps=1_000_000)
+    try:
+        step_event(orch, 5)
+        killed = nodes[2].latest["ready"]["peer_id"]
+        nodes[2].stop(signal.SIGKILL)
+        orch.wait_event(lambda e: e["event"] == "peers" and killed not in e["peer_ids"], timeout_s=90)
+        after = [orch.wait_event(lambda e: e["event"] == "tlpp.step", timeout_s=90) for _ in range(10)]
+        survivors = {n.latest["ready"]["peer_id"] for n in nodes[:2]}
+        summary = [(e["step"], e["applied"], sorted(p[:8] for p in e["used"])) for e in after]
+        assert all(e["applied"] and e["used"] and set(e["used"]) <= survivors for e in after), summary
     finally:
         for proc in [*nodes, orch]:
             proc.stop()
