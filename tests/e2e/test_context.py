@@ -96,7 +96,7 @@ def test_four_shards_train_and_the_survivors_of_a_kill_go_on_shorter(tmp_path: P
         assert all(e["applied"] is False and e["aborted"] for e in after if e["event"] == "context.aborted")
         applied = [e for e in after if e["event"] == "context.step"]
         steps = [e["step"] for e in early + applied]
-        assert steps == list(range(steps[0], steps[0] + len(steps)))  # it may have joined late; no step lost
+        assert steps == sorted(set(steps)), steps  # the leader never runs a step twice
         last = applied[-1]
         assert last["chunks"] == 3 and last["context"] == 3 * CHUNK and dead not in last["members"]
         # the ring's loss per step, from every shard's events: on a loaded host the lowest id (the
@@ -104,6 +104,10 @@ def test_four_shards_train_and_the_survivors_of_a_kill_go_on_shorter(tmp_path: P
         loss_at = {e["step"]: e["loss"] for e in [*before_kill, *(e for shard in survivors for e in shard.drain())]
                    if e["event"] == "context.step"}
         loss_at.update({e["step"]: e["loss"] for e in early + applied})
+        # no step lost: the ring's steps, from any shard, run on without a gap. The leader's own may
+        # skip some: on a loaded host its record can lapse, the others step on without it, and it
+        # catches up from their state (its log says "now at step N")
+        assert sorted(loss_at) == list(range(min(loss_at), max(loss_at) + 1)), sorted(loss_at)
         losses = [loss_at[step] for step in sorted(loss_at)]
         assert min(loss_at) == 0 and statistics.mean(losses[-5:]) < statistics.mean(losses[:5]) - 0.3, losses
         live = [leader, *survivors]

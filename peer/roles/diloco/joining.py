@@ -5,6 +5,7 @@ the median round of its peers adopts their state, and one that raced ahead waits
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -25,9 +26,27 @@ class Joining:
     """The joining half of ``LearnerRole`` (see the module docstring)."""
 
     async def _join_mid_run(self: LearnerRole) -> None:
-        others = self._other_learners()
-        if any(p.record.state.get("version", 0) > 0 for p in others):
-            await self._adopt_state(others, why="joined")
+        """Download the swarm's state when it is past round 0. Records lag the rounds they
+        describe (a store takes a while on a loaded host, and rounds can be shorter), so a donor
+        may have moved on from the version its record offers before the download ends: then try
+        again once the records change, for up to ``catch_up_rounds`` W2 deadlines, rather than
+        start from round 0 and drag the swarm's rounds back until a catch-up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.catch_up_rounds * self.settings.w2_deadline_s
+        while True:
+            offers = self._offered_versions()
+            if not any(version > 0 for version in offers.values()):
+                return
+            last_try = loop.time() >= deadline
+            if await self._adopt_state(self._other_learners(), why="joined", last_try=last_try) or last_try:
+                return
+            await self.ctx.until_view(lambda offers=offers: self._offered_versions() != offers,
+                                      timeout_s=max(0.0, deadline - loop.time()))
+
+    def _offered_versions(self: LearnerRole) -> dict[str, int]:
+        """The state version each other learner's record offers."""
+        return {p.record.peer_id: version for p in self._other_learners()
+                if isinstance(version := p.record.state.get("version", 0), int)}
 
     async def _wait_for_learners(self: LearnerRole) -> bool:
         """Round 0 starts once ``min_learners`` learners (this one included) are live, so learners
@@ -114,16 +133,22 @@ class Joining:
 
         await self.ctx.until_view(in_reach, timeout_s=limit_s)
 
-    async def _adopt_state(self: LearnerRole, donors: list[LivePeer], *, why: str) -> None:
+    async def _adopt_state(self: LearnerRole, donors: list[LivePeer], *, why: str, last_try: bool = True) -> bool:
+        """Download and adopt the donors' state; False (and this learner's own state kept) when
+        no donor served it, which ``last_try`` logs as a warning."""
         try:
             version, tensors, report = await download_state(
                 self.ctx.http_client, donors, joiner_id=self.ctx.identity.peer_id,
                 progress=lambda progress: self.emit("downloading", **downloading_fields(progress)))
         except StateSyncError as exc:
-            log.warning("could not download the run's state, going on from our own: %s", exc)
-            return
+            if last_try:
+                log.warning("could not download the run's state, going on from our own: %s", exc)
+            else:
+                log.info("could not download the run's state (%s); trying again once the records change", exc)
+            return False
         self.replica.adopt(tensors, version)
         self._snapshot = (version, flat_parameters(self.replica.module))
         self.ctx.announce()
         self.emit("adopted", round=version, donors=len(report.shards_served), why=why)
         log.info("%s at round %d with state from %d donor(s)", why, version, len(report.shards_served))
+        return True
