@@ -10,18 +10,18 @@ trained alone for 800 rounds while its peers went on without it).
 
 Before each request, ``ensure_joined`` looks at the routing table. When it is empty it bootstraps
 again the way ``DHTNode.create`` does: ping the initial peers, the peers p2pd is still connected
-to and the peers this node knew (a bounded list), so that a node started with no initial peers
-rejoins as well, then look up its own id to refill the table. At most one attempt per ``retry_s``, each bounded by ``timeout_s``, so a node
-whose peers are really gone pays little for trying.
+to and the peers this node knew (the last ``REMEMBERED_PEERS`` of its table), so that a node
+started with no initial peers rejoins as well, then look up its own id to refill the table. At
+most one attempt per ``retry_s``, each bounded by ``timeout_s``; a failed attempt never fails the
+request it came before, so a node whose peers are really gone pays little for trying.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from hivemind.dht.node import DHTNode
@@ -42,7 +42,7 @@ class Rejoiner:
     def __init__(self, initial_peers: Iterable[str], *, retry_s: float, timeout_s: float,
                  remembered: int = REMEMBERED_PEERS, clock: Callable[[], float] = time.monotonic) -> None:
         self._initial = {PeerID.from_base58(Multiaddr(text)["p2p"]): Multiaddr(text) for text in initial_peers}
-        self._known: OrderedDict[PeerID, None] = OrderedDict()
+        self._known: list[PeerID] = []  # from the last routing table that had peers
         self._remembered = remembered
         self._retry_s = retry_s
         self._timeout_s = timeout_s
@@ -53,19 +53,18 @@ class Rejoiner:
         self.rejoined = 0
         """How many times this node found itself alone and joined the DHT again."""
 
-    async def candidates(self, p2p: P2P) -> list[PeerID]:
+    def candidates(self, connected: Iterable[PeerID], me: PeerID) -> list[PeerID]:
         """Whom to rejoin through: the initial peers, the peers p2pd is still connected to, then
         the peers this node knew."""
-        connected = [info.peer_id for info in await p2p.list_peers()]
-        ordered = [*self._initial, *connected, *reversed(self._known)]
-        return [peer for peer in dict.fromkeys(ordered) if peer != p2p.peer_id]
+        ordered = [*self._initial, *connected, *self._known]
+        return [peer for peer in dict.fromkeys(ordered) if peer != me]
 
     async def ensure_joined(self, node: DHTNode, p2p: P2P) -> None:
         """Bootstrap again when ``node``'s routing table is empty (at most once per ``retry_s``).
         The first node of a new swarm, with nobody to ask yet, waits for the others to come."""
         table = node.protocol.routing_table
         if table.peer_id_to_uid:
-            self._remember(table.peer_id_to_uid)
+            self._known = list(itertools.islice(table.peer_id_to_uid, self._remembered))
             self._alone_since = None
             self._warned = False
             return
@@ -73,9 +72,11 @@ class Rejoiner:
         if now < self._next_try:
             return
         self._next_try = now + self._retry_s
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(self._timeout_s):
                 await self._bootstrap(node, p2p)
+        except (TimeoutError, *HIVEMIND_ERRORS) as exc:
+            log.debug("joining the DHT again failed this time: %r", exc)
         self._alone_since = now if self._alone_since is None else self._alone_since
         if table.peer_id_to_uid:
             self.rejoined += 1
@@ -88,7 +89,7 @@ class Rejoiner:
         connected = {info.peer_id for info in await p2p.list_peers()}
         await asyncio.gather(*(_connect(p2p, peer, maddr, timeout_s=node.protocol.wait_timeout)
                                for peer, maddr in self._initial.items() if peer not in connected))
-        candidates = await self.candidates(p2p)
+        candidates = self.candidates(connected, me=p2p.peer_id)
         if not candidates:
             return
         if not self._warned:
@@ -99,15 +100,6 @@ class Rejoiner:
         answers = await asyncio.gather(*(node.protocol.call_ping(peer) for peer in candidates))
         if any(answer is not None for answer in answers):
             await node.find_nearest_nodes([node.node_id])  # refill the table, as DHTNode.create does
-
-    def _remember(self, peers: Iterable[PeerID]) -> None:
-        for index, peer in enumerate(peers):
-            if index >= self._remembered:
-                break
-            self._known[peer] = None
-            self._known.move_to_end(peer)
-        while len(self._known) > self._remembered:
-            self._known.popitem(last=False)
 
 
 async def _connect(p2p: P2P, peer: PeerID, maddr: Multiaddr, *, timeout_s: float) -> None:
