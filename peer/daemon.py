@@ -174,10 +174,11 @@ class Daemon(Introspection):
         await _bind("relay", "--relay_port", self.config.relay_port, self.reach.start())
         await self.publish_record()
         await self.refresh_view()
+        # the view keeps refreshing while the roles start: a joiner waits on it for fresher records
+        self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
         for role in self.roles:
             await role.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="daemon-heartbeat"))
-        self._tasks.append(asyncio.create_task(self._view_loop(), name="daemon-view"))
         self._tasks.append(asyncio.create_task(self._lonely_watch(), name="daemon-lonely"))
 
     def _build_app(self) -> web.Application:
