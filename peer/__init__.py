@@ -5,6 +5,7 @@ Map of the package:
 
 - ``daemon``     one running peer: identity, DHT membership, servers, heartbeat, its roles.
 - ``introspection`` what a daemon says about itself: state, ``/status``, metrics, peer rows.
+- ``processes``  this host's process table: a process's children (killed when a peer exits at once).
 - ``stopping``   cancelling a peer's background tasks within a bound (a shutdown never hangs on one).
 - ``serving``    what any peer serves and announces: role routes and methods, state, its record.
 - ``plugin``     ``ProtocolPlugin`` (what a protocol brings) and ``PluginRegistry``.

@@ -13,13 +13,10 @@
      ├── RequestRefused     (kit.secure_link) the peer refused a request, with a code; the link stays
      ├── RouteFailed        (route.client) no live host is left for a unit of the route
      │    └── NoReachableHost   only private hosts (no relay reaches them) hold that unit
-     ├── ExpertMessageRefused  (roles.fomoe.wire) a FoMoE message that does not fit the run's model
-     │                      or placement (a commit, an update, an expert's state)
-     ├── FrameRefused       (roles.context.wire) a ring frame refused, with a code; the shard serves on
+         ├── FrameRefused       (roles.context.wire) a ring frame refused, with a code; the shard serves on
      ├── StepAborted        (roles.context.attempt) a context-parallel step's attempt was abandoned
      ├── StateMismatch      (roles.context.replica) a downloaded state does not fit the run's model
-     ├── NetLabError        (testing.netns) a network-namespace command of a NAT test failed
-     └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
+         └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
           └── HelperFailed  the TL++ helper failed a request (secure mode stops with this)
 
 The CLI prints these as one-line ``error: ...`` messages (exit code 2), never as tracebacks.

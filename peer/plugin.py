@@ -5,7 +5,7 @@ dataclass (read from the manifest once per daemon by ``gossamer.peer.kit.setting
 (the only place their names are spelled), the roles the run owner's orchestrator takes, its extra
 ``gossamer`` subcommands, the events its roles emit, and what ``gossamer swarm`` and ``gossamer
 status`` need to show it. ``PluginRegistry`` holds the plugins a build of gossamer knows
-(``gossamer.peer.roles.PLUGINS``); the daemon, the CLI and the swarm read it and never name a
+(``gossamer.protocols.registry.PLUGINS``); the daemon, the CLI and the swarm read it and never name a
 protocol. See docs/ARCHITECTURE.md, "Adding a protocol".
 """
 
@@ -22,7 +22,7 @@ from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.settings import read_settings
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.peer.run.records import PeerRecord
-from gossamer.protocols.errors import InvalidSetting
+from gossamer.protocols.core.errors import InvalidSetting
 
 if TYPE_CHECKING:
     from gossamer.peer.config import PeerConfig

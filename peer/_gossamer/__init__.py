@@ -26,15 +26,15 @@ PUBLIC_API: dict[str, str] = {
     # runs and their protocols
     "RunConfig": "gossamer.peer.run.manifest",
     "load_run_config": "gossamer.peer.run.manifest",
-    "PLUGINS": "gossamer.peer.roles",
+    "PLUGINS": "gossamer.protocols.registry",
     "ProtocolPlugin": "gossamer.peer.plugin",
     "PluginRegistry": "gossamer.peer.plugin",
     # protocol configs and the aggregators
-    "ModelConfig": "gossamer.protocols.models",
-    "DilocoConfig": "gossamer.protocols.diloco",
-    "MixingPlan": "gossamer.protocols.mixing",
-    "BlockTrainConfig": "gossamer.protocols.blocktrain",
-    "AGGREGATORS": "gossamer.protocols.robust",
+    "ModelConfig": "gossamer.protocols.core.models",
+    "DilocoConfig": "gossamer.protocols.diloco.core.replica",
+    "MixingPlan": "gossamer.protocols.diloco.core.mixing",
+    "BlockTrainConfig": "gossamer.protocols.blocktrain.core",
+    "AGGREGATORS": "gossamer.protocols.core.robust",
 }
 
 __all__ = ["PUBLIC_API", "__version__", *PUBLIC_API]

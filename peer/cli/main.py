@@ -25,8 +25,8 @@ from gossamer.peer.cli.presets import presets
 from gossamer.peer.config import DEFAULT_IDENTITY, PeerConfig, build_peer_config, load_toml_options
 from gossamer.peer.errors import ConfigError, PeerError
 from gossamer.peer.plugin import Command, PluginRegistry
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import load_run_config, make_run_id
+from gossamer.protocols.registry import PLUGINS
 
 
 class CliKit:

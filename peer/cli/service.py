@@ -25,8 +25,8 @@ from typing import Any
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
 from gossamer.peer.plugin import PluginRegistry
+from gossamer.peer.processes import child_pids
 from gossamer.peer.run.manifest import RunConfig
-from gossamer.peer.testing.localproc import child_pids
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 20.0

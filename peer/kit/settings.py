@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.run.manifest import RunConfig
-from gossamer.protocols.errors import ProtocolError
+from gossamer.protocols.core.errors import ProtocolError
 
 S = TypeVar("S")
 _META = "gossamer.setting"

@@ -7,7 +7,7 @@ manifest it fetched is the owner's: the signer's fingerprint must start with the
 
 Run config layout::
 
-    [run]        name, protocol (one of the plugins in ``gossamer.peer.roles``), description,
+    [run]        name, protocol (one of the plugins in ``gossamer.protocols.registry``), description,
                  heartbeat_s (record refresh period; TTL is 3x), tenure_s (how long a peer must
                  have been live to steer others' choices; default 12 heartbeats, ``run.tenure``)
     [model]      tables read by the protocol's settings (``gossamer.peer.kit.settings``)

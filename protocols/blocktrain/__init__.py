@@ -1,111 +1,115 @@
-"""BlockTrain: a byte-level LM split into B blocks, each a denoiser trained on its own noise band.
+"""Protocol ``blocktrain``: a stack of denoiser blocks, each trained on its own by a volunteer.
 
-**Model.** ``BlockStack`` holds the shared byte embedding E (``embed``, [vocab, d_model]) and
-``num_blocks`` denoisers. Block k is a small causal transformer that owns one band
-[edges[k], edges[k+1]] of noise levels; the bands split a log-normal(p_mean, p_std) restricted to
-sigma in [sigma_min, sigma_max] into equal-probability parts (``band_edges``; for the defaults and
-B = 4: 1.000, 1.238, 1.623, 2.428, 10.000). Block 0 owns the lowest noise.
+The run owner's ``block-coordinator`` keeps a versioned checkpoint per block, assigns blocks to
+``block-worker`` peers and averages their same-block updates; ``block-server`` peers (``gossamer
+serve``) hold blocks for inference, and ``gossamer generate`` routes a sequence through them
+(``gossamer.peer.route``). ``ar-stage`` serves the matched autoregressive baseline. Modules:
+``settings``, ``names``, ``coordinator`` (+ ``versions``, ``ledger``, ``checkpoints``),
+``worker`` (+ ``fetch``, ``stack``), ``server`` (+ ``host``), ``ar_stage``, ``client``,
+``generation`` (the generating client) and ``commands`` (the ``serve`` and ``generate`` parsers).
+Fault tests and chaos scripts only (nothing in a daemon uses them): ``recheck`` (versions
+recomputed from what the workers sent; copies compared bit for bit), ``faultcase`` (one run under
+faults on a LocalNet) and ``faultchecks`` (running a case, and what it must show).
 
-**Training block k** (``train_step``; nothing outside block k is touched). For context bytes x
-[batch, T] and targets y (y_t = x_{t+1}): draw one sigma per sequence from block k's band, form the
-noisy target embedding z = E[y] + sigma * eps and, with EDM preconditioning (sigma_d = sigma_data),
-c_skip = sigma_d^2 / (sigma^2 + sigma_d^2), c_out = sigma sigma_d / sqrt(sigma^2 + sigma_d^2),
-c_in = 1 / sqrt(sigma^2 + sigma_d^2), c_noise = ln(sigma) / 4::
-
-    F = block_k(x, c_in z, c_noise)     # position t sees x_<=t and z_<=t only (causal mask)
-    D = c_skip z + c_out F              # denoised estimate
-    loss = mean over sequences of lambda(sigma) * CE(D E^T, y),  lambda = (sigma^2 + sigma_d^2) / (sigma sigma_d)^2
-
-z_t' for t' <= t are noisy copies of bytes x_<=t+1, so no position sees a byte it must predict.
-Inside a block: its own context embedding and positions, a noise-level embedding of c_noise, and
-z read as *evidence* p(y | z) = softmax(z E^T / sigma^2) (the Bayes posterior of the byte from z
-alone, a function of c_in z and c_noise); F also has a noise-dependent linear path from c_in z.
-Reading z through the evidence matters: fed raw, the noise in z dominates a fresh block's input.
-
-**Shared embedding.** The rows of E have L2 norm sigma_data (``target_embedding`` rescales them,
-so E's scale never drifts). With d_model = 128 this keeps the bands honest: at sigma = 1 the
-noisy target tells little about the byte (the blocks must still model the context), while at
-sigma = 0.002 it gives the byte away (the target-leakage failure). Default ``embedding =
-"frozen"``: E is drawn from the run seed and never trained, so every worker of every block derives
-the same E without exchanging it, a step touches exactly one block, and no block's targets move
-under another block's feet. ``"averaged"``: E is also in every block's optimizer (through the
-logits; z and the evidence use E detached) and the network averages the copies across all block
-workers (``embedding_state`` / ``load_embedding_state``).
-
-**Inference** (``inference``): one pass runs the blocks from B-1 (highest band) down to 0,
-each taking ONE Euler step of the probability-flow ODE on every position at once, from
-sigma_max * N(0, I) to the logits of every position. **Generation** commits one more byte per
-pass over a segment of up to context // 2 new bytes; ``passes >=`` the segment length is
-exact autoregressive sampling.
-
-**Modules.** ``config`` (``BlockTrainConfig``), ``errors`` (``BlockTrainError``, the argument
-checks), ``bands`` (noise bands, sigma sampling, EDM coefficients, loss weight), ``model`` (the
-denoisers, ``BlockStack``, building and loading, ``target_embedding``, ``denoise``), ``train``
-(``block_loss``, ``train_step``, ``heldout_ce``), ``inference`` (initial noise, the Euler step,
-readout, ``denoise_pass``, generation), ``assignment`` (which worker trains which block),
-``versioning`` (the next version of a block from its workers' updates). The public names are
-importable from this package.
-
-**Errors.** One type, ``BlockTrainError`` (a ``ProtocolError`` and a ``ValueError``), whose message
-names the field or value.
+Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
 """
 
-from gossamer.protocols.blocktrain.bands import (
-    EdmCoefficients,
-    band_edges,
-    edm_coefficients,
-    loss_weight,
-    sample_sigma,
-)
-from gossamer.protocols.blocktrain.config import EMBEDDINGS, BlockTrainConfig
-from gossamer.protocols.blocktrain.errors import BlockTrainError
-from gossamer.protocols.blocktrain.inference import (
-    PLACEHOLDER_BYTE,
-    denoise_pass,
-    denoise_step,
-    generate,
-    generation_steps,
-    initial_noise,
-    readout,
-    update_segment,
-)
-from gossamer.protocols.blocktrain.model import (
-    BlockStack,
-    block_parameters,
-    build_stack,
-    denoise,
-    target_embedding,
-)
-from gossamer.protocols.blocktrain.train import BlockLoss, block_loss, heldout_ce, train_step
-from gossamer.protocols.blocktrain.versioning import mean_update, next_block, next_embedding
+from __future__ import annotations
 
-__all__ = [
-    "EMBEDDINGS",
-    "PLACEHOLDER_BYTE",
-    "BlockLoss",
-    "BlockStack",
-    "BlockTrainConfig",
-    "BlockTrainError",
-    "EdmCoefficients",
-    "band_edges",
-    "block_loss",
-    "block_parameters",
-    "build_stack",
-    "denoise",
-    "denoise_pass",
-    "denoise_step",
-    "edm_coefficients",
-    "generate",
-    "generation_steps",
-    "heldout_ce",
-    "initial_noise",
-    "loss_weight",
-    "mean_update",
-    "next_block",
-    "next_embedding",
-    "readout",
-    "sample_sigma",
-    "target_embedding",
-    "train_step",
-    "update_segment",
-]
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gossamer.peer.plugin import EventSchema, FinishRule, Panel, ProtocolPlugin
+from gossamer.protocols.blocktrain import names
+from gossamer.protocols.blocktrain.commands import GENERATE, SERVE
+
+EVENTS = {
+    "assignment": EventSchema("the coordinator (re)assigned blocks to workers",
+                              ("assignment", "coverage", "versions")),
+    "version": EventSchema("the coordinator closed a block version; its ledger in short",
+                           ("block", "version", "used", "rejected", "timed_out", "train_loss", "update_norm",
+                            "heldout_ce", "versions", "target", "deadline_s", "slow")),
+    "finished": EventSchema("every block reached hyper.versions; the coordinator's checkpoints are final",
+                            ("versions", "heldout_ce", "initial_heldout_ce", "checkpoints", "sample", "prompt")),
+    "assigned": EventSchema("a worker took (or switched to) a block", ("block",)),
+    "update": EventSchema("a worker sent an update for its block", ("block", "version", "loss", "accepted", "reason")),
+    "error": EventSchema("a worker's cycle failed; it retries", ("error",)),
+    "worker_finished": EventSchema("the coordinator said the run is finished; the worker stopped", ("updates",)),
+    "serving": EventSchema("a block server holds these block versions", ("blocks", "versions")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "version":
+        ce = f"  held-out CE {e['heldout_ce']:.3f}" if e.get("heldout_ce") is not None else ""
+        return (f"block {e['block']} version {e['version']}: {len(e['used'])} update(s) used, "
+                f"{len(e['timed_out'])} timed out, {len(e['rejected'])} rejected{ce}")
+    if event == "finished":
+        ce = f"{e['heldout_ce']:.3f}" if e.get("heldout_ce") is not None else "-"
+        if e.get("initial_heldout_ce") is not None:
+            ce += f" (from {e['initial_heldout_ce']:.3f})"
+        line = f"finished: block versions {e['versions']}, held-out CE {ce}; checkpoints {e['checkpoints']}"
+        if e.get("sample") is not None:
+            line += f"\n  sample (prompt {e['prompt']!r}): {e['sample']!r}"
+        return line
+    if event == "assignment":
+        return f"blocks assigned; workers per block {e['coverage']}, versions {e['versions']}"
+    if event == "assigned":
+        return f"training block {e['block']}"
+    if event == "update":
+        verdict = "accepted" if e["accepted"] else f"refused ({e['reason']})"
+        return f"update for block {e['block']} from version {e['version']}: loss {e['loss']:.3f}, {verdict}"
+    if event == "worker_finished":
+        return f"the run is finished; updates {e['updates']}"
+    if event == "serving":
+        return f"serving blocks {e['blocks']} at versions {e['versions']}"
+    if event == "error":
+        return f"cycle failed, retrying: {e['error']}"
+    return None
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "version" and e.get("target"):
+        return sum(min(v, e["target"]) for v in e["versions"]), e["target"] * len(e["versions"])
+    return None
+
+
+def panel(records: Sequence[Any]) -> Panel | None:
+    """Block coverage: per block, the workers training it and the servers holding it (with their
+    version; a private one that no relay reaches is marked: clients do not route through it)."""
+    workers: dict[int, list[str]] = {}
+    servers: dict[int, list[str]] = {}
+    for record in records:
+        label = record.name or record.peer_id[:12]
+        block = record.assignment.get("block")
+        if names.WORKER in record.roles and isinstance(block, int):
+            workers.setdefault(block, []).append(label)
+        versions = record.assignment.get("block_versions") or {}
+        for k in record.assignment.get("blocks") or []:
+            version = versions.get(str(k), versions.get(k)) if isinstance(versions, dict) else None
+            servers.setdefault(k, []).append(label + (f" v{version}" if version is not None else "")
+                                             + ("" if record.reachable else " (private: not routed)"))
+    blocks = sorted({*workers, *servers})
+    if not blocks:
+        return None
+    return Panel(title="block coverage", columns=("block", "workers", "servers"),
+                 rows=[[k, ", ".join(workers.get(k, [])) or "-", ", ".join(servers.get(k, [])) or "-"] for k in blocks])
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="BlockTrain: denoiser blocks trained apart by volunteers, served across hosts",
+    settings="gossamer.protocols.blocktrain.settings:BlockTrainSettings",
+    roles={names.COORDINATOR: "gossamer.protocols.blocktrain.coordinator:BlockCoordinatorRole",
+           names.WORKER: "gossamer.protocols.blocktrain.worker:BlockWorkerRole",
+           names.SERVER: "gossamer.protocols.blocktrain.server:BlockServerRole",
+           names.AR_STAGE: "gossamer.protocols.blocktrain.ar_stage:ArStageRole"},
+    owner_roles=(names.COORDINATOR,),
+    swarm_roles=(names.WORKER,),
+    commands=(SERVE, GENERATE),
+    events=EVENTS,
+    finish=FinishRule("finished", by="owner"),
+    describe_event=describe,
+    progress=progress,
+    panel=panel,
+)

@@ -1,93 +1,124 @@
-"""Compressed context parallelism: ring attention whose keys and values cross the wire as subspace
-coefficients (after "Mixtures of Subspaces for Bandwidth Efficient Context Parallel Training").
+"""Protocol ``context``: compressed context parallelism over WAN links.
 
-P **members** each hold one **chunk** (a contiguous T tokens) of every sequence of a batch and the
-whole model. Attention is causal ring attention with blockwise online-softmax accumulation. Per
-head, K = X A_K U_K^T and V = X A_V U_V^T with U (d_head x r) orthonormal: a member sends the
-**coefficients** C = X A (r numbers per head per token for K, r for V) instead of K and V, and the
-receiver rebuilds them exactly. With a **mixture** of M subspaces per head a gate picks one per
-token, and the message carries its index too. In the backward the member that used chunk p's
-keys sends dC = dK U back to p, which sums them and backpropagates; the basis gradient dU stays
-with whoever computed it and is summed with every other weight gradient. Bases stay orthonormal
-(tangent projection + QR retraction), are identical on every member, and every message carries
-their hash.
+``cp-shard`` peers form a ring from the live view (ordered by peer id, the lowest leads); each
+holds one chunk of every training sequence and the whole model, runs ring attention whose keys
+and values cross the wire as subspace coefficients (``protocols.context.core``), and the ring sums
+its members' gradient shares into one update each step. A shard that dies aborts the step
+within its deadline, and the survivors go on with a shorter context; a joiner downloads the
+state and is placed at the next step boundary.
 
-Map of the package:
+Modules: ``names`` (the role and TCP method names), ``settings`` (the manifest), ``shard`` (the
+role: the ring, its leader, plans, joining), ``stepping`` (one attempt's compute, reduction and
+update), ``traffic`` (every frame's checks, and sending), ``wire`` (the frames and how a sender
+is verified), ``attempt`` (one attempt's state and deadline), ``ledger`` (its ledger),
+``replica`` (the model, optimizer, version, state and data), ``keeping`` (downloading the ring's
+state, and the checkpoint a restart resumes from).
 
-- ``errors``     ContextError > InvalidRing, MessageRefused > BasisMismatch.
-- ``config``     ``SubspaceConfig`` (rank r or dense, mixtures M).
-- ``subspace``   ``SubspaceAttention``; the Stiefel helpers (init, tangent projection, retraction,
-                 orthonormality error) and ``basis_hash``.
-- ``model``      ``build_context_model`` (a ``ByteTransformer``, dense or subspace-coded) and
-                 ``coding_of`` (what the ring needs from an attention layer).
-- ``blockwise``  one block of attention forward/backward and the online-softmax merge.
-- ``wire``       ``KVMessage``; the frame format, ``encode_message``/``decode_message`` with every
-                 check; routing (``forward_to``); the step's message plan; byte counts.
-- ``member``     ``RingMember`` (one member's step as a state machine), ``ring_spec`` (what a
-                 step's messages must look like), ``reduce_gradients``, ``apply_update``.
-- ``ring``       ``split_chunks`` and ``run_ring``: a whole ring in one process.
+Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
 """
 
-from gossamer.protocols.context.config import SubspaceConfig
-from gossamer.protocols.context.errors import BasisMismatch, ContextError, InvalidRing, MessageRefused
-from gossamer.protocols.context.member import Outgoing, RingMember, apply_update, reduce_gradients, ring_spec
-from gossamer.protocols.context.model import build_context_model, coding_of, subspace_of
-from gossamer.protocols.context.ring import RingTrace, Sent, run_ring, split_chunks
-from gossamer.protocols.context.subspace import (
-    SubspaceAttention,
-    basis_hash,
-    orthonormality_error,
-    project_basis_grads,
-    retract_bases,
-)
-from gossamer.protocols.context.wire import (
-    BACKWARD,
-    FORWARD,
-    KVMessage,
-    MessageSpec,
-    PlannedSend,
-    check_message,
-    decode_message,
-    encode_message,
-    forward_to,
-    message_plan,
-    payload_bytes,
-    sequence_payload_bytes,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BACKWARD",
-    "FORWARD",
-    "BasisMismatch",
-    "ContextError",
-    "InvalidRing",
-    "KVMessage",
-    "MessageRefused",
-    "MessageSpec",
-    "Outgoing",
-    "PlannedSend",
-    "RingMember",
-    "RingTrace",
-    "Sent",
-    "SubspaceAttention",
-    "SubspaceConfig",
-    "apply_update",
-    "basis_hash",
-    "build_context_model",
-    "check_message",
-    "coding_of",
-    "decode_message",
-    "encode_message",
-    "forward_to",
-    "message_plan",
-    "orthonormality_error",
-    "payload_bytes",
-    "project_basis_grads",
-    "reduce_gradients",
-    "retract_bases",
-    "ring_spec",
-    "run_ring",
-    "sequence_payload_bytes",
-    "split_chunks",
-    "subspace_of",
-]
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.download_events import (
+    DOWNLOADING,
+    DOWNLOADING_DOC,
+    describe_download,
+    download_progress,
+)
+from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.peer.run.manifest import RunConfig
+from gossamer.peer.run.records import PeerRecord
+from gossamer.protocols.context import names
+from gossamer.protocols.context.ledger import LEDGER_FIELDS
+
+EVENTS = {
+    "waiting": EventSchema("the leader waits for min_shards live shards before it plans a step", ("shards", "wanted")),
+    "ring": EventSchema("this shard accepted (or, as leader, proposed) a plan with another ring than its last one: "
+                        "the members, the leader and this shard's place",
+                        ("step", "attempt", "leader", "members", "index", "chunks", "context")),
+    "step": EventSchema("one step applied on this shard: its ledger (ring messages, gradient reduction, loss) "
+                        "and the run's hyper.steps (0: no end)", (*LEDGER_FIELDS, "steps")),
+    "aborted": EventSchema("an attempt of a step was aborted (a shard died, a deadline passed, a refusal): its "
+                           "ledger, with the reason and the suspects left out of the next plans", LEDGER_FIELDS),
+    "downloading": EventSchema(DOWNLOADING_DOC, DOWNLOADING),
+    "adopted": EventSchema("this shard downloaded the ring's state (joining, or behind) and is now at its step",
+                           ("step", "donors", "why")),
+    "finished": EventSchema("the run reached hyper.steps: the last step's loss, a held-out loss, a checkpoint",
+                            ("step", "loss", "heldout_loss", "context", "checkpoint")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "step":
+        leads = "  (leader)" if e["index"] == 0 else ""
+        return (f"step {e['step']}: loss {e['loss']:.3f}  chunk {e['index']} of {e['chunks']} "
+                f"({e['context']}-token context)  sent {e['bytes_sent'] / 1e6:.2f} MB  {e['wall_s']:.2f} s{leads}")
+    if event == "aborted":
+        suspects = f"; suspects {', '.join(s[:12] for s in e['suspects'])}" if e["suspects"] else ""
+        return f"step {e['step']} aborted ({e['chunks']} shards): {e['aborted']}{suspects}"
+    if event == "ring":
+        return (f"from step {e['step']}: a ring of {e['chunks']} led by {e['leader'][:12]}, this shard holds chunk "
+                f"{e['index']} of a {e['context']}-token context")
+    if event == "waiting":
+        return f"waiting for shards: {e['shards']} of {e['wanted']} live"
+    if event == "downloading":
+        return describe_download(e, unit="step")
+    if event == "adopted":
+        return f"{e['why']}: now at step {e['step']} ({e['donors']} donor(s))"
+    if event == "finished":
+        return (f"finished at step {e['step']}: held-out loss {e['heldout_loss']:.3f} at {e['context']} tokens; "
+                f"checkpoint {e['checkpoint']}")
+    return None
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "step" and e.get("steps"):
+        return e["step"] + 1, e["steps"]
+    if event == "downloading":
+        return download_progress(e)
+    return None
+
+
+def swarm_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None:
+    min_shards = config.hyper.get("min_shards", 2)
+    if names.SHARD in roles and isinstance(min_shards, int) and min_shards > num_peers:
+        raise ConfigError(f"hyper.min_shards = {min_shards} but this swarm starts {num_peers} cp-shard(s), so no "
+                          f"ring would ever train; pass --peers {min_shards} or more")
+
+
+def summarize(records: Sequence[PeerRecord]) -> list[str]:
+    """``gossamer status``: the ring the shards last ran, and the step each is at."""
+    shards = [r for r in records if names.SHARD in r.roles]
+    if not shards:
+        return []
+    placed = sorted((r for r in shards if "chunk" in r.assignment), key=lambda r: r.assignment["chunk"])
+    lines = [f"context: {len(shards)} cp-shard(s), at step {min(r.round for r in shards)}"
+             f"{'' if len({r.round for r in shards}) == 1 else f'..{max(r.round for r in shards)}'}"]
+    rings = {(r.assignment.get("chunks"), r.assignment.get("context")) for r in placed}
+    for chunks, context in sorted(rings, key=str):
+        members = [r for r in placed if (r.assignment.get("chunks"), r.assignment.get("context")) == (chunks, context)]
+        order = ", ".join(f"{r.assignment['chunk']}:{r.name or r.peer_id[:12]}" for r in members)
+        lines.append(f"  ring of {chunks} chunk(s), {context}-token context: {order}")
+    spare = [r for r in shards if "chunk" not in r.assignment]
+    if spare:
+        lines.append(f"  not in a ring yet: {', '.join(r.name or r.peer_id[:12] for r in spare)}")
+    return lines
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="compressed context parallelism: ring attention over WAN with subspace-coded keys and values",
+    settings="gossamer.protocols.context.settings:ContextSettings",
+    roles={names.SHARD: "gossamer.protocols.context.shard:CpShardRole"},
+    swarm_roles=(names.SHARD,),
+    events=EVENTS,
+    finish=FinishRule("finished", by="peers"),
+    describe_event=describe,
+    progress=progress,
+    swarm_check=swarm_check,
+    summarize=summarize,
+)

@@ -1,280 +1,274 @@
-"""Coefficient messages: what one member sends another, its wire form, and every check on arrival.
+"""Ring frames: what cp-shards say to each other over TCP, and how a frame's sender is verified.
 
-Two kinds, both one frame (a msgpack-ready header map and a raw little-endian payload):
+Every frame is a REQUEST of the TCP method ``names.METHOD`` on the daemon's TCP server::
 
-- ``kv``  (forward): chunk ``owner``'s key and value coefficients for ``layer``; sent by the owner
-  to its ring successor and passed on unchanged while the next member needs it (causal: members
-  after the owner);
-- ``dkv`` (backward): their gradient as computed by member ``user`` (whose queries used those
-  keys), sent straight back to the owner, which sums what all users sent.
+    header  {"method": METHOD, "op": OP, "step": S, "env": <signed envelope>, "body": <msgpack bytes>}
+    payload the op's tensors (raw bytes)
 
-Header (every key required, no others; a transport that adds its own fields, e.g. an envelope or
-a request id, carries this map as one value of its own header and hands it back unchanged)::
+``body`` is a msgpack map (``{"op", "step", "attempt", ...}``, the op's fields below) carried as
+bytes, so that exactly the bytes that were signed are the bytes that are checked. ``env`` is a
+``crypto.envelope`` (Ed25519) binding sender, recipient, run, round (= the step), method ``RING``
+and target ``/context-ring/<op>``, timestamp and a nonce to SHA-256(body || payload). ``op`` and ``step`` are repeated in the clear header only for
+routing and fault injection, and must equal the body's.
 
-    {"v": 1, "kind": "kv"|"dkv", "step": int, "layer": int, "owner": int,
-     "user": int (dkv) | None (kv), "basis": hex str, "dtype": "float32"|...,
-     "shape": [batch, heads, tokens, width], "mixtures": int}
+How a receiver verifies the sender before it uses a byte of the payload (``open_frame`` and the
+role's checks, in this order): the clear header's shape and the op's payload bound (a frame
+longer than the largest its op can be is refused before it is hashed); the envelope, opened with
+the peer's replay guard (signature, sender id = fingerprint of the signing key, recipient = this
+peer, this run, timestamp within the window, nonce never seen: one opaque "envelope" refusal);
+the sender is a live peer of the run whose signed record carries the cp-shard role and the very
+key that signed (checked before the guard remembers the nonce: strangers cannot fill it); then, per op, the sender's place: a plan only from the peer this shard takes for
+the leader, kv only from its ring predecessor, dkv only from the member whose queries used the
+keys, a share only from a member of the step, an update only from the step's leader. Only then
+is the payload decoded (``protocols.context.core.decode_message``: shape, dtype, NaN/Inf, basis hash).
+A non-member cannot inject anything; a member can send only what its place in the ring allows.
+The TCP answer itself is not signed: it carries no data, only "accepted" or a refusal, so a
+forged answer can at most make a step abort.
 
-Payload: K coefficients, then V coefficients (each ``shape``, C order, ``dtype``), then for a
-``kv`` message with mixtures > 1 the subspace index of every (batch, head, token) as uint8.
-``width`` is r for subspace coding and d_head for dense keys and values.
+Ops (``step`` is the model version the step starts from)::
 
-``decode_message`` refuses (``MessageRefused``, with a ``code``) anything the receiving member
-did not expect exactly: a header that is not this format, a step, shape, dtype, width or mixture
-count other than its own, a payload of the wrong length, NaN or Inf, an index out of range, and
-(``BasisMismatch``) a basis hash other than its own for that layer. The member's ``deliver`` adds
-the ring's rules (which owner/user may reach which member, no duplicates).
+    plan    leader -> member  attempt, members (peer ids, ring order), chunk_tokens, batch_size,
+                              data (SHA-256 of the training text), state (null, or [version,
+                              digest] of the leader's state for a member that must download it)
+                              -> {"accepted": true} | {"accepted": false, "code", "reason", "version"}
+    kv      owner/forwarder -> successor   attempt, msg (the protocol's message header); payload:
+                              the key and value coefficients (``protocols.context.core.wire``)
+    dkv     user -> owner     attempt, msg; payload: their gradients
+    share   member -> leader  attempt, loss (its chunk's share), tensors (codec entries): its
+                              gradient share of every parameter
+    update  leader -> member  attempt, loss (the step's), norm, tensors: the summed gradient and
+                              the leader's bases after its update -> {"version": step + 1}
+    abort   any -> members    attempt, reason, suspect (a peer id or null)
+
+A kv frame is passed on by re-sealing the same body and payload for the successor (``frame_for``
+an ``Opened``): each hop vouches for the link it sends on.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import Tensor
+from gossamer.crypto.envelope import MAX_ENVELOPE_BYTES, ReplayGuard, payload_digest, seal
+from gossamer.crypto.errors import VerificationError
+from gossamer.crypto.identity import Identity
+from gossamer.peer.errors import PeerError
+from gossamer.protocols.context.names import METHOD
+from gossamer.transport.errors import DecodeError
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.header import pack_header, unpack_header
 
-from gossamer.protocols.context.errors import BasisMismatch, MessageRefused
+PLAN, KV, DKV, SHARE, UPDATE, ABORT = "plan", "kv", "dkv", "share", "update", "abort"
+OPS = (PLAN, KV, DKV, SHARE, UPDATE, ABORT)
+MAX_BODY_BYTES = 1 << 20
+MAX_REASON_CHARS = 500
+_ATTEMPT = re.compile(r"[0-9a-f]{16}")
+_PEER_ID = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+Buffer = bytes | bytearray | memoryview
 
-WIRE_VERSION = 1
-FORWARD, BACKWARD = "kv", "dkv"
-KINDS = (FORWARD, BACKWARD)
-WIRE_DTYPES: Mapping[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16,
-                                          "float32": torch.float32, "float64": torch.float64}
-DTYPE_NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
-HEADER_KEYS = frozenset({"v", "kind", "step", "layer", "owner", "user", "basis", "dtype", "shape", "mixtures"})
-INDEX_DTYPE = torch.uint8
+
+class FrameRefused(PeerError):
+    """A ring frame that must not be used; ``code`` names the check it failed (a short word:
+    "header", "length", "envelope", "sender", "stale", "busy", or a ``protocols.context.core`` code)."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
-class KVMessage:
-    """One coefficient message (module docstring). ``k``/``v`` are [batch, heads, tokens, width];
-    ``index`` is [batch, heads, tokens] uint8 on a ``kv`` message with mixtures > 1, else None."""
+class Outbound:
+    """A frame's signed part, ready to be sealed for any recipient: op, step, body bytes, payload
+    and their digest (computed once, however many recipients)."""
 
-    kind: str
+    op: str
     step: int
-    layer: int
-    owner: int
-    user: int | None
-    basis: str
-    k: Tensor
-    v: Tensor
-    index: Tensor | None = None
+    body_bytes: bytes
+    payload: Buffer | Sequence[Buffer]
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class Opened(Outbound):
+    """A frame whose envelope verified: who sent it and its decoded body."""
+
+    sender: str
+    sender_key: bytes
+    body: dict[str, Any]
 
     @property
-    def key(self) -> tuple[str, int, int, int | None]:
-        """What identifies it within a step: (kind, layer, owner, user)."""
-        return self.kind, self.layer, self.owner, self.user
-
-    def to(self, device: torch.device) -> KVMessage:
-        """The same message with its tensors on ``device``."""
-        if self.k.device == device:
-            return self
-        index = None if self.index is None else self.index.to(device)
-        return KVMessage(self.kind, self.step, self.layer, self.owner, self.user, self.basis,
-                         self.k.to(device), self.v.to(device), index)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MessageSpec:
-    """Everything a member expects of the messages of one step (built by ``RingMember``)."""
-
-    step: int
-    chunks: int
-    layers: int
-    batch: int
-    tokens: int
-    heads: int
-    width: int
-    mixtures: int
-    dtype: torch.dtype
-    bases: tuple[str, ...]
+    def attempt(self) -> str:
+        return self.body["attempt"]
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return self.batch, self.heads, self.tokens, self.width
-
-    def has_index(self, kind: str) -> bool:
-        return kind == FORWARD and self.mixtures > 1
+    def payload_bytes(self) -> int:
+        return memoryview(self.payload).nbytes
 
 
-# --- encoding ---------------------------------------------------------------------------------
+def new_attempt() -> str:
+    """A fresh attempt id: 16 hex digits, never reused."""
+    return secrets.token_hex(8)
 
 
-def _bytes_of(tensor: Tensor) -> Any:
-    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+def outbound(op: str, step: int, body: Mapping[str, Any], payload: Buffer | Sequence[Buffer] = b"") -> Outbound:
+    """The signed part of an ``op`` frame (``body`` gets ``op`` and ``step`` added)."""
+    body_bytes = pack_header({"op": op, "step": step, **body})
+    views = [memoryview(part).cast("B") for part in (payload if isinstance(payload, list | tuple) else [payload])]
+    return Outbound(op=op, step=step, body_bytes=body_bytes, payload=views,
+                    digest=payload_digest(body_bytes, *views))
 
 
-def encode_message(message: KVMessage, *, mixtures: int) -> tuple[dict[str, Any], list[Any]]:
-    """(header, payload buffers): the frame a transport sends. ``mixtures`` is the sender's M."""
-    dtype = DTYPE_NAMES.get(message.k.dtype)
-    if dtype is None:
-        raise MessageRefused(f"dtype: {message.k.dtype} cannot go on the wire", code="dtype")
-    header = {"v": WIRE_VERSION, "kind": message.kind, "step": message.step, "layer": message.layer,
-              "owner": message.owner, "user": message.user, "basis": message.basis, "dtype": dtype,
-              "shape": list(message.k.shape), "mixtures": mixtures}
-    payload = [_bytes_of(message.k), _bytes_of(message.v)]
-    if message.index is not None:
-        payload.append(_bytes_of(message.index.to(INDEX_DTYPE)))
-    return header, payload
+ENVELOPE_METHOD = "RING"  # the envelope's method and target bind it to a ring frame of one op
 
 
-def payload_bytes(spec: MessageSpec, kind: str) -> int:
-    """Exact payload length of a ``kind`` message under ``spec``."""
-    numbers = 2 * math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
-    return numbers + (math.prod(spec.shape[:3]) if spec.has_index(kind) else 0)
+def envelope_target(op: str) -> str:
+    return f"/{METHOD}/{op}"
 
 
-# --- decoding and checks ----------------------------------------------------------------------
+def frame_for(signed: Outbound, identity: Identity, *, recipient: str, run_id: str, now: float) -> Frame:
+    """The REQUEST frame carrying ``signed`` to ``recipient``, with an envelope from ``identity``.
+    Passing on a verified frame (a kv to the successor) is ``frame_for(opened, ...)``: the same
+    body and payload under this hop's envelope."""
+    envelope = seal(identity, recipient=recipient, run_id=run_id, round=signed.step, method=ENVELOPE_METHOD,
+                    target=envelope_target(signed.op), payload_digest=signed.digest, now=now,
+                    nonce=secrets.token_bytes(16))
+    return Frame(FrameType.REQUEST, {"method": METHOD, "op": signed.op, "step": signed.step, "env": envelope,
+                                     "body": signed.body_bytes}, signed.payload)
 
 
-def _int_field(header: Mapping[str, Any], name: str) -> int:
-    value = header[name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise MessageRefused(f"header: {name} must be an integer, got {type(value).__name__}", code="header")
+def clear_header(frame: Frame) -> tuple[str, int]:
+    """(op, step) from the unsigned header; FrameRefused("header") unless well formed."""
+    header = frame.header
+    op, step = header.get("op"), header.get("step")
+    if op not in OPS or isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise FrameRefused(f"header: op must be one of {OPS} and step a non-negative integer", code="header")
+    env, body = header.get("env"), header.get("body")
+    if not isinstance(env, bytes) or len(env) > MAX_ENVELOPE_BYTES:
+        raise FrameRefused("header: env must be the signed envelope's bytes", code="header")
+    if not isinstance(body, bytes) or len(body) > MAX_BODY_BYTES:
+        raise FrameRefused(f"header: body must be at most {MAX_BODY_BYTES} bytes", code="header")
+    return op, step
+
+
+def open_frame(frame: Frame, *, guard: ReplayGuard, me: str, run_id: str, now: float, max_payload: int,
+               sender_ok: Callable[[str, bytes], bool]) -> Opened:
+    """Verify a frame's envelope and decode its body; FrameRefused says which check failed.
+
+    The sender is authenticated here (it holds the key it claims and signed exactly these bytes
+    for this peer and run, recently, once) and admitted by ``sender_ok(peer id, public key)``
+    (a live cp-shard of the run with that key) before the guard remembers its nonce, so keys
+    that are not in the run cannot fill the guard; whether that sender may send this op is the
+    role's check, against the step."""
+    op, step = clear_header(frame)
+    payload = frame.payload if not isinstance(frame.payload, list | tuple) else b"".join(frame.payload)
+    size = memoryview(payload).nbytes
+    if size > max_payload:
+        raise FrameRefused(f"length: a {op} frame here carries at most {max_payload} bytes, got {size}", code="length")
+    body_bytes = frame.header["body"]
+    digest = payload_digest(body_bytes, memoryview(payload).cast("B"))
+    try:
+        envelope = guard.check(frame.header["env"], me=me, run_id=run_id, method=ENVELOPE_METHOD,
+                               target=envelope_target(op), now=now)
+    except VerificationError:
+        raise FrameRefused("envelope refused", code="envelope") from None
+    try:
+        if not sender_ok(envelope.sender, envelope.sender_public_key):
+            raise FrameRefused(f"sender: {envelope.sender[:12]} is not a live cp-shard of this run", code="sender")
+        guard.admit(envelope, payload_digest=digest, now=now)
+    except VerificationError:
+        raise FrameRefused("envelope refused", code="envelope") from None
+    finally:
+        guard.release(envelope)
+    try:
+        body = unpack_header(body_bytes)
+    except DecodeError as exc:
+        raise FrameRefused(f"header: body does not decode: {exc}", code="header") from exc
+    if not isinstance(body, dict) or body.get("op") != op or body.get("step") != step:
+        raise FrameRefused("header: the signed body does not name this frame's op and step", code="header")
+    if not isinstance(body.get("attempt"), str) or not _ATTEMPT.fullmatch(body["attempt"]):
+        raise FrameRefused("header: attempt must be 16 hex digits", code="header")
+    return Opened(op=op, step=step, body_bytes=body_bytes, payload=payload, digest=digest, sender=envelope.sender,
+                  sender_key=envelope.sender_public_key, body=body)
+
+
+# -- the ops' fields --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One step as its leader planned it (the ``plan`` op): who is in the ring, in order."""
+
+    step: int
+    attempt: str
+    members: tuple[str, ...]
+    chunk_tokens: int
+    batch_size: int
+    data: str
+    state: tuple[int, str] | None = None
+
+    @property
+    def leader(self) -> str:
+        return self.members[0]
+
+    @property
+    def chunks(self) -> int:
+        return len(self.members)
+
+    @property
+    def context(self) -> int:
+        """Tokens per training sequence of this step."""
+        return self.chunks * self.chunk_tokens
+
+    def body(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "members": list(self.members), "chunk_tokens": self.chunk_tokens,
+                "batch_size": self.batch_size, "data": self.data,
+                "state": None if self.state is None else list(self.state)}
+
+
+def _positive(body: Mapping[str, Any], name: str) -> int:
+    value = body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FrameRefused(f"header: {name} must be a positive integer", code="header")
     return value
 
 
-def _check_header(header: Mapping[str, Any], spec: MessageSpec) -> None:
-    if not isinstance(header, Mapping) or set(header) != HEADER_KEYS:
-        keys = sorted(map(str, header)) if isinstance(header, Mapping) else type(header).__name__
-        raise MessageRefused(f"header: expected keys {sorted(HEADER_KEYS)}, got {keys}", code="header")
-    if header["v"] != WIRE_VERSION:
-        raise MessageRefused(f"header: wire version {header['v']!r}, this member speaks {WIRE_VERSION}", code="header")
-    if header["kind"] not in KINDS:
-        raise MessageRefused(f"header: kind must be one of {KINDS}, got {header['kind']!r}", code="header")
-    for name in ("step", "layer", "owner", "mixtures"):
-        _int_field(header, name)
-    if header["kind"] == BACKWARD:
-        _int_field(header, "user")
-    elif header["user"] is not None:
-        raise MessageRefused("header: a kv message names no user", code="header")
-    if not isinstance(header["basis"], str):
-        raise MessageRefused("header: basis must be a hex string", code="header")
-    shape = header["shape"]
-    if not isinstance(shape, list | tuple) or len(shape) != 4 or not all(
-            isinstance(n, int) and not isinstance(n, bool) for n in shape):
-        raise MessageRefused(f"header: shape must be 4 integers, got {shape!r}", code="header")
-    if header["dtype"] not in WIRE_DTYPES:
-        raise MessageRefused(f"dtype: {header['dtype']!r} is not one of {sorted(WIRE_DTYPES)}", code="dtype")
+def parse_plan(opened: Opened, *, max_members: int) -> Plan:
+    """The plan in a verified ``plan`` frame; FrameRefused("header") when a field is malformed."""
+    body = opened.body
+    members = body.get("members")
+    if not isinstance(members, list) or not 1 <= len(members) <= max_members or len(set(members)) != len(members) \
+            or not all(isinstance(m, str) and _PEER_ID.fullmatch(m) for m in members):
+        raise FrameRefused(f"header: members must be 1-{max_members} distinct peer ids", code="header")
+    data, state = body.get("data"), body.get("state")
+    if not isinstance(data, str) or not _DIGEST.fullmatch(data):
+        raise FrameRefused("header: data must be a SHA-256 hex digest", code="header")
+    if state is not None:
+        ok = isinstance(state, list) and len(state) == 2 and isinstance(state[0], int) and \
+            not isinstance(state[0], bool) and isinstance(state[1], str) and _DIGEST.fullmatch(state[1])
+        if not ok:
+            raise FrameRefused("header: state must be null or [version, digest]", code="header")
+        state = (state[0], state[1])
+    return Plan(step=opened.step, attempt=opened.attempt, members=tuple(members),
+                chunk_tokens=_positive(body, "chunk_tokens"), batch_size=_positive(body, "batch_size"), data=data,
+                state=state)
 
 
-def decode_message(header: Mapping[str, Any], payload: Any, spec: MessageSpec) -> KVMessage:
-    """A checked ``KVMessage`` from a received frame; ``MessageRefused`` for anything unexpected.
-
-    The tensors view ``payload`` when it is writable (no copy); a read-only payload is copied once.
-    """
-    _check_header(header, spec)
-    kind = header["kind"]
-    dtype = WIRE_DTYPES[header["dtype"]]
-    if dtype != spec.dtype:
-        raise MessageRefused(f"dtype: {header['dtype']}, this ring uses {DTYPE_NAMES[spec.dtype]}", code="dtype")
-    if tuple(header["shape"]) != spec.shape or header["mixtures"] != spec.mixtures:
-        raise MessageRefused(f"shape: {header['shape']} with {header['mixtures']} subspaces, expected "
-                             f"{list(spec.shape)} with {spec.mixtures}", code="shape")
-    view = memoryview(payload).cast("B")
-    expected = payload_bytes(spec, kind)
-    if view.nbytes != expected:
-        raise MessageRefused(f"length: payload is {view.nbytes} bytes, a {kind} message here has {expected}",
-                             code="length")
-    if view.readonly:
-        view = memoryview(bytearray(view))
-    count = math.prod(spec.shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    k = torch.frombuffer(view, dtype=dtype, count=count, offset=0).view(spec.shape)
-    v = torch.frombuffer(view, dtype=dtype, count=count, offset=count * itemsize).view(spec.shape)
-    index = None
-    if spec.has_index(kind):
-        index = torch.frombuffer(view, dtype=INDEX_DTYPE, count=count // spec.width,
-                                 offset=2 * count * itemsize).view(spec.shape[:3])
-    message = KVMessage(kind, header["step"], header["layer"], header["owner"], header["user"], header["basis"],
-                        k, v, index)
-    check_message(message, spec)
-    return message
+def parse_abort(opened: Opened) -> tuple[str, str | None]:
+    """(reason, suspect) of a verified ``abort`` frame."""
+    reason, suspect = opened.body.get("reason"), opened.body.get("suspect")
+    if not isinstance(reason, str) or (suspect is not None and not (isinstance(suspect, str)
+                                                                    and _PEER_ID.fullmatch(suspect))):
+        raise FrameRefused("header: an abort names a reason and a suspect peer id or null", code="header")
+    return reason[:MAX_REASON_CHARS], suspect
 
 
-def check_message(message: KVMessage, spec: MessageSpec) -> None:
-    """``MessageRefused`` unless ``message`` fits ``spec`` in every respect (module docstring)."""
-    if message.kind not in KINDS:
-        raise MessageRefused(f"kind: must be one of {KINDS}, got {message.kind!r}", code="header")
-    if message.step != spec.step:
-        raise MessageRefused(f"order: message of step {message.step}, this member is at step {spec.step}",
-                             code="order")
-    if not 0 <= message.layer < spec.layers:
-        raise MessageRefused(f"header: layer {message.layer} outside [0, {spec.layers})", code="header")
-    for name, value in (("owner", message.owner), ("user", message.user)):
-        if value is not None and not 0 <= value < spec.chunks:
-            raise MessageRefused(f"header: {name} {value} outside [0, {spec.chunks})", code="header")
-    if message.basis != spec.bases[message.layer]:
-        raise BasisMismatch(f"basis: layer {message.layer} was coded with bases {message.basis[:16]}..., "
-                            f"ours are {spec.bases[message.layer][:16]}...")
-    for name, tensor in (("k", message.k), ("v", message.v)):
-        if tuple(tensor.shape) != spec.shape:
-            raise MessageRefused(f"shape: {name} is {tuple(tensor.shape)}, expected {spec.shape}", code="shape")
-        if tensor.dtype != spec.dtype:
-            raise MessageRefused(f"dtype: {name} is {tensor.dtype}, expected {spec.dtype}", code="dtype")
-        if not bool(torch.isfinite(tensor).all()):
-            raise MessageRefused(f"nonfinite: {name} holds NaN or Inf", code="nonfinite")
-    _check_index(message, spec)
-
-
-def _check_index(message: KVMessage, spec: MessageSpec) -> None:
-    index = message.index
-    if not spec.has_index(message.kind):
-        if index is not None:
-            raise MessageRefused("index: this message carries no subspace index", code="index")
-        return
-    if index is None or tuple(index.shape) != spec.shape[:3] or index.dtype != INDEX_DTYPE:
-        got = None if index is None else (tuple(index.shape), index.dtype)
-        raise MessageRefused(f"index: expected {spec.shape[:3]} {INDEX_DTYPE}, got {got}", code="index")
-    if index.numel() and int(index.max()) >= spec.mixtures:
-        raise MessageRefused(f"index: {int(index.max())} is not one of {spec.mixtures} subspaces", code="index")
-
-
-# --- routing and the step's plan --------------------------------------------------------------
-
-
-def forward_to(member: int, chunks: int) -> int | None:
-    """Where ``member`` passes a kv message it sent or received: its ring successor, while there is
-    one (causal: the last member needs every earlier chunk and passes nothing on)."""
-    return member + 1 if member + 1 < chunks else None
-
-
-@dataclass(frozen=True)
-class PlannedSend:
-    """One message of a step: sent by ``source`` to ``target`` once every ``after`` is delivered.
-
-    Keys are (member it was delivered to, kind, layer, owner, user)."""
-
-    source: int
-    target: int
-    key: tuple[str, int, int, int | None]
-    after: tuple[tuple[int, str, int, int, int | None], ...]
-
-
-def message_plan(chunks: int, layers: int) -> list[PlannedSend]:
-    """Every message one training step sends, and what each must wait for (the ring's dependencies,
-    without compute): the order ``RingMember`` follows, for replaying a step's traffic."""
-    plan: list[PlannedSend] = []
-    for layer in range(layers):
-        for owner in range(chunks - 1):
-            after = tuple((owner, FORWARD, layer - 1, i, None) for i in range(owner)) if layer else ()
-            plan.append(PlannedSend(owner, owner + 1, (FORWARD, layer, owner, None), after))
-            for hop in range(owner + 1, chunks - 1):
-                plan.append(PlannedSend(hop, hop + 1, (FORWARD, layer, owner, None),
-                                        ((hop, FORWARD, layer, owner, None),)))
-    for layer in reversed(range(layers)):
-        for user in range(1, chunks):
-            after = tuple((user, FORWARD, lay, i, None) for lay in range(layers) for i in range(user))
-            if layer < layers - 1:
-                after += tuple((user, BACKWARD, layer + 1, user, u) for u in range(user + 1, chunks))
-            plan.extend(PlannedSend(user, owner, (BACKWARD, layer, owner, user), after) for owner in range(user))
-    return plan
-
-
-def sequence_payload_bytes(spec: MessageSpec) -> dict[str, int]:
-    """Payload bytes one step moves over all links, by kind: P(P-1)/2 messages of each kind per layer."""
-    per_layer = spec.chunks * (spec.chunks - 1) // 2
-    return {kind: per_layer * spec.layers * payload_bytes(spec, kind) for kind in KINDS}
+def number_field(opened: Opened, name: str) -> float:
+    """A float field of a verified body (a loss, a norm)."""
+    value = opened.body.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FrameRefused(f"header: {name} must be a number", code="header")
+    return float(value)

@@ -1,75 +1,115 @@
-"""FoMoE: partial-expert replicas of an MoE LM, skip-token training, holder-only expert sync.
+"""Protocol ``fomoe``: FoMoE partial-expert replicas of an MoE LM.
 
-Every peer holds the dense layers and the routers of an MoE byte LM plus a resident subset of its
-experts; each expert lives on r peers. In the H local steps of a round a peer runs only its
-experts: a (token, expert) pair whose expert it does not hold is skipped (contributes zero, costs
-nothing). At the end of the round the dense part goes through the DiLoCo outer step over all
-peers, each expert only over its holders, weighted by the pairs each ran.
-The method: "FoMoE: Breaking the Full-Replica Barrier with a Federation of MoEs" (arXiv 2606.19025).
+Each ``expert-host`` holds the dense layers and routers plus a resident subset of the experts
+(every expert on r hosts), trains on its shard skipping the pairs routed to experts it does not
+hold, and every H steps sends its dense pseudo-gradient to every member and each expert's only to
+that expert's other holders; the members agree on which updates count (a commit exchange), mix,
+take the outer step, and re-place the experts when members leave or join (``protocols.fomoe.core``).
+Modules: ``names`` (the role name), ``settings`` (the manifest), ``host`` (the role and its
+rounds), ``joining`` (round 0 and joining mid-run), ``holding`` (taking and handing over experts,
+the donated dense state, the checkpoint of a host's part), ``boundary`` (the commits, the agreement and
+the next placement: pure), ``wire`` (the messages), ``ledger`` (a round's ledger), ``coverage``
+(expert coverage for ``/status`` and ``gossamer status``).
 
-Map of the package (a network role needs only what ``__all__`` names):
-
-- ``config``      ``MoEConfig`` (the model, a ``ModelConfig`` with ``n_experts``, ``top_k``) and
-                  ``FomoeConfig`` (r, the load-balancing weight, skip renormalisation).
-- ``layer``       one mixture-of-experts layer: top-k routing, skip-token gather/scatter, the
-                  load-balancing loss on the full router distribution.
-- ``model``       ``MoETransformer`` (``ByteTransformer`` with MoE blocks; parameter names keep
-                  ``protocols.models``' scheme), ``build_moe_model``, ``expert_of``.
-- ``layout``      ``ParamLayout``: dense names, per-(block, expert) names, byte sizes.
-- ``placement``   ``place_experts`` / ``replace_experts`` / ``transfers``: who holds what,
-                  deterministic from the sorted live peer ids and the round; ``from_assignments``
-                  (back from published resident sets), ``coverage`` (per expert, for status).
-- ``sync``        ``FomoeUpdate``, ``mix_round`` (dense over all, experts over holders, robust
-                  aggregators pluggable), ``update_problem`` (an update checked on arrival),
-                  ``sync_bytes`` / ``all_to_all_bytes`` (exact traffic per round).
-- ``replica``     ``FomoeReplica``: one peer's round (wraps ``protocols.diloco.DilocoReplica``).
-- ``simulation``  several peers in one process: ``simulate_round``, ``global_parameters``.
-
-A peer's model still allocates every expert (those it does not hold are never run, trained,
-sent or stepped, and go stale): the parameter names stay those of the whole model, so the DiLoCo
-machinery and checkpoints need no special case. Freeing the memory of experts a peer does not
-hold is left for later.
-
-Vocabulary: an **expert** is index e of E, held in every block; a **unit** is (block, expert),
-the piece that is averaged; a **pair** is one (token, expert) choice of a router; a peer's
-**resident** set is the experts it holds.
+Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
 """
 
-from gossamer.protocols.fomoe.config import FomoeConfig, MoEConfig
-from gossamer.protocols.fomoe.layout import ParamLayout
-from gossamer.protocols.fomoe.model import ExpertKey, MoETransformer, Routing, build_moe_model, expert_of
-from gossamer.protocols.fomoe.placement import (
-    ExpertCoverage,
-    Placement,
-    Transfer,
-    coverage,
-    from_assignments,
-    place_experts,
-    replace_experts,
-    transfers,
-)
-from gossamer.protocols.fomoe.replica import ExpertState, FomoeReplica, StepReport
-from gossamer.protocols.fomoe.simulation import RoundReport, global_parameters, simulate_round
-from gossamer.protocols.fomoe.sync import (
-    FomoeUpdate,
-    MixedRound,
-    SyncBytes,
-    addressed_to,
-    all_to_all_bytes,
-    data_parallel_bytes,
-    mix_round,
-    plain_mean,
-    sync_bytes,
-    token_weighted_mean,
-    update_bytes,
-    update_problem,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ExpertCoverage", "ExpertKey", "ExpertState", "FomoeConfig", "FomoeReplica", "FomoeUpdate",
-    "MixedRound", "MoEConfig", "MoETransformer", "ParamLayout", "Placement", "RoundReport", "Routing",
-    "StepReport", "SyncBytes", "Transfer", "addressed_to", "all_to_all_bytes", "build_moe_model", "coverage",
-    "data_parallel_bytes", "expert_of", "from_assignments", "global_parameters", "mix_round",
-    "place_experts", "plain_mean", "replace_experts", "simulate_round", "sync_bytes", "token_weighted_mean",
-    "transfers", "update_bytes", "update_problem",
-]
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.download_events import (
+    DOWNLOADING,
+    DOWNLOADING_DOC,
+    describe_download,
+    download_progress,
+)
+from gossamer.peer.plugin import EventSchema, FinishRule, Panel, ProtocolPlugin
+from gossamer.peer.run.manifest import RunConfig
+from gossamer.peer.run.records import PeerRecord
+from gossamer.protocols.fomoe import names
+
+EVENTS = {
+    "waiting": EventSchema("round 0 waits for min_hosts expert hosts to be live", ("hosts", "wanted")),
+    "placement": EventSchema("this host holds a (new) set of experts: at round 0, after members left or joined, "
+                             "or on joining", ("round", "members", "experts", "holders", "lost")),
+    "downloading": EventSchema(DOWNLOADING_DOC, DOWNLOADING),
+    "joined": EventSchema("a joiner was admitted: it downloaded the dense state and took its experts from "
+                          "their holders", ("round", "donors", "experts", "why")),
+    "round": EventSchema("one round done; its ledger in short",
+                         ("round", "rounds", "train_loss", "heldout_loss", "skip_fraction", "experts", "members", "used",
+                          "timed_out", "rejected", "bytes_sent", "bytes_received", "note")),
+    "finished": EventSchema("the host reached hyper.rounds and wrote its checkpoint (dense part and its experts)",
+                            ("round", "checkpoint", "experts", "heldout_loss")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "round":
+        timed_out = f"  timed out {len(e['timed_out'])}" if e["timed_out"] else ""
+        note = f"  {e['note']}" if e.get("note") else ""
+        return (f"round {e['round']}: train loss {e['train_loss']:.3f}  held-out {e['heldout_loss']:.3f}  "
+                f"experts {e['experts']}  skipped {e['skip_fraction']:.2f}  updates used {e['used']} of "
+                f"{e['members'] - 1}  sent {e['bytes_sent'] / 1e6:.2f} MB{timed_out}{note}")
+    if event == "placement":
+        lost = f"; LOST (restarted from the freshest copy): {e['lost']}" if e["lost"] else ""
+        return (f"placement at round {e['round']}: {e['members']} member(s), holding experts {e['experts']}, "
+                f"holders per expert {e['holders']}{lost}")
+    if event == "downloading":
+        return describe_download(e, unit="round")
+    if event == "joined":
+        return f"{e['why']} at round {e['round']}: dense state from {e['donors']} donor(s), experts {e['experts']}"
+    if event == "finished":  # no held-out loss when the host did no round itself (it joined at the last)
+        loss = f"{e['heldout_loss']:.3f}" if e.get("heldout_loss") is not None else "-"
+        return (f"finished at round {e['round']} holding experts {e['experts']}, held-out loss {loss}; "
+                f"checkpoint {e['checkpoint']}")
+    if event == "waiting":
+        return f"waiting for expert hosts before round 0: {e['hosts']} of {e['wanted']} live"
+    return None
+
+
+def swarm_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None:
+    min_hosts = config.hyper.get("min_hosts", 1)
+    if names.EXPERT_HOST in roles and isinstance(min_hosts, int) and min_hosts > num_peers:
+        raise ConfigError(f"hyper.min_hosts = {min_hosts} but this swarm starts {num_peers} expert host(s), "
+                          f"so round 0 would never start; pass --peers {min_hosts} or more")
+
+
+def summarize(records: Sequence[PeerRecord]) -> list[str]:
+    """Expert coverage from the live hosts' records (imported on use: it needs torch)."""
+    from gossamer.protocols.fomoe.coverage import summarize as coverage_lines
+
+    return coverage_lines(records)
+
+
+def panel(records: Sequence[PeerRecord]) -> Panel | None:
+    """The swarm page's expert coverage table (imported on use: it needs torch)."""
+    from gossamer.protocols.fomoe.coverage import panel as coverage_panel
+
+    return coverage_panel(records)
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "round" and e.get("rounds"):
+        return e["round"] + 1, e["rounds"]
+    if event == "downloading":
+        return download_progress(e)
+    return None
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="FoMoE: each host holds the dense layers and some experts of an MoE LM; experts sync among holders",
+    settings="gossamer.protocols.fomoe.settings:FomoeSettings",
+    roles={names.EXPERT_HOST: "gossamer.protocols.fomoe.host:ExpertHostRole"},
+    swarm_roles=(names.EXPERT_HOST,),
+    events=EVENTS,
+    finish=FinishRule("finished", by="peers"),
+    describe_event=describe,
+    swarm_check=swarm_check,
+    summarize=summarize,
+    progress=progress,
+    panel=panel,
+)

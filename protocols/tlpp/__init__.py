@@ -1,97 +1,87 @@
-"""TL++ traversal learning: virtual batches, the model split at the cut, and the exact gradient path.
+"""Protocol ``tlpp``: TL++ traversal learning on private data.
 
-Traversal learning (Batool et al., "Traversal Learning: A Lossless and Efficient Distributed
-Learning Framework", 2025; TL++ is gossamer's name for it with the secure server path) trains one
-model on data that stays on its **data nodes**. The **orchestrator** holds the master model and
-its optimizer. A **virtual batch** is drawn from the global (node, local index) list, shuffled each
-epoch with (seed, epoch), and grouped by node. One step (base mode):
+Data owners run ``node`` peers: their samples never leave them, and they run the model's layers
+below the cut. The run owner's ``tlpp-server`` holds the layers above the cut and the optimizer
+and drives virtual batches drawn across the nodes; in secure mode the cut tensors travel as
+additive secret shares to it and to an independent ``helper`` (``gossamer helper``). Modules:
+``settings``, ``names``, ``data`` (where a node's samples come from), ``server`` (+ ``steps``;
+``scheduling``: who it trains with; ``pacing``: how long it waits for the nodes, which are
+fail-slow), ``node``, ``helper``, ``secure`` (each party's share
+arithmetic), ``wire`` (what they say), ``ledger`` (what one virtual batch did) and ``commands``;
+for tests and chaos scripts only, ``fault_runs`` (runs with faults by peer, step and phase),
+``fault_checks`` (what such a run must show) and ``recheck`` (each step against the protocol).
 
-1. the orchestrator sends each node of the batch the node-side weights (the stages below the
-   **cut**);
-2. each node runs them on its samples and sends the cut activations A_i and labels y_i;
-3. the orchestrator concatenates them (nodes in sorted order), runs the server side, takes the
-   mean cross-entropy over the WHOLE virtual batch and returns each node its slice dA_i of the
-   cut gradient;
-4. each node backpropagates dA_i and returns its node-side parameter gradients; the orchestrator
-   SUMS them (each slice already carries the 1/B of the batch mean) and steps its optimizer.
-
-The sum of the node gradients plus the server gradients is exactly the gradient of centralized
-training on the same batch (a test checks it to 1e-10 in float64) as long as nothing below the
-cut couples samples of a batch: BatchNorm there is refused (``check_node_side``), as is dropout
-(the node recomputes its forward in step 4 and would draw a different mask).
-
-Secure mode (``peer.roles.tlpp.secure``) needs the server side to be affine (``affine_server``) and
-computes the loss from reconstructed logits with ``logit_gradient``.
-
-The model is a **declared stack** of stages (``stages``: a small vocabulary of conv, pool,
-norm-free residual blocks, flatten, linear and activations, checked against the input shape and
-built from the run seed on every host) or a **built-in** (``builtins``: ``digits_cnn``,
-``rgb_cnn``, ``tabular_mlp``, ``resnet_small``, themselves declarations). Inputs may be
-normalised per channel from statistics the nodes reduce their data to (``normalize``).
-
-Exactness holds in exact arithmetic; a float64 test checks it to 1e-10. In float32 the split and
-the centralized runs add the same terms in a different order, so over hundreds of steps they
-drift apart by round-off (EXPERIMENTS.md, Fashion-MNIST): the same accuracy "to the digit" is a
-float64 promise.
-
-**Modules.** ``stages`` (the vocabulary, ``infer_shapes``, ``build_stages``, ``check_secure``),
-``builtins`` (``BUILTINS``, ``builtin_stages``), ``normalize`` (``channel_stats``,
-``pool_stats``, ``Normalize``), ``schedule`` (``VirtualBatch``, ``VirtualBatchScheduler``),
-``model`` (``digits_cnn``, the node-side checks, ``split_model``, ``affine_server``), ``step``
-(node forward and backward, ``server_step``, ``sum_grads``, ``logit_gradient``), ``traffic``
-(the byte formulas), ``errors`` (``TraversalError``). The public names are importable from this
-package.
+Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
 """
 
-from gossamer.protocols.tlpp.builtins import BUILTINS, builtin_stages
-from gossamer.protocols.tlpp.errors import TraversalError
-from gossamer.protocols.tlpp.model import affine_server, check_node_side, digits_cnn, split_model
-from gossamer.protocols.tlpp.normalize import ChannelStats, Normalize, channel_stats, pool_stats, read_stats
-from gossamer.protocols.tlpp.schedule import VirtualBatch, VirtualBatchScheduler
-from gossamer.protocols.tlpp.stages import (
-    Declaration,
-    build_stages,
-    check_cut,
-    check_secure,
-    infer_shapes,
-)
-from gossamer.protocols.tlpp.step import (
-    ServerStep,
-    logit_gradient,
-    node_backward,
-    node_forward,
-    server_step,
-    sum_grads,
-)
-from gossamer.protocols.tlpp.traffic import full_sync_step_bytes, tlpp_secure_step_bytes, tlpp_step_bytes
+from __future__ import annotations
 
-__all__ = [
-    "BUILTINS",
-    "ChannelStats",
-    "Declaration",
-    "Normalize",
-    "ServerStep",
-    "TraversalError",
-    "VirtualBatch",
-    "VirtualBatchScheduler",
-    "affine_server",
-    "build_stages",
-    "builtin_stages",
-    "channel_stats",
-    "check_cut",
-    "check_node_side",
-    "check_secure",
-    "digits_cnn",
-    "full_sync_step_bytes",
-    "infer_shapes",
-    "logit_gradient",
-    "node_backward",
-    "node_forward",
-    "pool_stats",
-    "read_stats",
-    "server_step",
-    "split_model",
-    "sum_grads",
-    "tlpp_secure_step_bytes",
-    "tlpp_step_bytes",
-]
+from collections.abc import Mapping
+from typing import Any
+
+from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.protocols.tlpp import names
+from gossamer.protocols.tlpp.commands import HELPER, NODE
+
+STEP_FIELDS = ("expected", "arrived", "used", "rejected", "timed_out", "send_failures", "step", "epoch", "index",
+               "mode", "planned", "samples", "loss", "accuracy", "applied", "note", "bytes_sent", "bytes_received",
+               "wall_s", "deadline_s", "slow")  # a StepLedger's fields (a test checks they are)
+EVENTS = {
+    "waiting": EventSchema("training waits for min_nodes nodes (and, in secure mode, a helper that sees them live: "
+                           "helper_sees, null until a helper was asked)", ("nodes", "wanted", "helpers", "helper_sees")),
+    "normalized": EventSchema("the input normalisation pooled from the nodes' per-channel counts and sums",
+                              ("nodes", "samples", "mean", "std")),
+    "step": EventSchema("one virtual batch done; its ledger (nodes used, and rejected with the phase and reason; "
+                        "each phase's deadline, the nodes flagged fail-slow)",
+                        (*STEP_FIELDS, "balance_problems")),
+    "eval": EventSchema("an evaluation on the orchestrator's held-out split",
+                        ("step", "steps", "loss", "accuracy", "samples")),
+    "finished": EventSchema("training reached its steps; final evaluation and checkpoint",
+                            ("step", "applied_steps", "test_loss", "test_accuracy", "checkpoint")),
+    "error": EventSchema("training stopped with an error (e.g. the helper failed); a checkpoint of the model so far",
+                         ("step", "message", "kind", "checkpoint")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "step":
+        dropped = f"  dropped {len(e['rejected'])}" if e["rejected"] else ""
+        slow = f"  {len(e['slow'])} slow" if e.get("slow") else ""
+        return (f"step {e['step']} (epoch {e['epoch']}): loss {e['loss']:.3f}  accuracy {e['accuracy']:.3f}  "
+                f"{e['samples']} samples from {len(e['used'])} node(s){dropped}{slow}")
+    if event == "eval":
+        return f"held-out at step {e['step']}: loss {e['loss']:.3f}, accuracy {e['accuracy']:.3f}"
+    if event == "finished":
+        return (f"finished after {e['step']} steps: test loss {e['test_loss']:.3f}, accuracy "
+                f"{e['test_accuracy']:.3f}; checkpoint {e['checkpoint']}")
+    if event == "waiting":
+        seen = "" if e["helper_sees"] is None else f", the helper sees {e['helper_sees']}"
+        return f"waiting for nodes: {e['nodes']} of {e['wanted']} live, {e['helpers']} helper(s){seen}"
+    if event == "normalized":
+        return f"input normalisation from {len(e['nodes'])} node(s), {e['samples']} samples"
+    if event == "error":
+        return f"training stopped: {e['message']} (checkpoint {e['checkpoint']})"
+    return None
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "eval" and e.get("steps"):
+        return e["step"], e["steps"]
+    return None
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="TL++ traversal learning: private data stays on its nodes; secure mode secret-shares the cut",
+    settings="gossamer.protocols.tlpp.settings:TlppSettings",
+    roles={names.SERVER: "gossamer.protocols.tlpp.server:TlppServerRole",
+           names.NODE: "gossamer.protocols.tlpp.node:TlppNodeRole",
+           names.HELPER: "gossamer.protocols.tlpp.helper:TlppHelperRole"},
+    owner_roles=(names.SERVER,),
+    swarm_roles=(names.NODE,),
+    commands=(HELPER, NODE),
+    events=EVENTS,
+    finish=FinishRule("finished", by="owner"),
+    describe_event=describe,
+    progress=progress,
+)

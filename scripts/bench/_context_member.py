@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from _common import BenchError, async_command_loop
 
-from gossamer.protocols.context import (
+from gossamer.protocols.context.core import (
     FORWARD,
     MessageRefused,
     RingMember,
@@ -44,11 +44,11 @@ from gossamer.protocols.context import (
     ring_spec,
     split_chunks,
 )
-from gossamer.protocols.context.wire import MessageSpec
-from gossamer.protocols.models import BatchSampler, ModelConfig, load_text, split_text
+from gossamer.protocols.context.core.wire import MessageSpec
+from gossamer.protocols.core.models import BatchSampler, ModelConfig, load_text, split_text
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.tcp import ConnectionInfo, HandlerError, TcpConnection, TcpServer, tcp_connect
-from gossamer.transport.wan import LinkProfile, WanProxy
+from gossamer_harness.wan import LinkProfile, WanProxy
 
 log = logging.getLogger(__name__)
 LINKS = ("wan", "direct")

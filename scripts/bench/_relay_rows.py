@@ -5,7 +5,7 @@ client splicing in the kernel (``relayed``, the default) and copying through Pyt
 (``relayed_copy``, the path elsewhere than Linux), interleaved in one run; then the same with every
 host's egress shaped to ``rate_mbit`` (a token-bucket filter).
 
-The namespaces come from ``gossamer.peer.testing.netns`` (root needed); each side is a
+The namespaces come from ``gossamer_harness.netns`` (root needed); each side is a
 ``_relay_peer.py`` process inside its namespace. Each pair runs one untimed warm-up transfer
 (checked end to end) before the timed ones.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from _common import BenchError, markdown_table, summarize
 
-from gossamer.peer.testing.netns import NetLab
+from gossamer_harness.netns import NetLab
 
 PEER = str(Path(__file__).resolve().parent / "_relay_peer.py")
 HOSTS = {"a": False, "b": False, "relay": False, "n0": True, "n1": True}

@@ -1,6 +1,6 @@
 """The whole TL++ step over an in-process network, and where its time goes.
 
-Two in-process TL++ networks (``gossamer.peer.testing.localnet``): the real orchestrator, data
+Two in-process TL++ networks (``gossamer_harness.localnet``): the real orchestrator, data
 node and (secure) helper roles, each node and the helper behind its own TcpServer on 127.0.0.1,
 every request over an encrypted link. ``network_step`` runs one virtual batch through the
 orchestrator's own step and counts the bytes every peer sent and the frames the servers got;
@@ -26,13 +26,13 @@ from torch import Tensor
 
 from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.secure_link import LinkMessage, SecureLinks
-from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.tlpp.data import NodeData
-from gossamer.peer.roles.tlpp.server import TlppServerRole
-from gossamer.peer.roles.tlpp.settings import TlppSettings
-from gossamer.peer.roles.tlpp.wire import HELPER_METHOD, PING
-from gossamer.peer.testing.localnet import LocalNet
-from gossamer.protocols.tlpp import VirtualBatch, VirtualBatchScheduler
+from gossamer.protocols.registry import PLUGINS
+from gossamer.protocols.tlpp.core import VirtualBatch, VirtualBatchScheduler
+from gossamer.protocols.tlpp.data import NodeData
+from gossamer.protocols.tlpp.server import TlppServerRole
+from gossamer.protocols.tlpp.settings import TlppSettings
+from gossamer.protocols.tlpp.wire import HELPER_METHOD, PING
+from gossamer_harness.localnet import LocalNet
 
 _ROOT = Path(__file__).resolve().parents[2]
 

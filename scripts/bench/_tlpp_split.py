@@ -4,7 +4,7 @@ thread and timed by party, with share generation and reconstruction timed inside
 *Compute* is the model math (forward and backward below and above the cut, the affine share ops
 ``server_logit_share`` / ``server_sum``, the optimizer step); *share generation* is every
 ``share_float`` (masks from ``MaskStream`` plus encoding) and every ``reconstruct_float``, timed by
-wrapping the two names in ``peer.roles.tlpp.secure`` while the party functions run.
+wrapping the two names in ``protocols.tlpp.core.secure`` while the party functions run.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import gossamer.peer.roles.tlpp.secure as tlpp_secure
+import gossamer.protocols.tlpp.core.secure as tlpp_secure
 from gossamer.crypto.sharing import MaskStream
-from gossamer.peer.roles.tlpp.settings import TlppSettings
-from gossamer.protocols.tlpp import node_backward, node_forward, server_step, sum_grads
+from gossamer.protocols.tlpp.core import node_backward, node_forward, server_step, sum_grads
+from gossamer.protocols.tlpp.settings import TlppSettings
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Stopwatch:
 @contextmanager
 def timed_sharing(watch: Stopwatch) -> Iterator[None]:
     """While inside, every ``share_float`` / ``reconstruct_float`` the party functions of
-    ``peer.roles.tlpp.secure`` call is timed into ``watch`` ("share", "reconstruct")."""
+    ``protocols.tlpp.core.secure`` call is timed into ``watch`` ("share", "reconstruct")."""
     share_float, reconstruct_float = tlpp_secure.share_float, tlpp_secure.reconstruct_float
 
     def timed_share(x: Tensor, masks: MaskStream) -> tuple[Tensor, Tensor]:
@@ -104,7 +104,7 @@ def base_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch: 
 
 def secure_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch: Stopwatch, *,
                  settings: TlppSettings) -> None:
-    """One secure-mode virtual batch through each party's functions (``peer.roles.tlpp.secure``), timed by
+    """One secure-mode virtual batch through each party's functions (``protocols.tlpp.core.secure``), timed by
     party, with share generation and reconstruction timed inside."""
     guard = {"max_abs": settings.max_abs, "max_failure": settings.max_failure}
     with timed_sharing(watch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gossamer.transport.wan import LinkProfile, WanProxy
+from gossamer_harness.wan import LinkProfile, WanProxy
 
 WAN_MBIT_PER_S = 100.0
 WAN_LATENCY_MS = 50.0

@@ -30,8 +30,15 @@ import time
 
 import torch
 
-from gossamer.protocols.models import ModelConfig, build_model
-from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, next_byte_loss, shard, split_text
+from gossamer.protocols.core.models import ModelConfig, build_model
+from gossamer.protocols.core.text_data import (
+    BatchSampler,
+    evaluate,
+    load_text,
+    next_byte_loss,
+    shard,
+    split_text,
+)
 
 
 def emit(event: str, **fields) -> None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
-from gossamer.transport.wan import AccessLink, LinkProfile, WanProxy, listen_socket
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.wan import AccessLink, LinkProfile, WanProxy, listen_socket
 
 CALL_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 120.0

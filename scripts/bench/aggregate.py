@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from _common import markdown_table, write_json
 
-from gossamer.protocols import robust
-from gossamer.protocols.robust import Contribution
+from gossamer.protocols.core import robust
+from gossamer.protocols.core.robust import Contribution
 
 _HERE = Path(__file__).resolve().parent
 

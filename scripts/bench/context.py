@@ -40,7 +40,7 @@ import torch
 from _common import MB, Scenario, ScenarioRun, machine_info, markdown_table, write_json
 from _context_member import MODES, member_worker
 
-from gossamer.protocols.context import SubspaceConfig
+from gossamer.protocols.context.core import SubspaceConfig
 
 CHUNKS = 4
 MODEL = {"d_model": 128, "n_layers": 2, "n_heads": 4, "context": 2048}

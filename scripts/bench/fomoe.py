@@ -34,8 +34,9 @@ import torch
 from _common import MB, markdown_table, write_json
 from torch.utils.flop_counter import FlopCounterMode
 
-from gossamer.protocols.diloco import DilocoConfig
-from gossamer.protocols.fomoe import (
+from gossamer.protocols.core.models import BatchSampler, load_text, next_byte_loss, split_text
+from gossamer.protocols.diloco.core.replica import DilocoConfig
+from gossamer.protocols.fomoe.core import (
     FomoeReplica,
     MoEConfig,
     build_moe_model,
@@ -44,7 +45,6 @@ from gossamer.protocols.fomoe import (
     sync_bytes,
     update_bytes,
 )
-from gossamer.protocols.models import BatchSampler, load_text, next_byte_loss, split_text
 
 _HERE = Path(__file__).resolve().parent
 CONFIG = MoEConfig(d_model=128, n_layers=4, n_heads=4, context=64, mlp_ratio=2, n_experts=8, top_k=2)

@@ -2,7 +2,7 @@
 pipeline, over three hosts behind emulated WAN links.
 
 Three host processes (spawned) each serve one BlockTrain block and one stage of the matched causal
-LM (``peer.roles.blocktrain.ar_stage``: same width, heads and context, one layer per block, split into as many
+LM (``protocols.blocktrain.ar_stage``: same width, heads and context, one layer per block, split into as many
 stages as there are blocks), with the real ``BlockHost`` / ``ArStageHost`` behind a ``TcpServer``;
 a ``WanProxy`` in front of each host shapes every connection into it (``--latency_ms`` one way,
 ``--mbit`` each direction), so each hop of a pass (client -> host 1 -> host 2 -> host 3, and
@@ -40,21 +40,21 @@ from typing import Any
 import torch
 from _common import markdown_table, write_json
 
-from gossamer.peer.roles.blocktrain.ar_stage import METHOD as AR_METHOD
-from gossamer.peer.roles.blocktrain.ar_stage import ArStageHost, build_stages, matched_model_config
-from gossamer.peer.roles.blocktrain.client import ArClient, BlockTrainClient
-from gossamer.peer.roles.blocktrain.host import METHOD as BLOCK_METHOD
-from gossamer.peer.roles.blocktrain.host import BlockHost
-from gossamer.peer.roles.blocktrain.stack import partial_stack
 from gossamer.peer.route.client import HostEntry, RemoteRoute
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import Hop
-from gossamer.protocols.blocktrain import BlockTrainConfig, build_stack, generate
-from gossamer.protocols.models import build_model
-from gossamer.protocols.models import generate as ar_generate
+from gossamer.protocols.blocktrain.ar_stage import METHOD as AR_METHOD
+from gossamer.protocols.blocktrain.ar_stage import ArStageHost, build_stages, matched_model_config
+from gossamer.protocols.blocktrain.client import ArClient, BlockTrainClient
+from gossamer.protocols.blocktrain.core import BlockTrainConfig, build_stack, generate
+from gossamer.protocols.blocktrain.host import METHOD as BLOCK_METHOD
+from gossamer.protocols.blocktrain.host import BlockHost
+from gossamer.protocols.blocktrain.stack import partial_stack
+from gossamer.protocols.core.models import build_model
+from gossamer.protocols.core.models import generate as ar_generate
 from gossamer.transport.frames import Frame
 from gossamer.transport.tcp import HandlerError, TcpServer
-from gossamer.transport.wan import LinkProfile, WanProxy
+from gossamer_harness.wan import LinkProfile, WanProxy
 
 _HERE = Path(__file__).resolve().parent
 

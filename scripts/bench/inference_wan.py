@@ -35,7 +35,7 @@ from typing import Any
 from _common import BenchError, machine_info, markdown_table, write_json
 from _wan_links import Links, Party
 
-from gossamer.transport.wan import LinkProfile
+from gossamer_harness.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKS = 3

@@ -38,7 +38,7 @@ from pathlib import Path
 from _slowdown import CGROUP, CpuQuota, load
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """

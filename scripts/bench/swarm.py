@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, child_pids, rss_bytes
+from gossamer.peer.processes import child_pids
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@ share generation and transfer.
 
 Four measurements in one run, all on one torch thread:
 
-1. **Whole step over the network.** Two in-process TL++ networks (``gossamer.peer.testing.localnet``):
+1. **Whole step over the network.** Two in-process TL++ networks (``gossamer_harness.localnet``):
    the real orchestrator, data node and (secure) helper roles, each node and the helper behind its
    own TcpServer on 127.0.0.1, every request over an encrypted link. Both networks have the same
    identities and data shards, hence the same virtual batches, and the same digits_cnn (cut 3,
@@ -15,7 +15,7 @@ Four measurements in one run, all on one torch thread:
    this thread: *compute* is the model math (forward and backward below and above the cut, the
    affine share ops ``server_logit_share`` / ``server_sum``, the optimizer step); *share
    generation* is every ``share_float`` (masks from ``MaskStream`` plus encoding) and every
-   ``reconstruct_float``, timed by wrapping the two names in ``peer.roles.tlpp.secure`` while the party
+   ``reconstruct_float``, timed by wrapping the two names in ``protocols.tlpp.core.secure`` while the party
    functions run. *Transfer* = whole step - compute - share generation: tensor encoding,
    ChaCha20-Poly1305, framing, loopback sockets, the event loop and thread hops. The nodes of the
    network step compute concurrently (``asyncio.gather`` + ``to_thread``), so on a machine with
@@ -74,9 +74,9 @@ from _tlpp_report import render, summarize
 from _tlpp_split import Parties, Stopwatch, base_split, build_parties, raw_keystream, secure_split
 
 from gossamer.crypto.sharing import MaskStream
-from gossamer.peer.roles.tlpp.settings import TlppSettings
-from gossamer.peer.testing.localnet import LocalNet
-from gossamer.protocols.tlpp import VirtualBatch
+from gossamer.protocols.tlpp.core import VirtualBatch
+from gossamer.protocols.tlpp.settings import TlppSettings
+from gossamer_harness.localnet import LocalNet
 
 _HERE = Path(__file__).resolve().parent
 

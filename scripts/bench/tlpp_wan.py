@@ -37,8 +37,8 @@ from typing import Any
 from _common import BenchError, machine_info, write_json
 from _wan_links import Links, Party
 
-from gossamer.peer.testing.tlpp_runs import BASE_NODE_COMMAND, secure_tables
-from gossamer.transport.wan import LinkProfile
+from gossamer_harness.tlpp.runs import BASE_NODE_COMMAND, secure_tables
+from gossamer_harness.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_TIMEOUT_S = 120.0

@@ -64,11 +64,11 @@ from _wan_links import Links, free_port
 from _wan_training_report import plot, render, summarise
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.testing.localproc import GossamerProcess
-from gossamer.protocols.diloco import DilocoConfig
-from gossamer.protocols.models import ModelConfig, build_model
-from gossamer.protocols.text_data import evaluate, load_text, split_text
-from gossamer.transport.wan import LinkProfile
+from gossamer.protocols.core.models import ModelConfig, build_model
+from gossamer.protocols.core.text_data import evaluate, load_text, split_text
+from gossamer.protocols.diloco.core.replica import DilocoConfig
+from gossamer_harness.localproc import GossamerProcess
+from gossamer_harness.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

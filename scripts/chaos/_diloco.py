@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from gossamer.peer.roles.diloco.learner import LearnerRole
-from gossamer.protocols.models import flat_parameters
+from gossamer.protocols.core.models import flat_parameters
+from gossamer.protocols.diloco.learner import LearnerRole
 
 
 def run_config(name: str, *, peers: int, rounds: int, deadline_s: float,

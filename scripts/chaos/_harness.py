@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, rss_bytes
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, rss_bytes
 
 ATTACKER = "127.0.0.66"
 RESULTS = Path(__file__).parent / "results"

@@ -3,7 +3,7 @@
 every single fault and every pair, injected deterministically by (peer, version, phase), then
 seeded random chaos (the seed is printed and in the JSON, so any run can be replayed).
 
-Each case is one run on LocalNet (``peer.roles.blocktrain.faultcase``: a two-block stack, four
+Each case is one run on LocalNet (``protocols.blocktrain.faultcase``: a two-block stack, four
 workers, the coordinator, two servers holding both blocks, real HTTP/TCP servers in one process,
 signed messages) trained to ``--versions``, then two client passes through the servers. The
 faults and what each does to a worker, the coordinator and a host are tabled in that module's
@@ -16,7 +16,7 @@ h0 + h1, each kind with each, itself included) and on the coordinator at version
 host's pass faults happen at the passes after training (version = ``--versions``). Chaos: one or
 two random faults on random peers and versions.
 
-Pass (``peer.roles.blocktrain.faultchecks``): the run finishes, every crash fired, every ledger
+Pass (``protocols.blocktrain.faultchecks``): the run finishes, every crash fired, every ledger
 of every coordinator life balances, no version waited past its deadline (plus the coordinator's
 own injected stall), every version that reached the disk is within 1e-5 of the protocol's result
 over exactly the updates its ledger used as they were sent, faulted workers' updates are used
@@ -41,10 +41,10 @@ from pathlib import Path
 
 from _diloco import load
 
-from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.blocktrain.faultcase import HOSTS, KINDS, PASS_FAULTS, WORKERS, CaseConfig, Fault
-from gossamer.peer.roles.blocktrain.faultchecks import describe, run_case
-from gossamer.protocols.text_data import load_text
+from gossamer.protocols.core.text_data import load_text
+from gossamer.protocols.registry import PLUGINS
+from gossamer_harness.blocktrain.faultcase import HOSTS, KINDS, PASS_FAULTS, WORKERS, CaseConfig, Fault
+from gossamer_harness.blocktrain.faultchecks import describe, run_case
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST = {"worker": "w3", "coordinator": "c", "host": "h0"}

@@ -40,7 +40,7 @@ from pathlib import Path
 from _diloco import load
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """

@@ -49,9 +49,9 @@ from hivemind.utils.timed_storage import get_dht_time
 from gossamer.crypto.identity import Identity
 from gossamer.peer.run.keys import manifest_key, peers_key
 from gossamer.peer.run.records import PeerRecord, seal_record
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
 from gossamer.transport.dht import KEY_PREFIX
 from gossamer.transport.dht.entries import seal_entry
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 
 RESULTS = Path(__file__).parent / "results"
 FAR_S = 900.0

@@ -19,7 +19,7 @@ sets its parameters, e.g. ``f=1``); ``--w1_clip_tau X`` > 0 makes W1 clipped gos
 - ``crash_mid_aggregate``: the peer dies after it received the round's pseudo-gradients and
   aggregated them, before its outer step applied them (``RoleContext.fault_point``).
 
-Not here: a peer whose inbox refuses a round (``tests/peer/roles/diloco/test_learners_localnet.py``:
+Not here: a peer whose inbox refuses a round (``tests/protocols/diloco/test_learners_localnet.py``:
 it waits its deadline out and is a deadline late after it, so which later windows it makes is a
 race by design), and a hung process (SIGSTOP), which needs processes: ``churn.py``'s crashes are
 the nearest.
@@ -29,10 +29,10 @@ a real run. Pass, for every case: every survivor finishes every round; every led
 the round after the last crash on, each survivor used exactly the other survivors' parameters and
 received exactly their pseudo-gradients, and used all of them (Krum and multi-Krum: those the rule
 selected; the recheck says which); every survivor's every round, recomputed from the protocol's
-pure functions (``protocols.learner_round``, and ``protocols.robust``'s aggregator and clipped
+pure functions (``protocols.diloco.core.learner_round``, and ``protocols.core.robust``'s aggregator and clipped
 gossip for a robust W2 and a clipped W1) over the contributions its ledger says it received and
 used, as they were sent, from its state at the end of the round before, is within 1e-5 (max abs)
-of what it applied (``peer/roles/diloco/recheck.py``); a peer that crashed mid-aggregate died with
+of what it applied (``tests/harness/diloco/recheck.py``); a peer that crashed mid-aggregate died with
 its round's outer step not taken; no wait went past its deadline (``w2_deadline_s`` =
 ``w1_grace_s`` = 10 s, 1 s slack for the event loop); after the final exact-average round the
 survivors' parameters and outer momentum are bit-identical (not required with a clipped W1: each
@@ -61,11 +61,11 @@ from typing import Any
 from _diloco import bit_identical, load
 from _diloco import run_config as diloco_run
 
-from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.diloco.learner import LearnerRole
-from gossamer.peer.roles.diloco.recheck import RoundStates, recheck
-from gossamer.peer.testing.localnet import LocalNet
-from gossamer.protocols.robust import AGGREGATORS, DEFAULT
+from gossamer.protocols.core.robust import AGGREGATORS, DEFAULT
+from gossamer.protocols.diloco.learner import LearnerRole
+from gossamer.protocols.registry import PLUGINS
+from gossamer_harness.diloco.recheck import RoundStates, recheck
+from gossamer_harness.localnet import LocalNet
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = 5

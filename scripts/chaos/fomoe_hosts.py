@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """FoMoE expert hosts as real daemons through the CLI on 127.0.0.1: the long end-to-end checks
-that the suite keeps in-process (``tests/peer/roles/fomoe/test_hosts_localnet.py``) and in one
+that the suite keeps in-process (``tests/protocols/fomoe/test_hosts_localnet.py``) and in one
 short README walk (``tests/e2e/test_readme.py``).
 
 ``kill``: an orchestrator and four expert hosts (four experts, r = 2, no round limit) train; once
@@ -32,8 +32,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gossamer.peer.testing.fomoe_hosts import kill_one_host
 from gossamer.transport.safetensors_stream import load_file
+from gossamer_harness.fomoe.hosts import kill_one_host
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from _soak import Sampler, load, report
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3

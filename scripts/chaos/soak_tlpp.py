@@ -23,8 +23,8 @@ from pathlib import Path
 
 from _soak import Sampler, load, report
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
-from gossamer.peer.testing.tlpp_runs import BASE_NODE_COMMAND, secure_tables
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.tlpp.runs import BASE_NODE_COMMAND, secure_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = 3

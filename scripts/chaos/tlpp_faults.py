@@ -3,7 +3,7 @@
 pair of faults, injected deterministically by (peer, step, phase), then seeded random chaos (the
 seed is printed and in the JSON, so any run can be replayed).
 
-Each case is one TL++ run on LocalNet (``peer.roles.tlpp.fault_runs``: the real roles behind
+Each case is one TL++ run on LocalNet (``protocols.tlpp.fault_runs``: the real roles behind
 real TCP servers in one process, encrypted links, signed records): base mode with three data
 nodes (SGD), secure mode with four and the helper (Adam; k = 2 nodes), digits shards, ``--steps``
 steps, the orchestrator writing its state every step. Faults (the table in ``fault_runs``):
@@ -21,7 +21,7 @@ node1 + node2, node2 + orchestrator; secure: node2 + node3, node3 + orchestrator
 helper, helper + orchestrator). Chaos: ``--chaos`` cases of one or two faults of random kinds on
 random peers of a random mode, in random steps 0..steps-2.
 
-Pass (``peer.roles.tlpp.fault_checks``): the run finishes; every stop is the one its fault
+Pass (``protocols.tlpp.fault_checks``): the run finishes; every stop is the one its fault
 explains (killed: an orchestrator crash; ``HelperFailed``: a helper fault) and left nothing of
 its step applied; each restart resumed from exactly its last step's state; every ledger of every
 life balances; every applied step is within 1e-5 (base) or 5e-5 (secure's fixed point) of the
@@ -47,9 +47,9 @@ from pathlib import Path
 
 from _diloco import load
 
-from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.tlpp.fault_runs import PHASES, Fault, RunShape, identities, reference, run_case
-from gossamer.peer.roles.tlpp.recheck import Kept
+from gossamer.protocols.registry import PLUGINS
+from gossamer_harness.tlpp.fault_runs import PHASES, Fault, RunShape, identities, reference, run_case
+from gossamer_harness.tlpp.recheck import Kept
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = {"base": 3, "secure": 4}  # data nodes

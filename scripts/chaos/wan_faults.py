@@ -41,10 +41,10 @@ from pathlib import Path
 from _diloco import bit_identical, load
 from _diloco import run_config as diloco_run
 
-from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.diloco.learner import LearnerRole
-from gossamer.peer.testing.localnet import LocalNet
-from gossamer.transport.wan import LinkProfile
+from gossamer.protocols.diloco.learner import LearnerRole
+from gossamer.protocols.registry import PLUGINS
+from gossamer_harness.localnet import LocalNet
+from gossamer_harness.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = 4

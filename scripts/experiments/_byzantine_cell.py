@@ -4,9 +4,9 @@
 every round from the same x, which the aggregate moves with DiLoCo's outer Nesterov step.
 ``Target``: the aggregation point under attack, with its state across rounds and the knowledge an
 attacker has of it (rule, parameters, momenta, previous aggregate: see
-``protocols.attacks.adaptive``). ``Attacker``: what the f Byzantine learners send each round.
+``protocols.core.attacks.adaptive``). ``Attacker``: what the f Byzantine learners send each round.
 Non-arrivals go to the aggregator as failures through ``robust.aggregate_or_degrade``, as in
-the network learner (``peer/roles/diloco/aggregate.py``).
+the network learner (``protocols/diloco/aggregate.py``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 import torch
 from _common import TextTask, model_config
 
-from gossamer.protocols import attacks
-from gossamer.protocols.diloco import DilocoConfig, DilocoReplica, Params
-from gossamer.protocols.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
-from gossamer.protocols.models import build_model, next_byte_loss
-from gossamer.protocols.robust import (
+from gossamer.protocols.core import attacks
+from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
+from gossamer.protocols.core.models import build_model, next_byte_loss
+from gossamer.protocols.core.robust import (
     AggregateResult,
     Contribution,
     Failure,
@@ -34,8 +33,9 @@ from gossamer.protocols.robust import (
     flatten,
     unflatten,
 )
-from gossamer.protocols.robust_base import prepare
-from gossamer.protocols.robust_kernels import combine, distances_to
+from gossamer.protocols.core.robust.base import prepare
+from gossamer.protocols.core.robust.kernels import combine, distances_to
+from gossamer.protocols.diloco.core.replica import DilocoConfig, DilocoReplica, Params
 
 ATTACKS = ("radius_sign_flip", "alie", "ipm", "mimic", "krum_capture", "withhold", "sleeper")
 AGGREGATORS = ("mean", "median", "trimmed_mean", "geometric_median", "krum", "multi_krum", "centered_clipping")

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from gossamer.protocols.errors import InvalidSetting
-from gossamer.protocols.models import BatchSampler, ModelConfig, evaluate, load_text, shard, split_text
+from gossamer.protocols.core.errors import InvalidSetting
+from gossamer.protocols.core.models import BatchSampler, ModelConfig, evaluate, load_text, shard, split_text
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PACKAGE_PREFIX = "package:"

@@ -16,10 +16,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gossamer.protocols.context import PlannedSend
+from gossamer.protocols.context.core import PlannedSend
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.tcp import ConnectionInfo, TcpConnection, TcpServer, tcp_connect
-from gossamer.transport.wan import LinkProfile, WanProxy
+from gossamer_harness.wan import LinkProfile, WanProxy
 
 LINKS = ("wan", "direct")
 Delivery = tuple[int, str, int, int, int | None]

@@ -1,6 +1,6 @@
 """The TL++ experiment's datasets, split ONE CLASS PER NODE, and the model each one trains.
 
-Both datasets are read with the data nodes' own loader (``gossamer.peer.roles.tlpp.data``):
+Both datasets are read with the data nodes' own loader (``gossamer.protocols.tlpp.data``):
 
 - ``digits``: sklearn's 8x8 digits, its stratified 20 % test split (split seed 0), node k = the
   training samples of class k; model: the built-in ``digits_cnn``; pixels in [0, 1], not normalised
@@ -8,7 +8,7 @@ Both datasets are read with the data nodes' own loader (``gossamer.peer.roles.tl
 - ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` (28x28), node k = the first ``per_class``
   training images of class k, the whole 10,000-image test file held out; model: the 4-stage CNN
   declared below (the README's example declaration); inputs normalised per channel with the
-  statistics pooled from the nodes' counts and sums (``protocols.tlpp.normalize``), the same
+  statistics pooled from the nodes' counts and sums (``protocols.tlpp.core.normalize``), the same
   ``Normalize`` layer in every arm.
 """
 
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gossamer.peer.roles.tlpp.data import load_data
-from gossamer.protocols.tlpp import (
+from gossamer.protocols.tlpp.core import (
     Declaration,
     Normalize,
     build_stages,
@@ -28,6 +27,7 @@ from gossamer.protocols.tlpp import (
     channel_stats,
     pool_stats,
 )
+from gossamer.protocols.tlpp.data import load_data
 
 FASHION_STAGES: Declaration = (("conv 16", "relu", "maxpool 2"), ("conv 32", "relu", "maxpool 2"),
                                ("flatten", "linear 64", "relu"), ("linear 10",))

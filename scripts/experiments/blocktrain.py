@@ -2,7 +2,7 @@
 
 One process, one device, fixed seeds, ``builtin:pydoc`` bytes (the held-out part is the last 5%).
 
-- **BlockTrain**: B = 4 one-layer blocks of width 128 (``protocols.blocktrain``), one block per
+- **BlockTrain**: B = 4 one-layer blocks of width 128 (``protocols.blocktrain.core``), one block per
   step round-robin, 4 x ``steps`` steps, so each block gets ``steps`` updates.
 - **End-to-end**: a 4-layer ``ByteTransformer`` of the same width; held-out CE after ``steps``
   steps (equal per-layer updates) and after 4 x ``steps`` (equal optimizer steps). A 1-layer one
@@ -12,7 +12,7 @@ One process, one device, fixed seeds, ``builtin:pydoc`` bytes (the held-out part
   each worker trains its own replica on its own sixth of the training bytes for ``steps`` steps;
   replicas of one block are averaged every ``average_every`` steps, as the block coordinator's
   versioned checkpoint does (AdamW state stays with the worker).
-- **Generation**: for held-out prompts, ``protocols.blocktrain.generate`` with 1, 2, 4 and
+- **Generation**: for held-out prompts, ``protocols.blocktrain.core.generate`` with 1, 2, 4 and
   context // 2 (= exact autoregressive) passes per segment; each continuation is scored by the
   end-to-end model (4 x steps) as nats/byte, and greedy continuations by the byte-match rate with
   the true held-out continuation.
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from _common import markdown_table, model_config, set_up, write_results
 
-from gossamer.protocols.blocktrain import (
+from gossamer.protocols.blocktrain.core import (
     BlockStack,
     BlockTrainConfig,
     band_edges,
@@ -46,7 +46,7 @@ from gossamer.protocols.blocktrain import (
     generate,
     heldout_ce,
 )
-from gossamer.protocols.models import (
+from gossamer.protocols.core.models import (
     BatchSampler,
     build_model,
     evaluate,
@@ -55,7 +55,7 @@ from gossamer.protocols.models import (
     shard,
     split_text,
 )
-from gossamer.protocols.models import generate as generate_e2e
+from gossamer.protocols.core.models import generate as generate_e2e
 
 WORKER_BLOCKS = (0, 0, 1, 1, 2, 3)
 """Six workers: the block each one trains (1.5 workers per block on average)."""

@@ -30,7 +30,7 @@ import torch
 from _byzantine_cell import AGGREGATORS, ATTACKS, MOMENTUM_RULES, Settings, calibrate_tau, refusal, run_cell
 from _common import TextTask, markdown_table, model_config, set_up, write_results
 
-from gossamer.protocols.models import build_model
+from gossamer.protocols.core.models import build_model
 
 F_DEPENDENT = ("trimmed_mean", "krum", "multi_krum")
 """Aggregators whose clean run depends on the f they are configured with (the others only check it)."""

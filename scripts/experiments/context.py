@@ -6,7 +6,7 @@ values (plain ring attention) and subspace coding at r = 2 and r = 1 (93.75% and
 numbers), each with M = 1 and M = 4 subspaces per head. Every arm trains on the same batches, in
 the same order, from the same seed, with AdamW (linear warm-up, cosine decay, clip 1.0; bases
 without weight decay, tangent-projected gradients and a QR retraction after every step); every
-step is a real ring step (``protocols.context.run_ring``: 4 ``RingMember`` state machines, the
+step is a real ring step (``protocols.context.core.run_ring``: 4 ``RingMember`` state machines, the
 real coefficient messages), the members' gradient shares are summed and applied.
 
 Arms run interleaved (step k of every arm before step k+1), so the shared machine's load falls
@@ -44,7 +44,7 @@ from _common import RESULTS_DIR, markdown_table, set_up, write_results
 from _context_report import equal_time_losses, plot, render_tables
 from _ring_links import RingLinks
 
-from gossamer.protocols.context import (
+from gossamer.protocols.context.core import (
     RingMember,
     SubspaceConfig,
     apply_update,
@@ -56,9 +56,9 @@ from gossamer.protocols.context import (
     run_ring,
     split_chunks,
 )
-from gossamer.protocols.context.subspace import basis_parameters
-from gossamer.protocols.models import BatchSampler, ModelConfig, load_text, split_text
-from gossamer.transport.wan import LinkProfile
+from gossamer.protocols.context.core.subspace import basis_parameters
+from gossamer.protocols.core.models import BatchSampler, ModelConfig, load_text, split_text
+from gossamer_harness.wan import LinkProfile
 
 MODEL = ModelConfig(d_model=128, n_layers=2, n_heads=4, context=2048)
 CHUNKS = 4

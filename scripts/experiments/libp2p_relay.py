@@ -1,6 +1,6 @@
 """Does hivemind's own libp2p circuit relay make a NATed peer reachable? (issue 18, first bullet)
 
-Three hosts in network namespaces (``gossamer.peer.testing.netns.NetLab``): ``relay`` (public, the
+Three hosts in network namespaces (``gossamer_harness.netns.NetLab``): ``relay`` (public, the
 bootstrap peer that should serve circuit relay v2), ``nat`` (inbound TCP SYNs dropped; bootstraps
 from the relay, optionally with auto-relay), ``pub`` (a second public peer). Each runs in its own
 process: a real ``hivemind.P2P`` daemon (p2pd) under a real ``DHTNode``. For each option
@@ -192,7 +192,7 @@ def _reasons(log: Path, limit: int = 12) -> list[str]:
 
 
 def run_combo(index: int, name: str, relay_opts: dict, nat_opts: dict, wait: float) -> dict:
-    from gossamer.peer.testing.netns import NetLab
+    from gossamer_harness.netns import NetLab
 
     lab = NetLab.create(f"p2r{os.getpid() % 1000}x{index}", {"relay": False, "nat": True, "pub": False})
     workdir = Path(tempfile.mkdtemp(prefix="p2prelay-"))
@@ -247,7 +247,7 @@ def main() -> None:
     if args.role:
         asyncio.run(drive(args.role, args.ip, Path(args.dir), json.loads(args.spec), args.wait))
         return
-    from gossamer.peer.testing.netns import NetLab
+    from gossamer_harness.netns import NetLab
 
     if why := NetLab.unavailable():
         raise SystemExit(f"cannot run: {why}")

@@ -9,14 +9,14 @@ learning rate and the same sample budget (steps x batch size):
 - ``centralized``: one model on the same virtual batches (same order) as TL++;
 - ``tlpp_cut{1,2,3}``: TL++ base mode, real per-node copies of the node side loaded each step
   from the orchestrator's weights, activations / cut gradients / node gradients handed over;
-- ``tlpp_secure_cut3``: ``peer.roles.tlpp.secure.secure_step`` (shares in Z_2^64, orchestrator + helper);
+- ``tlpp_secure_cut3``: ``protocols.tlpp.core.secure.secure_step`` (shares in Z_2^64, orchestrator + helper);
 - ``fedavg``: each round every node downloads the model, runs E local steps (batch B / nodes, a
   fresh local Adam) on its one class, uploads it; the server averages weighted by node size;
 - ``split_seq``: vanilla split learning at cut 1: node 1 trains with the server on its data (one
   pass), hands its node-side weights to node 2, ... (each node keeps its own Adam state).
 
 Bytes are counted from the tensors handed between parties and compared with the formulas in
-``protocols.tlpp`` (element sizes from the dtype; node-side weights include the normalisation
+``protocols.tlpp.core`` (element sizes from the dtype; node-side weights include the normalisation
 buffers). ``--dtype float64`` runs the same arms in float64, where TL++ base and centralized
 training agree to round-off (float32 adds the same terms in another order). Writes
 ``scripts/experiments/results/tlpp[_fashion-mnist][_float64][_quick].{json,md}``::
@@ -44,9 +44,7 @@ from _common import markdown_table, set_up, write_results
 from _tlpp_tasks import DATASETS, Task, accuracy, load_task
 
 from gossamer.crypto.sharing import SharingError
-from gossamer.peer.roles.tlpp.data import DataSourceError
-from gossamer.peer.roles.tlpp.secure import ByteLedger, secure_step
-from gossamer.protocols.tlpp import (
+from gossamer.protocols.tlpp.core import (
     VirtualBatchScheduler,
     affine_server,
     full_sync_step_bytes,
@@ -58,6 +56,8 @@ from gossamer.protocols.tlpp import (
     tlpp_secure_step_bytes,
     tlpp_step_bytes,
 )
+from gossamer.protocols.tlpp.core.secure import ByteLedger, secure_step
+from gossamer.protocols.tlpp.data import DataSourceError
 
 DEFAULT_ARMS = {"digits": ("centralized", "tlpp_cut1", "tlpp_cut2", "tlpp_cut3", "tlpp_secure_cut3", "fedavg",
                            "split_seq"),

@@ -23,17 +23,23 @@ import pytest
 import torch
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.roles.blocktrain.generation import GenerateOptions, NetworkGenerator
-from gossamer.peer.roles.blocktrain.host import METHOD
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import FailedHop, Hop, parse_answer, request_frame
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, gossamer
-from gossamer.protocols.blocktrain import BlockTrainConfig, build_stack, denoise_step, generate, initial_noise
+from gossamer.protocols.blocktrain.core import (
+    BlockTrainConfig,
+    build_stack,
+    denoise_step,
+    generate,
+    initial_noise,
+)
+from gossamer.protocols.blocktrain.generation import GenerateOptions, NetworkGenerator
+from gossamer.protocols.blocktrain.host import METHOD
 from gossamer.transport.codec import encode_tensors
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.safetensors_stream import load_file
 from gossamer.transport.tcp import TcpConfig, tcp_connect
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, gossamer
 
 # Each test may pay for the module fixtures (training, then serving); their waits are bounded one by one.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
-from gossamer.protocols.robust import DEFAULT
+from gossamer.protocols.core.robust import DEFAULT
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 from tests.e2e.test_learners import RUN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

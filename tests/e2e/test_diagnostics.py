@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

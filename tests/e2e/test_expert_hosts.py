@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gossamer.peer.testing.fomoe_hosts import kill_one_host
+from gossamer_harness.fomoe.hosts import kill_one_host
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 

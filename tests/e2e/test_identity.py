@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, gossamer
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, gossamer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

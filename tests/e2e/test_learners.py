@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

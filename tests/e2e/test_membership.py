@@ -17,12 +17,12 @@ from gossamer.crypto.signed import sign_object
 from gossamer.crypto.tokens import issue_join_token
 from gossamer.peer.run.keys import peers_key
 from gossamer.peer.run.records import PeerRecord, seal_record
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess, alive, gossamer
 from gossamer.transport.dht.config import DhtConfig
 from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.http import HttpConfig
 from gossamer.transport.http_client import HttpClient
-from gossamer.transport.wan import LinkProfile, WanProxy, listen_socket
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, alive, gossamer
+from gossamer_harness.wan import LinkProfile, WanProxy, listen_socket
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

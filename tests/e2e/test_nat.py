@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from gossamer.crypto.identity import Identity
-from gossamer.peer.testing.localproc import GossamerProcess
-from gossamer.peer.testing.netns import NetLab
+from gossamer_harness.localproc import GossamerProcess
+from gossamer_harness.netns import NetLab
 from tests.e2e.test_tlpp import RUN as TLPP_RUN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

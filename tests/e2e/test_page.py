@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300),

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from gossamer.crypto.identity import Identity
-from tests.peer.roles.tlpp.harness import digits_28
+from tests.protocols.tlpp.harness import digits_28
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 README = Path(__file__).parents[2] / "README.md"
@@ -41,7 +41,7 @@ ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py",
              "gossamer swarm --preset context": "tests/e2e/test_context.py",
              "gossamer swarm --preset fomoe": "scripts/chaos/fomoe_hosts.py",
              # minutes of training: its checks run in tests/peer/cli (it starts) and
-             # tests/peer/roles/blocktrain/test_coordinator.py (the closing sample); README.md quotes a run
+             # tests/protocols/blocktrain/test_coordinator.py (the closing sample); README.md quotes a run
              "gossamer swarm --preset blocktrain": "tests/peer/cli/test_cli.py"}
 
 

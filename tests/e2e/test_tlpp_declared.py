@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gossamer.peer.testing.localproc import LOOPBACK, gossamer
+from gossamer_harness.localproc import LOOPBACK, gossamer
 from tests.e2e.test_tlpp import secure_tables, start
-from tests.peer.roles.tlpp.harness import digits_28
+from tests.protocols.tlpp.harness import digits_28
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

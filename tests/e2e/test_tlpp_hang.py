@@ -27,8 +27,8 @@ import pytest
 from safetensors.torch import load_file
 
 from gossamer.peer.kit.state_tree import unpack_state
-from gossamer.peer.testing.localproc import LOOPBACK, GossamerProcess
-from gossamer.peer.testing.tlpp_runs import BASE_NODE_COMMAND, secure_tables
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.tlpp.runs import BASE_NODE_COMMAND, secure_tables
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 

@@ -8,7 +8,7 @@ import pytest
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.plugin import EventSchema, FinishRule, PluginRegistry, ProtocolPlugin
 from gossamer.peer.role import Role
-from gossamer.peer.roles import PLUGINS
+from gossamer.protocols.registry import PLUGINS
 
 
 class Dummy(Role):
@@ -41,8 +41,8 @@ def test_unknown_roles_and_protocols_are_refused() -> None:
 def test_the_documented_tlpp_step_fields_are_a_step_ledgers() -> None:
     from dataclasses import fields
 
-    from gossamer.peer.roles.tlpp import STEP_FIELDS
-    from gossamer.peer.roles.tlpp.steps import StepLedger
+    from gossamer.protocols.tlpp import STEP_FIELDS
+    from gossamer.protocols.tlpp.steps import StepLedger
 
     assert set(STEP_FIELDS) == {f.name for f in fields(StepLedger)}
 

@@ -15,8 +15,8 @@ import pytest
 
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import RunConfig
+from gossamer.protocols.registry import PLUGINS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import HttpServer, read_tensors, stream_tensors
 from gossamer.transport.limits import Limits
 from gossamer.transport.tcp import TcpServer, tcp_connect
-from gossamer.transport.wan import LinkProfile, WanProxy
+from gossamer_harness.wan import LinkProfile, WanProxy
 from tests.transport.support import FAST, WAIT_S
 
 SLICED = LinkProfile(slice_bytes=1)

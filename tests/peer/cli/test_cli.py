@@ -18,8 +18,8 @@ from gossamer.peer.cli.main import build_parser, main
 from gossamer.peer.cli.presets import presets
 from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import make_run_id
+from gossamer.protocols.registry import PLUGINS
 
 HEAVY = ("torch", "hivemind", "aiohttp")
 

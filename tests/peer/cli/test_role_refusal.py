@@ -18,8 +18,8 @@ import pytest
 from gossamer.peer.cli.main import main
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import load_run_config
+from gossamer.protocols.registry import PLUGINS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -31,9 +31,9 @@ from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.events import EventSink
 from gossamer.peer.kit.ledger import Exchange
 from gossamer.peer.progress import ProgressPrinter
-from gossamer.peer.roles import PLUGINS
-from gossamer.peer.roles.context.ledger import StepLedger as RingStepLedger
-from gossamer.peer.roles.tlpp.ledger import StepLedger as TlppStepLedger
+from gossamer.protocols.context.ledger import StepLedger as RingStepLedger
+from gossamer.protocols.registry import PLUGINS
+from gossamer.protocols.tlpp.ledger import StepLedger as TlppStepLedger
 
 A, B, C = (hashlib.sha256(name).hexdigest() for name in (b"a", b"b", b"c"))
 NAN = math.nan

@@ -10,9 +10,9 @@ import pytest
 
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.kit.settings import describe, read_settings, setting
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import RunConfig
-from gossamer.protocols.models import ModelConfig
+from gossamer.protocols.core.models import ModelConfig
+from gossamer.protocols.registry import PLUGINS
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,8 +16,8 @@ from gossamer.peer.kit.state_join import choose_donors, download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.plugin import ProtocolPlugin
 from gossamer.peer.role import Role
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import RunConfig
+from gossamer.protocols.registry import PLUGINS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,10 +15,10 @@ from gossamer.peer.daemon import Daemon
 from gossamer.peer.introspection import peer_row
 from gossamer.peer.kit.state_join import choose_donors
 from gossamer.peer.kit.statesync import StateSyncError
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.peer.run.records import PRIVATE, PUBLIC, RELAYED
 from gossamer.peer.run.view import LivePeer
+from gossamer.protocols.registry import PLUGINS
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.tcp import tcp_connect
 from tests.peer.run.test_records import make_record

@@ -23,11 +23,11 @@ from hivemind.utils.timed_storage import get_dht_time
 from gossamer.crypto.identity import Identity
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.keys import manifest_key, peers_key
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.peer.run.records import TENURED_ID_HEX, PeerRecord, seal_record
 from gossamer.peer.run.tenure import steering
+from gossamer.protocols.registry import PLUGINS
 from gossamer.transport.dht import KEY_PREFIX
 from gossamer.transport.dht.entries import seal_entry
 

@@ -13,7 +13,6 @@ import pytest
 from gossamer.crypto.identity import Identity
 from gossamer.crypto.signed import sign_object
 from gossamer.peer.errors import ConfigError, ManifestError
-from gossamer.peer.roles import PLUGINS
 from gossamer.peer.run.manifest import (
     RunConfig,
     build_manifest,
@@ -22,7 +21,8 @@ from gossamer.peer.run.manifest import (
     parse_run_id,
     verify_manifest,
 )
-from gossamer.peer.testing.localnet import LocalNet
+from gossamer.protocols.registry import PLUGINS
+from gossamer_harness.localnet import LocalNet
 
 NOW = 1_800_000_000.0
 

@@ -1,0 +1,106 @@
+"""Protocol ``diloco``: gossip DiLoCo. Each ``learner`` trains a full replica of a byte-level LM
+on its shard for H inner steps, mixes parameters with its peers in the background (W1) and
+pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
+private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
+``learner`` (the role), ``joining`` (how a learner gets in step: round 0, joining mid-run,
+catching up), ``pacing`` (its W2 deadline and the fail-slow learners), ``aggregate``
+(the W1 and W2 mixes), ``ledger`` (a round's ledger), ``contributions`` (what its messages carry),
+``keeping`` (the state it keeps between rounds and writes for a restart),
+``steering`` (which learners steer one: its median round, its state donors, its inbox's room),
+``commands`` (``gossamer sample``), ``sampling`` (running a learner's checkpoint locally) and
+``recheck`` (fault tests: a learner's applied round against the protocol's result).
+
+Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.download_events import (
+    DOWNLOADING,
+    DOWNLOADING_DOC,
+    describe_download,
+    download_progress,
+)
+from gossamer.peer.plugin import EventSchema, FinishRule, ProtocolPlugin
+from gossamer.peer.run.manifest import RunConfig
+from gossamer.protocols.diloco import names
+from gossamer.protocols.diloco.commands import SAMPLE
+
+EVENTS = {
+    "waiting": EventSchema("round 0 waits for min_learners learners to be live (mid-run: for any other learner, "
+                           "once, when none is in view)", ("learners", "wanted")),
+    "ahead": EventSchema("this learner is ahead of the learners' median round and waits for them",
+                         ("round", "median", "wait_s")),
+    "downloading": EventSchema(DOWNLOADING_DOC, DOWNLOADING),
+    "adopted": EventSchema("the learner downloaded the swarm's state and jumped to its round",
+                           ("round", "donors", "why")),
+    "round": EventSchema("one outer round done; its ledger in short, with its time split (seconds: compute_s "
+                         "inner steps, w1_wait_s / w2_wait_s the waits for parameters / pseudo-gradients, "
+                         "eval_s held-out evaluation, wall_s the whole round), w2_deadline_s (the limit the W2 "
+                         "wait had), slow (learners flagged fail-slow), partial (a contribution went "
+                         "unused or a send failed) and problems (the ledger's balance problems; [] when it "
+                         "balances)",
+                         ("round", "train_loss", "heldout_loss", "params_from", "pgrads_used", "timed_out",
+                          "rejected", "bytes_sent", "bytes_received", "note", "rounds", "compute_s", "wall_s",
+                          "w1_wait_s", "w2_wait_s", "eval_s", "w2_deadline_s", "slow", "partial", "problems")),
+    "finished": EventSchema("the learner reached hyper.rounds and wrote its checkpoint",
+                            ("round", "checkpoint", "sample", "heldout_loss")),
+}
+
+
+def describe(event: str, e: Mapping[str, Any]) -> str | None:
+    if event == "round":
+        timed_out = f"  timed out {len(e['timed_out'])}" if e["timed_out"] else ""
+        note = f"  {e['note']}" if e.get("note") else ""
+        return (f"round {e['round']}: train loss {e['train_loss']:.3f}  held-out {e['heldout_loss']:.3f}"
+                f"  params from {e['params_from']}  pseudo-gradients used {e['pgrads_used']}"
+                f"  sent {e['bytes_sent'] / 1e6:.1f} MB{timed_out}{note}")
+    if event == "finished":
+        loss = f"{e['heldout_loss']:.3f}" if e.get("heldout_loss") is not None else "-"
+        return (f"finished at round {e['round']}, held-out loss {loss}; checkpoint {e['checkpoint']}\n"
+                f"  sample (prompt 'The '): {e['sample']!r}\n"
+                f"  run it again: gossamer sample --checkpoint {e['checkpoint']} \"The \"")
+    if event == "waiting":
+        return f"waiting for learners before round 0: {e['learners']} of {e['wanted']} live"
+    if event == "ahead":
+        return (f"at round {e['round']}, ahead of the learners' median {e['median']}: "
+                f"waiting up to {e['wait_s']:.0f} s for them")
+    if event == "downloading":
+        return describe_download(e, unit="round")
+    if event == "adopted":
+        return f"{e['why']}: now at round {e['round']} ({e['donors']} donor(s))"
+    return None
+
+
+def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
+    if event == "round" and e.get("rounds"):
+        return e["round"] + 1, e["rounds"]
+    if event == "downloading":
+        return download_progress(e)
+    return None
+
+
+def swarm_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None:
+    min_learners = config.hyper.get("min_learners", 1)
+    if names.LEARNER in roles and isinstance(min_learners, int) and min_learners > num_peers:
+        raise ConfigError(f"hyper.min_learners = {min_learners} but this swarm starts {num_peers} learner(s), "
+                          f"so round 0 would never start; pass --peers {min_learners} or more")
+
+
+PLUGIN = ProtocolPlugin(
+    name=names.PROTOCOL,
+    summary="gossip DiLoCo: full replicas, background parameter mixing, robust pseudo-gradient mixing",
+    settings="gossamer.protocols.diloco.settings:DilocoSettings",
+    roles={names.LEARNER: "gossamer.protocols.diloco.learner:LearnerRole"},
+    swarm_roles=(names.LEARNER,),
+    events=EVENTS,
+    finish=FinishRule("finished", by="peers"),
+    commands=(SAMPLE,),
+    describe_event=describe,
+    progress=progress,
+    swarm_check=swarm_check,
+)

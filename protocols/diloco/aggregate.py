@@ -1,0 +1,196 @@
+"""A learner's pseudo-gradient aggregation: the W2 mix through the run's robust aggregator.
+
+With the ``mean`` aggregator the W2 row's weights are used as they are (renormalised over what
+arrived): that is gossip DiLoCo exactly. With a robust aggregator the W2 neighbourhood's
+pseudo-gradients (own included) go through it instead, and every neighbour that did not deliver
+(timed out, rejected) goes with them as a failure: silence is never mistaken for a smaller round.
+When so many withheld theirs that the configured rule cannot run (Krum needs 2f + 3 usable), the
+round degrades to the coordinate-wise median with the same f, and when even that cannot run,
+to the median with the largest f the arrivals support, counting the silent peers as faulty
+(``robust.aggregate_or_degrade``); the round's note says which. Only a run whose f cannot fit
+the W2 neighbourhood at all (or a round with nothing usable) falls back to this learner's own
+pseudo-gradient, and the note says that too; the neighbours' pseudo-gradients that arrived are
+then rejected in the ledger with that note as the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from gossamer.peer.errors import ConfigError
+from gossamer.peer.kit.ledger import Exchange
+from gossamer.protocols.core import attacks
+from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates
+from gossamer.protocols.core.robust import (
+    Contribution,
+    Failure,
+    aggregate_or_degrade,
+    build_aggregator,
+    clipped_gossip,
+    coordinate_median,
+    flatten,
+    unflatten,
+)
+from gossamer.protocols.diloco.core.mixing import mix
+from gossamer.protocols.diloco.settings import DilocoSettings
+
+Params = dict[str, torch.Tensor]
+
+
+class PseudoGradientAggregator:
+    """Aggregates the W2 neighbourhood's pseudo-gradients for one learner, round after round."""
+
+    def __init__(self, settings: DilocoSettings, *, me: str) -> None:
+        self._me = me
+        self._plan = settings.mixing
+        self.name = settings.aggregator
+        params = dict(settings.aggregator_params)
+        self.f = int(params.pop("f", 0))
+        if self.name == "mean" and self.f:
+            raise ConfigError(f"hyper.aggregator: mean is not Byzantine-robust; it needs f = 0, got f = {self.f}")
+        self.params = params
+        self._max_norm = settings.max_norm
+        try:
+            bound = {"f": self.f} if self.name != "mean" else {}
+            self.rule = build_aggregator(self.name, **bound, max_norm=self._max_norm, **params)
+        except InvalidSetting as exc:
+            raise ConfigError(f"hyper.aggregator: {exc}") from exc
+        self.received: list[torch.Tensor] = []
+        """The flat pseudo-gradients of the last round's neighbours (what a Byzantine learner sees)."""
+        self.note = ""
+
+    def subset_of(self, params: Mapping[str, torch.Tensor], *, round: int | None = None) -> Params:
+        """The parameters the W2 mix covers (in ``round``: all of them in an exact round)."""
+        return {name: tensor for name, tensor in params.items() if self._plan.covers(name, round=round)}
+
+    def aggregate(self, d: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
+                  index_of: Callable[[str], int], ledger: Exchange, round: int | None = None) -> Params:
+        """The mixed pseudo-gradient: aggregated on the W2 subset of ``round``, own d elsewhere.
+        ``ledger`` is this round's settled pseudo-gradient exchange (its timed-out and rejected
+        peers are the failures); ``used`` and the aggregator's rejections are written back to it."""
+        self.note = ""
+        own = self.subset_of(d, round=round)
+        self.received = [flatten(params) for _, params in sorted(arrived.items())]
+        if self.name == "mean":
+            mixed, report = mix(me, {me: own, **{index_of(s): v for s, v in arrived.items()}}, weights)
+            ledger.used = sorted(s for s in arrived if index_of(s) in report.used)
+            return {**d, **mixed}
+        contributions = [Contribution(sender=sender, vector=flatten(params))
+                         for sender, params in {**arrived, self._me: own}.items()]
+        silent = [Failure(s, "timed out") for s in ledger.timed_out]
+        silent += [Failure(s, reason) for s, reason in ledger.rejected.items() if s not in arrived]
+        try:
+            result, self.note = aggregate_or_degrade(self.rule, contributions, silent, f=self.f,
+                                                     max_norm=self._max_norm)
+        except (InvalidSetting, NotEnoughUpdates) as exc:
+            self.note = f"aggregation fell back to the own pseudo-gradient: {exc}"
+            for sender in arrived:  # not used: accounted as refused, so the round's ledger still balances
+                ledger.reject(sender, self.note)
+            return d
+        for failure in result.rejected:  # the silent ones stay timed out
+            if failure.sender not in ledger.timed_out:
+                ledger.reject(failure.sender, failure.reason)
+        ledger.use(s for s in result.used if s != self._me)
+        return {**d, **unflatten(result.value, own)}
+
+
+def mix_parameters(x: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
+                   index_of: Callable[[str], int], clip_tau: float, max_norm: float | None) -> Params:
+    """The W1 parameter mix m_i: the plain weighted mix (renormalised over what arrived), or with
+    ``clip_tau > 0`` clipped gossip, x_i + sum_j w_ij clip(x_j - x_i, tau), where a neighbour that
+    did not arrive (or was rejected) simply leaves its weight on x_i."""
+    if clip_tau <= 0:
+        mixed, _report = mix(me, {me: x, **{index_of(s): v for s, v in arrived.items()}}, weights)
+        return mixed
+    neighbours = [Contribution(sender=s, vector=flatten(v)) for s, v in arrived.items()]
+    row = {s: float(weights[me, index_of(s)]) for s in arrived}
+    return unflatten(clipped_gossip(flatten(x), neighbours, row, tau=clip_tau, max_norm=max_norm), x)
+
+
+CLASSIC = ("sign_flip", "gaussian", "random_direction", "nan_update", "inf_update")
+ADAPTIVE = ("radius_sign_flip", "alie", "ipm", "krum_capture", "mimic")
+ATTACK_USAGE = ("sign_flip[:S], gaussian[:SIGMA], random_direction[:S], nan_update, inf_update, withhold, "
+                "radius_sign_flip, alie, ipm, krum_capture, mimic, sleeper:ROUND:ATTACK")
+
+
+class OutgoingAttack:
+    """What a Byzantine learner sends in place of its pseudo-gradient (``--attack``; experiments and
+    tests only); None means it sends nothing (``withhold``).
+
+    Classic attacks transform this learner's own pseudo-gradient. Adaptive ones
+    (``protocols.core.attacks.adaptive``) know the run's aggregator and its parameters (the same signed
+    manifest) and take as the honest vectors this learner's own pseudo-gradient plus those its W2
+    neighbours sent it the round before (they arrive after it must send this round's); its f - 1
+    fellow attackers are assumed to send the same vector. ``sleeper:ROUND:ATTACK`` sends the
+    honest pseudo-gradient before ROUND, then ATTACK.
+    """
+
+    def __init__(self, spec: str, aggregator: PseudoGradientAggregator) -> None:
+        name, _, arg = spec.partition(":")
+        self.wake_round = 0
+        if name == "sleeper":
+            round_text, _, spec = arg.partition(":")
+            if not round_text.isdigit() or not spec or spec.startswith("sleeper"):
+                raise ConfigError(f"--attack {name}:{arg!r}: expected sleeper:ROUND:ATTACK")
+            self.wake_round, (name, _, arg) = int(round_text), spec.partition(":")
+        if name not in (*CLASSIC, *ADAPTIVE, "withhold") or (arg and name not in ("sign_flip", "gaussian",
+                                                                                    "random_direction")):
+            raise ConfigError(f"--attack {spec!r}: one of {ATTACK_USAGE}")
+        try:
+            self.scale = float(arg) if arg else 1.0
+        except ValueError as exc:
+            raise ConfigError(f"--attack {spec!r}: {arg!r} is not a number") from exc
+        self.name, self.aggregator, self.round = name, aggregator, -1
+        self.generator = torch.Generator().manual_seed(1234)
+        self.mimic_index: int | None = None
+
+    def __call__(self, d: Params) -> Params | None:
+        self.round += 1
+        if self.round < self.wake_round:
+            return d
+        if self.name == "withhold":
+            return attacks.withhold(d)
+        own = self.aggregator.subset_of(d)
+        vector = flatten(own)
+        bad = self._classic(vector) if self.name in CLASSIC else self._adaptive(vector)
+        return {**d, **unflatten(bad, own)}
+
+    def _classic(self, v: torch.Tensor) -> torch.Tensor:
+        if self.name == "sign_flip":
+            return attacks.sign_flip(v, self.scale)
+        if self.name == "gaussian":
+            return attacks.gaussian(v, self.scale, self.generator)
+        if self.name == "random_direction":
+            return attacks.random_direction(v, self.scale, self.generator)
+        return attacks.nan_update(v) if self.name == "nan_update" else attacks.inf_update(v)
+
+    def _adaptive(self, own: torch.Tensor) -> torch.Tensor:
+        honest = [own, *(v for v in self.aggregator.received if v.numel() == own.numel())]
+        copies = max(1, self.aggregator.f)
+
+        def oracle(vector: torch.Tensor) -> torch.Tensor:
+            cs = [Contribution(f"honest{i}", v) for i, v in enumerate(honest)]
+            cs += [Contribution(f"byzantine{i}", vector) for i in range(copies)]
+            try:
+                return aggregate_or_degrade(self.aggregator.rule, cs, [], f=self.aggregator.f)[0].value
+            except (InvalidSetting, NotEnoughUpdates):  # too little seen yet (round 0): model the rule as a mean
+                return torch.stack([c.vector for c in cs]).mean(dim=0)
+
+        if self.name == "radius_sign_flip":
+            center = coordinate_median([Contribution(f"honest{i}", v) for i, v in enumerate(honest)]).value
+            tau = float(self.aggregator.params.get("tau", 0.0)) or float(
+                torch.stack([torch.linalg.vector_norm(v - center) for v in honest]).median()) or 1.0
+            return attacks.radius_sign_flip(honest, center, tau)
+        if self.name == "mimic":
+            if self.mimic_index is None or self.mimic_index >= len(honest):
+                self.mimic_index = attacks.most_atypical(honest)
+            return attacks.mimic(honest, self.mimic_index)
+        search = {"alie": attacks.alie_strongest, "ipm": attacks.ipm_strongest, "krum_capture": attacks.krum_capture}
+        return search[self.name](honest, oracle)[1]
+
+
+def parse_attack(spec: str, aggregator: PseudoGradientAggregator) -> OutgoingAttack:
+    """The ``--attack`` option: see ``OutgoingAttack``."""
+    return OutgoingAttack(spec, aggregator)

@@ -1,0 +1,238 @@
+"""The FoMoE synchronisation of one round, as pure functions over what the peers sent.
+
+After its H inner steps every peer sends one ``FomoeUpdate``: the pseudo-gradient of the dense
+parameters (routers included) and of each (block, expert) unit it holds, with the number of
+(token, expert) pairs it ran per unit. ``mix_round`` turns the updates that arrived into what a
+peer applies (``MixedRound``):
+
+- dense: one aggregate over every peer (default the plain mean, i.e. DiLoCo's average; any
+  ``protocols.core.robust`` aggregator can take its place);
+- each unit: one aggregate over its holders only (``addressed_to`` cuts an update down to what
+  one recipient needs: the dense part and the experts both hold), by default weighted by the pairs each holder
+  ran (``robust.mean(trust_weights=True)``; a robust aggregator ignores the weights). A holder
+  that ran none of the unit's pairs sent an exactly zero delta and is left out (as a failure
+  with that reason); a unit none of whose holders ran a pair is **idle**: it keeps its weights.
+
+The outer Nesterov step then runs on those aggregates (``FomoeReplica.finish_round``). Peers stay
+bit-identical in the dense part, and holders in their experts, only if they aggregate the same
+arrivals: the network has to agree on each round's arrived set (as the DiLoCo learner does).
+
+Traffic (``sync_bytes``): each peer sends its pseudo-gradients once and receives one aggregate of
+each part it holds, so a round moves W |dense| + sum_e r_e |expert e| up and the same down (less
+r_e |unit| for an idle unit, which has no aggregate), plus the routing counts (W x L x E int64).
+That is what a reduce through one aggregator per part moves; a ring all-reduce moves 2(n-1)/n of
+it per part; ``all_to_all_bytes`` is what peers that send their updates straight to each other
+move.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gossamer.protocols.core import robust
+from gossamer.protocols.core.errors import NotEnoughUpdates
+from gossamer.protocols.core.robust import AggregateResult, Contribution, Failure
+from gossamer.protocols.diloco.core.replica import Params
+from gossamer.protocols.fomoe.core.layout import ParamLayout
+from gossamer.protocols.fomoe.core.model import ExpertKey
+from gossamer.protocols.fomoe.core.placement import Placement
+
+Aggregator = Callable[[Sequence[Contribution], Sequence[Failure]], AggregateResult]
+
+plain_mean: Aggregator = robust.mean
+"""The dense default: DiLoCo's unweighted mean over every peer."""
+token_weighted_mean: Aggregator = functools.partial(robust.mean, trust_weights=True)
+"""The per-expert default: the holders' mean weighted by the pairs each ran."""
+
+
+@dataclass(frozen=True, eq=False)
+class FomoeUpdate:
+    """What one peer sends for a round."""
+
+    sender: str
+    delta: Params
+    """Pseudo-gradients x - y of the dense parameters and of every unit the sender holds."""
+    tokens: torch.Tensor
+    """[n_layers, E] int64: (token, expert) pairs the sender ran per unit in the inner phase."""
+
+
+def addressed_to(update: FomoeUpdate, recipient: str, placement: Placement, layout: ParamLayout) -> FomoeUpdate:
+    """The part of ``update`` that ``recipient`` needs: the dense pseudo-gradient and the units
+    of the experts both hold (holder-only sync), with the counts. ``mix_round`` accepts it."""
+    shared = set(placement.resident(update.sender)) & set(placement.resident(recipient))
+    names = set(layout.dense).union(*(layout.units[key] for key in layout.units_of(shared)))
+    return FomoeUpdate(update.sender, {n: t for n, t in update.delta.items() if n in names}, update.tokens)
+
+
+@dataclass(frozen=True, eq=False)
+class MixedRound:
+    """What one peer applies: aggregated pseudo-gradients, and who counted in each."""
+
+    dense: Params
+    experts: Mapping[ExpertKey, Params]
+    """Aggregated pseudo-gradient of each requested unit that is not idle."""
+    idle: tuple[ExpertKey, ...]
+    """Requested units none of whose holders ran a pair (or none arrived): they keep their weights."""
+    dense_result: AggregateResult
+    expert_results: Mapping[ExpertKey, AggregateResult]
+    rejected: tuple[Failure, ...]
+    """Updates refused whole (unknown sender, names not matching the placement, bad counts)."""
+
+
+def mix_round(updates: Sequence[FomoeUpdate], placement: Placement, layout: ParamLayout, *,
+              experts: Collection[int] | None = None, failures: Sequence[Failure] = (),
+              dense_aggregator: Aggregator = plain_mean,
+              expert_aggregator: Aggregator = token_weighted_mean) -> MixedRound:
+    """Aggregate the dense part over every update and each unit of ``experts`` (default: all)
+    over its holders' updates. ``failures`` are the peers whose update did not arrive.
+
+    Raises ``NotEnoughUpdates`` when no usable dense contribution is left (the round fails).
+    """
+    valid, rejected = _screen(updates, placement, layout)
+    missing = [*failures, *rejected]
+    dense_in = [Contribution(u.sender, robust.flatten({n: u.delta[n] for n in layout.dense})) for u in valid]
+    if not dense_in:
+        raise NotEnoughUpdates(f"fomoe round {placement.round}: no usable update arrived ({list(missing)})")
+    dense_result = dense_aggregator(dense_in, missing)
+    like = {name: valid[0].delta[name] for name in layout.dense}
+    mixed_experts: dict[ExpertKey, Params] = {}
+    results: dict[ExpertKey, AggregateResult] = {}
+    idle: list[ExpertKey] = []
+    wanted = range(layout.n_experts) if experts is None else experts
+    for key in layout.units_of(wanted):
+        arrived, skipped = _unit_contributions(key, valid, placement, layout, missing)
+        if not arrived:
+            idle.append(key)
+            continue
+        results[key] = expert_aggregator(arrived, skipped)
+        mixed_experts[key] = robust.unflatten(results[key].value,
+                                              {n: _holder_delta(valid, arrived[0].sender)[n] for n in layout.units[key]})
+    return MixedRound(robust.unflatten(dense_result.value, like), mixed_experts, tuple(idle), dense_result,
+                      results, tuple(rejected))
+
+
+def _holder_delta(valid: Sequence[FomoeUpdate], sender: str) -> Params:
+    return next(u.delta for u in valid if u.sender == sender)
+
+
+def _unit_contributions(key: ExpertKey, valid: Sequence[FomoeUpdate], placement: Placement, layout: ParamLayout,
+                        missing: Sequence[Failure]) -> tuple[list[Contribution], list[Failure]]:
+    block, expert = key
+    holders = set(placement.holders[expert])
+    arrived, skipped = [], [f for f in missing if f.sender in holders]
+    for update in valid:
+        if update.sender not in holders:
+            continue
+        ran = int(update.tokens[block, expert])
+        if layout.units[key][0] not in update.delta:
+            skipped.append(Failure(update.sender, f"sent nothing for expert {expert} in block {block}"))
+        elif ran == 0:
+            skipped.append(Failure(update.sender, f"ran no tokens of expert {expert} in block {block}"))
+        else:
+            vector = robust.flatten({n: update.delta[n] for n in layout.units[key]})
+            arrived.append(Contribution(update.sender, vector, weight=float(ran)))
+    return arrived, skipped
+
+
+def _screen(updates: Sequence[FomoeUpdate], placement: Placement,
+            layout: ParamLayout) -> tuple[list[FomoeUpdate], list[Failure]]:
+    """Updates whose sender, names, shapes and counts fit the placement; the rest with a reason."""
+    valid, rejected = [], []
+    for update in sorted(updates, key=lambda u: u.sender):
+        problem = _problem(update, placement, layout)
+        if problem is None:
+            valid.append(update)
+        else:
+            rejected.append(Failure(update.sender, problem))
+    return valid, rejected
+
+
+def update_problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> str | None:
+    """Why ``mix_round`` would refuse ``update`` whole under ``placement`` (None: it would not):
+    a network peer checks each update when it arrives, before it says the update counts."""
+    return _problem(update, placement, layout)
+
+
+def _problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> str | None:
+    if update.sender not in placement.peers:
+        return "sender is not in the placement"
+    resident = placement.resident(update.sender)
+    names = set(update.delta)
+    missing = sorted(set(layout.dense) - names)
+    if missing:
+        return f"dense parameters missing: {missing[:4]}"
+    for key in layout.units:
+        unit = set(layout.units[key])
+        if unit & names and (key[1] not in resident or not unit <= names):
+            return f"parameters do not match the placement: expert {key[1]} in block {key[0]} " + (
+                "is not held by the sender" if key[1] not in resident else "is incomplete")
+    unknown = sorted(names - set(layout.size_bytes))
+    if unknown:
+        return f"unknown parameters: {unknown[:4]}"
+    for name, tensor in update.delta.items():
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != layout.shapes[name]:
+            return f"parameter {name}: not a tensor of shape {layout.shapes[name]}"
+    tokens = update.tokens
+    shape = (layout.n_layers, layout.n_experts)
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tuple(tokens.shape) != shape:
+        return f"tokens: expected an int64 tensor of shape {shape}"
+    if bool((tokens < 0).any()):
+        return "tokens: negative counts"
+    held = torch.zeros(layout.n_experts, dtype=torch.bool)
+    held[list(resident)] = True
+    if bool(tokens[:, ~held].any()):
+        return "tokens: counts for experts the sender does not hold"
+    return None
+
+
+@dataclass(frozen=True)
+class SyncBytes:
+    """Bytes one synchronisation moves over all peers (parameters in their own dtype)."""
+
+    up_bytes: int
+    """W |dense| + sum_e r_e |expert e|: every peer's pseudo-gradients."""
+    down_bytes: int
+    """The aggregates each peer receives: as up, less r_e |unit| for every idle unit."""
+    counts_bytes: int
+    """The routing counts sent with the pseudo-gradients (W x n_layers x E x 8)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.up_bytes + self.down_bytes + self.counts_bytes
+
+
+def sync_bytes(layout: ParamLayout, placement: Placement, *, idle: Collection[ExpertKey] = ()) -> SyncBytes:
+    """The exact traffic of one FoMoE synchronisation under ``placement``."""
+    replication = placement.replications()
+    experts = sum(r * layout.expert_bytes(e) for e, r in enumerate(replication))
+    up = len(placement.peers) * layout.dense_bytes + experts
+    down = up - sum(replication[e] * layout.unit_bytes((b, e)) for b, e in set(idle))
+    return SyncBytes(up, down, len(placement.peers) * layout.n_layers * layout.n_experts * 8)
+
+
+def all_to_all_bytes(layout: ParamLayout, placement: Placement) -> SyncBytes:
+    """The same accounting when there is no aggregator and every peer sends its update straight to
+    every other peer, cut to what both hold (``addressed_to``; the network's expert hosts do
+    this): W (W - 1) |dense| + sum_e r_e (r_e - 1) |expert e| up, as much down (every message sent
+    is received), and the counts with each of the W (W - 1) messages. Up to W - 1 times the
+    aggregator's dense traffic, with no peer that sees every update."""
+    w = len(placement.peers)
+    experts = sum(r * (r - 1) * layout.expert_bytes(e) for e, r in enumerate(placement.replications()))
+    up = w * (w - 1) * layout.dense_bytes + experts
+    return SyncBytes(up, up, w * (w - 1) * layout.n_layers * layout.n_experts * 8)
+
+
+def data_parallel_bytes(layout: ParamLayout, *, num_peers: int, steps: int) -> SyncBytes:
+    """The same accounting for synchronous data parallel over ``steps`` steps: every peer sends
+    its full gradient and receives the mean at every step."""
+    per_step = num_peers * layout.total_bytes
+    return SyncBytes(steps * per_step, steps * per_step, 0)
+
+
+def update_bytes(params: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of the tensors in ``params`` (what sending them moves, without framing)."""
+    return sum(t.numel() * t.element_size() for t in params.values())

@@ -1,0 +1,26 @@
+"""The protocols this build of gossamer knows: the one list of plugins (``PLUGINS``).
+
+Each protocol is a folder here whose ``__init__.py`` defines its ``PLUGIN``: ``none``
+(membership only), ``diloco`` (gossip DiLoCo), ``blocktrain`` (BlockTrain), ``tlpp`` (TL++),
+``context`` (compressed context parallelism), ``fomoe`` (FoMoE partial-expert replicas).
+``orchestrator`` is the one generic role every run has. To add a protocol, write its folder and
+add one line below (docs/ARCHITECTURE.md, "Adding a protocol").
+"""
+
+from __future__ import annotations
+
+from gossamer.peer.plugin import PluginRegistry
+from gossamer.protocols import blocktrain, context, diloco, fomoe, none, tlpp
+
+GENERIC_COMMANDS = ("identity", "peer", "orchestrator", "token", "status", "swarm")
+
+PLUGINS = PluginRegistry(
+    none.PLUGIN,
+    diloco.PLUGIN,
+    blocktrain.PLUGIN,
+    tlpp.PLUGIN,
+    context.PLUGIN,
+    fomoe.PLUGIN,
+    generic_roles={"orchestrator": "gossamer.peer.orchestrator:OrchestratorRole"},
+    reserved_commands=GENERIC_COMMANDS,
+)
