@@ -1,7 +1,7 @@
 """Protocols as plugins: what a training method brings to the network, and the one registry of them.
 
 A protocol (``run.protocol`` in a run config) is a ``ProtocolPlugin``: its name, its settings
-dataclass (read from the manifest once per daemon by ``gossamer.peer.kit.settings``), its roles
+dataclass (read from the manifest once per daemon by ``gossamer.protocols.core.settings``), its roles
 (the only place their names are spelled), the roles the run owner's orchestrator takes, its extra
 ``gossamer`` subcommands, the events its roles emit, and what ``gossamer swarm`` and ``gossamer
 status`` need to show it. ``PluginRegistry`` holds the plugins a build of gossamer knows
@@ -12,37 +12,27 @@ protocol. See docs/ARCHITECTURE.md, "Adding a protocol".
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.settings import read_settings
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.peer.run.records import PeerRecord
 from gossamer.protocols.core.errors import InvalidSetting
+from gossamer.protocols.core.settings import read_settings
 
 if TYPE_CHECKING:
     from gossamer.peer.config import PeerConfig
     from gossamer.peer.role import Role, RoleContext
 
+S = TypeVar("S")
 RoleFactory = Callable[..., "Role"]  # (ctx: RoleContext, **role_options) -> Role
-Ref = str
-"""``"package.module:attribute"``: something a plugin names without importing it yet. Plugins name
-their roles, settings and command entry points this way, so that the registry (and ``gossamer
---help``) imports neither torch nor hivemind; each is imported on first use."""
-
-
-def resolve(value: Any) -> Any:
-    """``value``, or what a ``Ref`` names (imported now)."""
-    if not isinstance(value, str):
-        return value
-    module, sep, attribute = value.partition(":")
-    if not sep:
-        raise ValueError(f"{value!r} is not a reference of the form 'package.module:attribute'")
-    return getattr(importlib.import_module(module), attribute)
+RoleLoader = Callable[[], Mapping[str, RoleFactory]]
+"""Imports a protocol's role classes and returns them by role name. A plugin's ``__init__`` names
+its roles and gives a loader whose body imports them (real ``import`` statements, run on first
+use), so the registry and ``gossamer --help`` import neither torch nor hivemind."""
 
 
 class CommandKit(Protocol):
@@ -65,10 +55,10 @@ class Command:
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser, CommandKit], None]
-    run: Callable[[argparse.Namespace, CommandKit], int] | Ref  # a Ref keeps the heavy imports until it runs
+    run: Callable[[argparse.Namespace, CommandKit], int]  # imports what it needs when it runs
 
     def execute(self, args: argparse.Namespace, kit: CommandKit) -> int:
-        return resolve(self.run)(args, kit)
+        return self.run(args, kit)
 
 
 @dataclass(frozen=True)
@@ -129,8 +119,10 @@ class ProtocolPlugin:
     Attributes:
         name: the value of ``run.protocol`` that selects it.
         summary: one line for ``--help`` texts and the docs.
-        settings: the settings dataclass (``kit.settings.setting`` fields), or a ``Ref`` to it, or None.
-        roles: role name -> factory ``(ctx, **options) -> Role``, or a ``Ref`` to it.
+        settings: a loader of the settings dataclass (``protocols.core.settings.setting`` fields),
+            or None.
+        roles: the role names (the only place they are spelled).
+        load_roles: imports the role classes; role name -> factory ``(ctx, **options) -> Role``.
         owner_roles: roles the run owner's orchestrator takes besides ``orchestrator``.
         swarm_roles: roles the peers of ``gossamer swarm`` take when the run config names none.
         commands: extra ``gossamer`` subcommands.
@@ -148,8 +140,9 @@ class ProtocolPlugin:
 
     name: str
     summary: str
-    settings: type | Ref | None = None
-    roles: Mapping[str, RoleFactory | Ref] = field(default_factory=dict)
+    settings: Callable[[], type] | None = None
+    roles: tuple[str, ...] = ()
+    load_roles: RoleLoader = dict
     owner_roles: tuple[str, ...] = ()
     swarm_roles: tuple[str, ...] = ()
     commands: tuple[Command, ...] = ()
@@ -162,7 +155,10 @@ class ProtocolPlugin:
     summarize: Callable[[Sequence[PeerRecord]], list[str]] = _no_summary
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
+        if not isinstance(self.roles, tuple | list) or not all(isinstance(r, str) for r in self.roles):
+            raise TypeError(f"plugin {self.name!r}: roles is a tuple of role names (the classes come from "
+                            f"load_roles), got {self.roles!r}")
+        object.__setattr__(self, "roles", tuple(self.roles))
         object.__setattr__(self, "events", MappingProxyType(dict(self.events)))
         for role in (*self.owner_roles, *self.swarm_roles):
             if role not in self.roles:
@@ -174,7 +170,23 @@ class ProtocolPlugin:
         """The run's settings for this protocol (None if it has none); ConfigError names the field."""
         if config.protocol != self.name:
             raise ConfigError(f"run {config.name} uses protocol {config.protocol!r}, not {self.name!r}")
-        return read_settings(resolve(self.settings), config) if self.settings is not None else None
+        return None if self.settings is None else run_settings(self.settings(), config)
+
+    def role_factories(self) -> Mapping[str, RoleFactory]:
+        """The role classes (imported now); refuses a loader that does not give exactly ``roles``."""
+        loaded = dict(self.load_roles())
+        if set(loaded) != set(self.roles):
+            raise ValueError(f"plugin {self.name!r}: its loader gives roles {sorted(loaded)}, "
+                             f"it names {sorted(self.roles)}")
+        return loaded
+
+
+def run_settings(cls: type[S], config: RunConfig) -> S:
+    """``cls`` read from a run config's tables; ConfigError names the field at fault."""
+    try:
+        return read_settings(cls, {"model": config.model, "data": config.data, "hyper": config.hyper})
+    except InvalidSetting as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 class PluginRegistry:
@@ -184,7 +196,7 @@ class PluginRegistry:
     plugins (or by a plugin and the generic roles), and two commands with one name.
     """
 
-    def __init__(self, *plugins: ProtocolPlugin, generic_roles: Mapping[str, RoleFactory | Ref],
+    def __init__(self, *plugins: ProtocolPlugin, generic_roles: Mapping[str, Callable[[], RoleFactory]],
                  reserved_commands: Sequence[str] = ()) -> None:
         self._plugins: dict[str, ProtocolPlugin] = {}
         self._owner: dict[str, str | None] = dict.fromkeys(generic_roles)
@@ -245,8 +257,8 @@ class PluginRegistry:
 
     def factories(self, protocol: str) -> Mapping[str, RoleFactory]:
         """Every role a peer of a ``protocol`` run may take, by name (imported now)."""
-        return MappingProxyType({name: resolve(factory)
-                                 for name, factory in {**self._generic, **self.plugin(protocol).roles}.items()})
+        generic = {name: load() for name, load in self._generic.items()}
+        return MappingProxyType({**generic, **self.plugin(protocol).role_factories()})
 
     def commands(self) -> list[tuple[ProtocolPlugin, Command]]:
         return [(plugin, command) for plugin in self._plugins_in_order for command in plugin.commands]

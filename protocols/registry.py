@@ -12,6 +12,13 @@ from __future__ import annotations
 from gossamer.peer.plugin import PluginRegistry
 from gossamer.protocols import blocktrain, context, diloco, fomoe, none, tlpp
 
+
+def orchestrator() -> type:
+    from gossamer.peer.orchestrator import OrchestratorRole
+
+    return OrchestratorRole
+
+
 GENERIC_COMMANDS = ("identity", "peer", "orchestrator", "token", "status", "swarm")
 
 PLUGINS = PluginRegistry(
@@ -21,6 +28,6 @@ PLUGINS = PluginRegistry(
     tlpp.PLUGIN,
     context.PLUGIN,
     fomoe.PLUGIN,
-    generic_roles={"orchestrator": "gossamer.peer.orchestrator:OrchestratorRole"},
+    generic_roles={"orchestrator": orchestrator},
     reserved_commands=GENERIC_COMMANDS,
 )

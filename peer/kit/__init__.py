@@ -1,6 +1,5 @@
 """What roles of different protocols share (a protocol's room never imports another's).
 
-- ``settings``     one reader from manifest tables into a protocol's settings dataclass.
 - ``messaging``    signed tensor messages over HTTP (``SignedMessenger``: send, request, receive).
 - ``secure_link``  encrypted request/response links over TCP with a confirmed handshake (a package).
 - ``conditions``   waits on an asyncio.Condition with a deadline that always give its lock back.

@@ -10,7 +10,7 @@ Run config layout::
     [run]        name, protocol (one of the plugins in ``gossamer.protocols.registry``), description,
                  heartbeat_s (record refresh period; TTL is 3x), tenure_s (how long a peer must
                  have been live to steer others' choices; default 12 heartbeats, ``run.tenure``)
-    [model]      tables read by the protocol's settings (``gossamer.peer.kit.settings``)
+    [model]      tables read by the protocol's settings (``gossamer.protocols.core.settings``)
     [data]       source = "builtin:pydoc" | "PATH", ...
     [hyper]      hyperparameters, likewise
     [admission]  policy = "open" | "allowlist"; allow = ["<hex public key>", ...]

@@ -96,14 +96,27 @@ def panel(records: Sequence[Any]) -> Panel | None:
                  rows=[[k, ", ".join(workers.get(k, [])) or "-", ", ".join(servers.get(k, [])) or "-"] for k in blocks])
 
 
+def settings() -> type:
+    from gossamer.protocols.blocktrain.settings import BlockTrainSettings
+
+    return BlockTrainSettings
+
+
+def roles() -> dict[str, Any]:
+    from gossamer.protocols.blocktrain.ar_stage import ArStageRole
+    from gossamer.protocols.blocktrain.coordinator import BlockCoordinatorRole
+    from gossamer.protocols.blocktrain.server import BlockServerRole
+    from gossamer.protocols.blocktrain.worker import BlockWorkerRole
+
+    return {names.COORDINATOR: BlockCoordinatorRole, names.WORKER: BlockWorkerRole, names.SERVER: BlockServerRole, names.AR_STAGE: ArStageRole}
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="BlockTrain: denoiser blocks trained apart by volunteers, served across hosts",
-    settings="gossamer.protocols.blocktrain.settings:BlockTrainSettings",
-    roles={names.COORDINATOR: "gossamer.protocols.blocktrain.coordinator:BlockCoordinatorRole",
-           names.WORKER: "gossamer.protocols.blocktrain.worker:BlockWorkerRole",
-           names.SERVER: "gossamer.protocols.blocktrain.server:BlockServerRole",
-           names.AR_STAGE: "gossamer.protocols.blocktrain.ar_stage:ArStageRole"},
+    settings=settings,
+    roles=(names.COORDINATOR, names.WORKER, names.SERVER, names.AR_STAGE,),
+    load_roles=roles,
     owner_roles=(names.COORDINATOR,),
     swarm_roles=(names.WORKER,),
     commands=(SERVE, GENERATE),

@@ -24,7 +24,7 @@ import torch
 
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.settings import read_settings
+from gossamer.peer.plugin import run_settings
 from gossamer.peer.route.client import HostEntry, RemoteRoute, RouteFailed, hosts_from_view, route_through
 from gossamer.peer.route.pool import HopPool
 from gossamer.peer.route.wire import parse_answer
@@ -115,7 +115,7 @@ class NetworkGenerator:
         if self.manifest.config.protocol != names.PROTOCOL:
             raise ConfigError(f"run {self.manifest.run_id} uses protocol {self.manifest.config.protocol!r}; "
                               f"gossamer generate needs a {names.PROTOCOL!r} run")
-        self.settings = read_settings(BlockTrainSettings, self.manifest.config)
+        self.settings = run_settings(BlockTrainSettings, self.manifest.config)
         self.view = PeerView(Admission(self.manifest), ttl_s=self.manifest.ttl_s)
         ar = self.options.baseline == "ar"
         self.role, self.key = (names.AR_STAGE, "ar_stages") if ar else (names.SERVER, "blocks")

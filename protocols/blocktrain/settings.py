@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.settings import setting
 from gossamer.protocols.blocktrain.core import BlockTrainConfig
+from gossamer.protocols.core.settings import setting
 
 
 @dataclass(frozen=True, kw_only=True)

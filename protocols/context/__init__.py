@@ -109,11 +109,24 @@ def summarize(records: Sequence[PeerRecord]) -> list[str]:
     return lines
 
 
+def settings() -> type:
+    from gossamer.protocols.context.settings import ContextSettings
+
+    return ContextSettings
+
+
+def roles() -> dict[str, Any]:
+    from gossamer.protocols.context.shard import CpShardRole
+
+    return {names.SHARD: CpShardRole}
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="compressed context parallelism: ring attention over WAN with subspace-coded keys and values",
-    settings="gossamer.protocols.context.settings:ContextSettings",
-    roles={names.SHARD: "gossamer.protocols.context.shard:CpShardRole"},
+    settings=settings,
+    roles=(names.SHARD,),
+    load_roles=roles,
     swarm_roles=(names.SHARD,),
     events=EVENTS,
     finish=FinishRule("finished", by="peers"),

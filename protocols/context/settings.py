@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.settings import setting
 from gossamer.protocols.context.core import InvalidRing, SubspaceConfig
 from gossamer.protocols.core.models import ModelConfig
+from gossamer.protocols.core.settings import setting
 
 
 @dataclass(frozen=True, kw_only=True)

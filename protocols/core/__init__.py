@@ -1,9 +1,11 @@
 """Shared sans-I/O code: tensors in, tensors out; no asyncio, sockets, clock or global RNG.
 
 - ``errors``      ProtocolError > InvalidSetting, NotEnoughUpdates.
+- ``settings``    the one settings mechanism: bounds, tables and help declared on the fields.
 - ``tables``      manifest tables into config dataclasses, unknown keys refused.
 - ``models``      the byte-level causal transformer LM the text protocols share.
-- ``text_data``   built-in and local text, the fixed held-out split, shards, batches, evaluation.
+- ``text_data``   built-in and local text, the fixed held-out split, shards, batches, evaluation;
+                  ``TextRun``, the data and batch settings every text-LM run repeats.
 - ``pacing``      deadlines that follow the live peers' measured times; fail-slow detection.
 - ``consensus``   how far replicas disagree (consensus distance, contraction of a mixing matrix).
 - ``robust``      Byzantine-robust aggregators over (arrived, failures) and their registry.

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gossamer.protocols.core.errors import InvalidSetting
+from gossamer.protocols.core.settings import check, setting
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -179,3 +180,22 @@ def train_steps(
         model.train(was_training)
     return float(total) / steps
 
+
+@dataclass(frozen=True, kw_only=True)
+class TextRun:
+    """What every text-LM run's manifest says about its data and batches (``[data]`` and ``[hyper]``
+    keys); a protocol's settings hold one (``setting(spread=True)``), with its own defaults."""
+
+    data_source: str = setting("builtin:pydoc", table="data", key="source",
+                               doc='the text: "builtin:pydoc" or a local file\'s path')
+    heldout_fraction: float = setting(0.05, table="data", above=0.0, below=1.0,
+                                      doc="the text's tail held out for evaluation, the same on every peer")
+    seed: int = setting(0, table="hyper", low=0, doc="the run's seed: initial weights, shards, batches")
+    batch_size: int = setting(16, table="hyper", low=1, doc="sequences per step on each peer")
+    num_shards: int = setting(16, table="hyper", low=1, doc="shards the training text is cut into; a peer trains on one")
+    eval_batches: int = setting(4, table="hyper", low=1, doc="held-out batches per evaluation")
+    max_norm: float = setting(1e4, table="hyper", above=0.0,
+                              doc="largest L2 norm of an update accepted from a peer (a larger one is refused)")
+
+    def __post_init__(self) -> None:
+        check(self)

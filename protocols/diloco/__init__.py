@@ -91,11 +91,24 @@ def swarm_check(config: RunConfig, num_peers: int, roles: Sequence[str]) -> None
                           f"so round 0 would never start; pass --peers {min_learners} or more")
 
 
+def settings() -> type:
+    from gossamer.protocols.diloco.settings import DilocoSettings
+
+    return DilocoSettings
+
+
+def roles() -> dict[str, Any]:
+    from gossamer.protocols.diloco.learner import LearnerRole
+
+    return {names.LEARNER: LearnerRole}
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="gossip DiLoCo: full replicas, background parameter mixing, robust pseudo-gradient mixing",
-    settings="gossamer.protocols.diloco.settings:DilocoSettings",
-    roles={names.LEARNER: "gossamer.protocols.diloco.learner:LearnerRole"},
+    settings=settings,
+    roles=(names.LEARNER,),
+    load_roles=roles,
     swarm_roles=(names.LEARNER,),
     events=EVENTS,
     finish=FinishRule("finished", by="peers"),

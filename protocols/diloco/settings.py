@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gossamer.peer.kit.settings import setting
 from gossamer.protocols.core.models import ModelConfig
 from gossamer.protocols.core.robust import AGGREGATORS, DEFAULT
+from gossamer.protocols.core.settings import setting
 from gossamer.protocols.diloco.core.mixing import MixingPlan
 from gossamer.protocols.diloco.core.replica import DilocoConfig
 

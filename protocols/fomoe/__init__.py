@@ -99,11 +99,24 @@ def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+def settings() -> type:
+    from gossamer.protocols.fomoe.settings import FomoeSettings
+
+    return FomoeSettings
+
+
+def roles() -> dict[str, Any]:
+    from gossamer.protocols.fomoe.host import ExpertHostRole
+
+    return {names.EXPERT_HOST: ExpertHostRole}
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="FoMoE: each host holds the dense layers and some experts of an MoE LM; experts sync among holders",
-    settings="gossamer.protocols.fomoe.settings:FomoeSettings",
-    roles={names.EXPERT_HOST: "gossamer.protocols.fomoe.host:ExpertHostRole"},
+    settings=settings,
+    roles=(names.EXPERT_HOST,),
+    load_roles=roles,
     swarm_roles=(names.EXPERT_HOST,),
     events=EVENTS,
     finish=FinishRule("finished", by="peers"),

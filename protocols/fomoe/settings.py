@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.settings import setting
 from gossamer.protocols.core import robust
 from gossamer.protocols.core.errors import InvalidSetting
+from gossamer.protocols.core.settings import setting
 from gossamer.protocols.diloco.core.replica import DilocoConfig
 from gossamer.protocols.fomoe.core import FomoeConfig, MoEConfig
 from gossamer.protocols.fomoe.core.sync import Aggregator

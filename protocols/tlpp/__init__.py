@@ -70,13 +70,26 @@ def progress(event: str, e: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+def settings() -> type:
+    from gossamer.protocols.tlpp.settings import TlppSettings
+
+    return TlppSettings
+
+
+def roles() -> dict[str, Any]:
+    from gossamer.protocols.tlpp.helper import TlppHelperRole
+    from gossamer.protocols.tlpp.node import TlppNodeRole
+    from gossamer.protocols.tlpp.server import TlppServerRole
+
+    return {names.SERVER: TlppServerRole, names.NODE: TlppNodeRole, names.HELPER: TlppHelperRole}
+
+
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="TL++ traversal learning: private data stays on its nodes; secure mode secret-shares the cut",
-    settings="gossamer.protocols.tlpp.settings:TlppSettings",
-    roles={names.SERVER: "gossamer.protocols.tlpp.server:TlppServerRole",
-           names.NODE: "gossamer.protocols.tlpp.node:TlppNodeRole",
-           names.HELPER: "gossamer.protocols.tlpp.helper:TlppHelperRole"},
+    settings=settings,
+    roles=(names.SERVER, names.NODE, names.HELPER,),
+    load_roles=roles,
     owner_roles=(names.SERVER,),
     swarm_roles=(names.NODE,),
     commands=(HELPER, NODE),

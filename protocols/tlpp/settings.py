@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.settings import setting
+from gossamer.protocols.core.settings import setting
 from gossamer.protocols.tlpp.core import (
     BUILTINS,
     Declaration,

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 TOY = '''
 from dataclasses import dataclass
 
-from gossamer.peer.kit.settings import setting
+from gossamer.protocols.core.settings import setting
 from gossamer.peer.plugin import ProtocolPlugin
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleHealth
 
@@ -56,8 +56,8 @@ class ChoreRole(ProtocolRole[ChoreSettings]):
         return RoleHealth(FINISHED, "chore done") if health.state != FAILED and self.done else health
 
 
-PLUGIN = ProtocolPlugin(name="chores", summary="toy: one chore per peer", settings=ChoreSettings,
-                        roles={"chore": ChoreRole})
+PLUGIN = ProtocolPlugin(name="chores", summary="toy: one chore per peer", settings=lambda: ChoreSettings,
+                        roles=("chore",), load_roles=lambda: {"chore": ChoreRole})
 '''
 
 

@@ -54,18 +54,29 @@ def test_the_generic_orchestrator_role_belongs_to_every_protocol() -> None:
 
 
 def test_duplicates_are_refused_when_the_registry_is_built() -> None:
-    a = ProtocolPlugin(name="a", summary="", roles={"dummy": Dummy})
+    a = ProtocolPlugin(name="a", summary="", roles=("dummy",), load_roles=lambda: {"dummy": Dummy})
     with pytest.raises(ValueError, match="two plugins are named 'a'"):
         PluginRegistry(a, a, generic_roles={})
     with pytest.raises(ValueError, match="role 'dummy' is spelled by both 'a' and 'b'"):
-        PluginRegistry(a, ProtocolPlugin(name="b", summary="", roles={"dummy": Dummy}), generic_roles={})
+        PluginRegistry(a, ProtocolPlugin(name="b", summary="", roles=("dummy",), load_roles=lambda: {"dummy": Dummy}), generic_roles={})
     with pytest.raises(ValueError, match="role 'orchestrator' is spelled by both"):
-        PLUGINS.extended(ProtocolPlugin(name="c", summary="", roles={"orchestrator": Dummy}))
+        PLUGINS.extended(ProtocolPlugin(name="c", summary="", roles=("orchestrator",), load_roles=lambda: {"orchestrator": Dummy}))
 
 
 def test_a_plugin_must_declare_what_it_names() -> None:
     with pytest.raises(ValueError, match="role 'ghost' is not one of its roles"):
-        ProtocolPlugin(name="a", summary="", roles={"dummy": Dummy}, owner_roles=("ghost",))
+        ProtocolPlugin(name="a", summary="", roles=("dummy",), load_roles=lambda: {"dummy": Dummy}, owner_roles=("ghost",))
     with pytest.raises(ValueError, match="finish event 'done' is not one of its events"):
         ProtocolPlugin(name="a", summary="", finish=FinishRule("done", by="owner"),
                        events={"step": EventSchema("", ())})
+
+
+def test_a_plugin_names_its_roles_and_loads_their_classes_on_first_use() -> None:
+    with pytest.raises(TypeError, match="roles is a tuple of role names"):
+        ProtocolPlugin(name="a", summary="", roles={"dummy": Dummy})  # type: ignore[arg-type]
+    loads = []
+    lazy = ProtocolPlugin(name="a", summary="", roles=("dummy",), load_roles=lambda: loads.append(1) or {"dummy": Dummy})
+    assert loads == [] and lazy.role_factories() == {"dummy": Dummy} and loads == [1]
+    wrong = ProtocolPlugin(name="b", summary="", roles=("dummy", "other"), load_roles=lambda: {"dummy": Dummy})
+    with pytest.raises(ValueError, match="its loader gives roles"):
+        wrong.role_factories()

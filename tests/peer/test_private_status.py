@@ -44,8 +44,8 @@ class SecretRole(ProtocolRole[SecretSettings]):
         return {"toy_step": 7.0, "toy_loss": 0.5}
 
 
-PLUGIN = ProtocolPlugin(name="secrets", summary="toy: a role with private status", settings=SecretSettings,
-                        roles={"secretive": SecretRole})
+PLUGIN = ProtocolPlugin(name="secrets", summary="toy: a role with private status", settings=lambda: SecretSettings,
+                        roles=("secretive",), load_roles=lambda: {"secretive": SecretRole})
 '''
 
 

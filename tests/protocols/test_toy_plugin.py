@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gossamer.peer.kit.settings import setting
+from gossamer.protocols.core.settings import setting
 from gossamer.peer.plugin import EventSchema, ProtocolPlugin
 from gossamer.peer.role import ProtocolRole
 
@@ -62,8 +62,8 @@ class EchoRole(ProtocolRole[EchoSettings]):
             self.emit("heard", peer=peer.record.peer_id, greeting=answer["greeting"])
 
 
-PLUGIN = ProtocolPlugin(name="echo", summary="toy: peers greet each other", settings=EchoSettings,
-                        roles={"echoer": EchoRole}, events={"heard": EventSchema("a greeting", ("peer", "greeting"))})
+PLUGIN = ProtocolPlugin(name="echo", summary="toy: peers greet each other", settings=lambda: EchoSettings,
+                        roles=("echoer",), load_roles=lambda: {"echoer": EchoRole}, events={"heard": EventSchema("a greeting", ("peer", "greeting"))})
 '''
 
 

@@ -39,7 +39,7 @@ class ReplicaRole(Role):
 
 
 REGISTRY = PLUGINS.extended(ProtocolPlugin(name="replicas", summary="test: every peer holds one replica",
-                                          roles={"replica": ReplicaRole}))
+                                          roles=("replica",), load_roles=lambda: {"replica": ReplicaRole}))
 
 
 def config(tmp_path: Path, name: str, **changes) -> PeerConfig:

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.settings import describe, read_settings, setting
+from gossamer.peer.plugin import run_settings
 from gossamer.peer.run.manifest import RunConfig
+from gossamer.protocols.core.errors import InvalidSetting
 from gossamer.protocols.core.models import ModelConfig
+from gossamer.protocols.core.settings import check, describe, markdown_table, read_settings, setting
 from gossamer.protocols.registry import PLUGINS
 
 
@@ -30,7 +32,7 @@ class Example:
 
 
 def read(**tables: Any) -> Example:
-    return read_settings(Example, RunConfig(name="r", protocol="x", **tables))
+    return read_settings(Example, tables)
 
 
 def test_defaults_come_from_the_dataclass_and_values_from_their_tables() -> None:
@@ -63,7 +65,7 @@ def test_defaults_come_from_the_dataclass_and_values_from_their_tables() -> None
     ({"model": {"d_model": 30, "n_heads": 4}}, "model: d_model: 30 is not divisible by n_heads=4"),
 ])
 def test_every_wrong_type_or_value_is_refused_naming_the_field(tables: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(InvalidSetting, match=message):
         read(**tables)
 
 
@@ -84,9 +86,57 @@ def test_a_table_no_setting_reads_is_refused() -> None:
         rounds: int = setting(0, table="hyper")
 
     with pytest.raises(ConfigError, match=r"\[model\] is not used by this protocol"):
-        read_settings(OnlyHyper, RunConfig(name="r", protocol="x", model={"d_model": 8}))
+        run_settings(OnlyHyper, RunConfig(name="r", protocol="x", model={"d_model": 8}))
 
 
 def test_describe_lists_every_setting_where_the_run_config_spells_it() -> None:
-    rows = {where: default for where, _kind, default in describe(Example)}
-    assert rows["hyper.rounds"] == 0 and rows["data.source"] == "builtin:pydoc" and "model" in rows
+    rows = {row.where: row.default for row in describe(Example)}
+    assert rows["hyper.rounds"] == 0 and rows["data.source"] == "builtin:pydoc" and rows["model.d_model"] == 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checked:
+    width: int = setting(8, low=1, doc="how wide")
+    rate: float = setting(0.5, above=0.0, below=1.0)
+    names: tuple[str, ...] = setting(())
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+def test_check_validates_an_instance_built_in_code_and_normalises_its_values() -> None:
+    built = Checked(width=3, rate=1 // 2 + 0.25, names=["a"])  # type: ignore[arg-type]
+    assert built.names == ("a",) and isinstance(built.rate, float)
+    assert isinstance(Checked(rate=0.5).rate, float)
+    for kwargs, message in (({"width": 0}, "width must be >= 1, got 0"), ({"width": 2.5}, "width must be an integer"),
+                            ({"rate": 1}, "rate must be < 1, got 1"), ({"names": "ab"}, "names must be a list")):
+        with pytest.raises(InvalidSetting, match=message):
+            Checked(**kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spread:
+    batch: int = setting(16, table="hyper", low=1, doc="sequences per step")
+    source: str = setting("builtin:pydoc", table="data")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WithSpread:
+    text: Spread = setting(spread=True, default_factory=lambda: Spread(batch=8))
+    rounds: int = setting(0, table="hyper", low=0)
+
+
+def test_a_spread_setting_reads_its_fields_from_their_own_tables_under_the_protocols_defaults() -> None:
+    assert read_settings(WithSpread, {}) == WithSpread(text=Spread(batch=8))
+    got = read_settings(WithSpread, {"hyper": {"rounds": 2}, "data": {"source": "f.txt"}})
+    assert got == WithSpread(text=Spread(batch=8, source="f.txt"), rounds=2)
+    with pytest.raises(InvalidSetting, match=r"hyper\.batch must be >= 1, got 0"):
+        read_settings(WithSpread, {"hyper": {"batch": 0}})
+    with pytest.raises(InvalidSetting, match=r"hyper: unknown keys \['epochs'\]"):
+        read_settings(WithSpread, {"hyper": {"epochs": 1}})
+
+
+def test_the_markdown_table_shows_each_setting_with_the_protocols_default_bounds_and_help() -> None:
+    table = markdown_table(WithSpread)
+    assert "| `hyper.batch` | int | `8` | >= 1 | sequences per step |" in table
+    assert "| `hyper.rounds` | int | `0` | >= 0 |  |" in table
