@@ -1,15 +1,6 @@
-"""Proof that the one talking holds a key, now: the answer to a fresh challenge.
-
-A service that must know who is on a connection (a relay granting an allocation) sends a fresh
-random ``nonce``; the client signs ``(nonce, audience, time)`` with its identity
-(``answer_challenge``), ``audience`` being the name of the service it means to talk to; the service
-checks the answer against the nonce it sent, its own name and its clock (``check_answer``) and
-learns the signer's public key. A signed object anyone can read (a peer record from the DHT) proves
-nothing about who presents it; an answer is good for one connection to one service: replayed on
-another connection it carries another nonce, relayed to another service another audience.
-
-The signature covers its own domain tag, so no other signed object of gossamer is ever an answer.
-"""
+"""Proof that the one talking holds a key, now: a signature over a service's fresh nonce, the
+service's name and the time, under its own domain tag. Good for one connection to one service:
+replayed elsewhere it carries another nonce or audience (README.md, "Proof of holding a key")."""
 
 from __future__ import annotations
 

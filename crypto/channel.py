@@ -1,14 +1,6 @@
-"""Per-frame channel encryption for private contents (secure links). Pure: no I/O.
-
-The keys come from ``crypto.handshake`` (an authenticated X25519 key agreement with key
-confirmation): one 32-byte key per direction, initiator->responder and responder->initiator.
-
-Frames: ChaCha20-Poly1305, nonce = a 96-bit big-endian counter per direction, starting at 0. The
-counter is implicit (never sent): the receiver expects exactly the next frame, so a tampered,
-reordered, replayed, dropped or truncated frame, or one with other associated data, fails. The
-first failure poisons the receiving side: every later ``decrypt`` fails too, and the caller
-should drop the connection. Ephemeral keys give forward secrecy: each session has fresh keys.
-"""
+"""Per-frame channel encryption for secure links (keys from ``handshake``). Pure: ChaCha20-Poly1305
+with an implicit 96-bit counter per direction, so a tampered, reordered, replayed, dropped or
+truncated frame fails, and the first failure poisons the receiving side."""
 
 from __future__ import annotations
 

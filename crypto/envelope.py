@@ -1,33 +1,7 @@
-"""Signed envelopes for data-plane messages, and the replay guard that opens them.
-
-An envelope binds one message to its sender, recipient, run, round, the request it travels in
-(method and target, e.g. ``PUT`` ``/blocktrain/update/0/3``), send time, a 16-byte nonce and the
-SHA-256 digest of the payload bytes; the sender signs it with its Ed25519 identity under an
-envelope-only domain tag. So a message cannot be moved to another endpoint (an update for block
-0 rewritten to block 1, DiLoCo ``params`` swapped for ``pgrad``): the signature covers the path.
-
-``ReplayGuard`` opens envelopes in two steps, so that a receiver can check who is talking before
-it reads a single payload byte: ``check`` (before the payload) verifies the signature and refuses
-a malformed blob, a sender id that is not the fingerprint of the signing key, another recipient,
-run, method or target, a timestamp outside ``now +- window_s`` and a nonce already seen from that
-sender, then holds the nonce; ``admit`` (after the payload) refuses another payload digest, then
-remembers the nonce; ``release`` (in a ``finally``) lets go of a held nonce that was not admitted.
-Every refusal is the same opaque ``VerificationError``; ``open`` is the three in one. A nonce is
-remembered only once its payload matched, so a rewritten request or a forged body never burns the
-nonce of the genuine message (it holds it at most while its own body is being received), and a
-duplicate sent while the first copy's payload is still arriving is refused.
-
-Only ``admit`` remembers a nonce, so a receiver calls it after its own admission check (is the
-sender a live, admitted peer of the run?): keys that are not in the run can hold a nonce only
-while their request is being refused, and never fill the memory.
-
-Nonce memory is bounded. An entry is forgotten once its timestamp falls below the guard's floor
-(the highest ``now - window_s`` seen so far); envelopes older than the floor are refused, so
-forgetting never re-opens a replay, even when a caller's clock steps back. If the memory is
-still full after pruning, the guard fails closed: it refuses new envelopes until entries age out.
-Memory does not survive a restart; the floor does the work instead: a guard built with
-``started_at`` refuses every envelope stamped before it started.
-"""
+"""Signed envelopes for data-plane messages (sender, recipient, run, round, method and target, time,
+nonce, payload digest) and ``ReplayGuard``, which checks one before its payload is read and
+remembers its nonce only once the payload matched; bounded memory that fails closed
+(README.md, "Signed envelopes and the replay guard")."""
 
 from __future__ import annotations
 

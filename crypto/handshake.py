@@ -1,38 +1,6 @@
-"""The authenticated key agreement that opens a ``channel.SecureChannel``. Pure: no I/O; the
-ephemeral keys and nonces can be passed in (tests), else they come from the OS.
-
-Three signed messages and one acknowledgement, each under its own signing domain::
-
-    1. initiator -> responder  hello   = sign_I(HELLO  || {eph: e_I, nonce: n_I, run, to: key_R})
-    2. responder -> initiator  answer  = sign_R(ANSWER || {eph: e_R, nonce: n_R, run, to: key_I,
-                                                           hello: SHA-256(hello)})
-    3. initiator -> responder  confirm = Enc_I->R(sign_I(CONFIRM || {transcript: T, run}), ad = T)
-    4. responder -> initiator  ack     = Enc_R->I(T, ad = T)
-
-    T    = SHA-256(TRANSCRIPT || canonical {initiator: key_I, responder: key_R, run,
-                                            hello: hello, answer: answer})
-    keys = HKDF-SHA256(X25519(e_I, e_R), salt = T, info = KDF || canonical {initiator: key_I,
-                                                                            responder: key_R, run})
-
-Each side knows the other's Ed25519 key in advance and refuses a message signed by any other key,
-for another run or recipient. The transcript T holds both ephemeral keys, both 16-byte nonces and
-both identities, so the keys and every later check are bound to this one exchange:
-
-- Freshness for the responder: its own nonce n_R and ephemeral e_R are in T, and the initiator
-  signs T (message 3), so a captured hello replayed later gets an answer the replayer cannot
-  confirm: it holds neither the initiator's signing key (for a new T) nor e_I (for the keys).
-  Nothing becomes a session until ``Responder.confirm`` succeeds.
-- Freshness for the initiator: the answer signs SHA-256(hello), which holds the fresh n_I and e_I.
-- Key confirmation: message 3 is the first frame of the initiator's direction and the ack the
-  first of the responder's (counter 0 each), so each side has proved it derived the same keys.
-  The channels ``Initiator.finish`` and ``Responder.confirm`` return continue at counter 1.
-- A leaked session key or ephemeral opens no later session: each needs a new signature over a
-  transcript with the other side's fresh nonce.
-- Distinct domains per message: no message is accepted as another, nor reflected to its sender.
-
-Every refusal is the same opaque ``VerificationError``; a failed step leaves the handshake where
-it was (another attempt may follow); calling a step out of order is a ``ValueError``.
-"""
+"""The authenticated X25519 + HKDF key agreement that opens a ``channel.SecureChannel``: three signed
+messages and an acknowledgement bound to one transcript, with key confirmation both ways. Pure;
+every refusal is the opaque ``VerificationError`` (README.md, "The handshake")."""
 
 from __future__ import annotations
 

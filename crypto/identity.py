@@ -1,10 +1,6 @@
-"""A peer's Ed25519 identity, kept in an owner-only (0600) PKCS8 PEM file.
-
-The peer id is the hex SHA-256 fingerprint of the 32 raw public key bytes. ``load`` refuses a
-file that group or others can read or write, and says how to fix it; ``create`` never
-overwrites an existing file. ``verify_signature`` is the one place a signature is checked: it
-raises the opaque ``VerificationError`` for every failure and never returns a bool.
-"""
+"""A peer's Ed25519 identity in an owner-only (0600) PKCS8 PEM file; its peer id is the hex SHA-256 of
+the raw public key. ``load`` refuses a file others can read or write; ``create`` never overwrites;
+``verify_signature`` is the one place a signature is checked (it raises, never returns a bool)."""
 
 from __future__ import annotations
 

@@ -1,46 +1,6 @@
-"""Two-party additive secret sharing in Z_2^64: the ring arithmetic behind TL++ secure mode.
-
-**Ring.** Elements of Z_2^64 are ``torch.int64`` tensors. int64 add, subtract, negate and multiply
-wrap around in two's complement, which *is* arithmetic mod 2^64 (the tests check it against
-Python integers, matmul included). A ring element read as a signed int64 is its representative in
-[-2^63, 2^63).
-
-**Fixed point.** A real x is encoded as round(x * 2^16) (``FRAC_BITS`` = 16 fractional bits, round
-half to even), so encoding errs by at most 2^-17. ``encode`` accepts |x| <= ``MAX_ABS`` =
-2^47 - 1, the largest magnitude whose encoding fits a signed int64, and refuses anything larger,
-NaN or Inf with ``SharingError``; it never wraps silently. A product of two encodings carries
-2 * 16 fractional bits and must be truncated back (``truncate``).
-
-**Masks** come from ``MaskStream``: the ChaCha20 keystream (pyca/cryptography) under a fresh
-32-byte ``os.urandom`` key, read as little-endian int64 words; never from torch or numpy RNGs.
-
-**Who holds what.** ``share`` splits x into s1 = r, a fresh uniform mask, and s0 = x - r. In TL++
-secure mode the data node does the split and sends s0 to the orchestrator (party 0) and s1 to
-the helper (party 1), each over its own encrypted channel; neither server ever holds both shares
-of a tensor. Because r is uniform over Z_2^64 and independent of x, each share *alone* is
-uniformly distributed and independent of the secret (s0 = x - r is a bijection of r for any
-fixed x): one share reveals nothing about x. Only ``reconstruct`` (s0 + s1) reveals it.
-
-**Share-wise operations.** Linear maps with public coefficients act on each share separately:
-``matmul_public`` (both parties), ``add_public`` (party 0 only adds the constant, so it is counted
-once), ``sum_shares`` (secure aggregation: each server sums the shares it holds; only the sum is
-ever reconstructed). ``affine_share`` composes them into one party's share of
-``x @ weight.T + bias``.
-
-**Truncation failure model.** ``truncate`` is SecureML's local truncation (Mohassel & Zhang 2017):
-party 0 computes s0 >> d, party 1 computes -((-s1) >> d). If the signed integers s0 and s1 add up to
-x without wrapping, the result reconstructs to floor(x / 2^d) or floor(x / 2^d) + 1. They wrap
-when r falls in a window of |x| of the 2^64 ring values, i.e. with probability |x| / 2^64 per
-element, and then the result is off by about 2^(64-d): garbage, not noise. ``truncation_failure_bound``
-gives the conservative union bound numel * |x|max / 2^63 over a whole tensor, and
-``check_truncation_safe``, the magnitude guard, refuses (``SharingError``) a truncation whose bound
-exceeds ``max_failure`` (default 1e-6). Parties cannot see the plaintext, so the guard uses a
-magnitude bound the caller guarantees (in TL++ the data node checks its activations against it
-before sharing). A bound below 1 also keeps every product inside the signed int64 range.
-
-**Device.** All int64 arithmetic runs on the CPU (int64 matmul is not available on CUDA): inputs
-on another device are moved to the CPU, and every returned tensor lives on the CPU.
-"""
+"""Two-party additive secret sharing in Z_2^64 with 16 fractional bits (TL++ secure mode): fixed-point
+encoding that never wraps silently, masks from a ChaCha20 keystream, share-wise public linear maps
+and local truncation guarded by its failure bound. All arithmetic on the CPU (README.md, "Secret sharing")."""
 
 from __future__ import annotations
 

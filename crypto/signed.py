@@ -1,15 +1,6 @@
-"""Signed, self-describing objects: DHT peer records, run manifests, allowlists.
-
-A signed object is a msgpack map ``{"body": <canonical msgpack of a dict>, "pub": <32-byte
-Ed25519 key>, "sig": <64-byte signature>}``. The signature covers a domain tag followed by the
-body bytes, so a signature made for one purpose (a record, an envelope, a join token, a channel
-hello) is never valid for another. The body bytes are canonical: map keys sorted, only str keys,
-only None/bool/int/float/str/bytes/list/dict values.
-
-``unpack_limited`` is the crypto package's strict msgpack decoder (length caps enforced while
-parsing, no ext types, no trailing bytes, str keys only, bounded nesting); every decoding failure
-becomes the opaque ``VerificationError``.
-"""
+"""Signed, self-describing objects (peer records, manifests, allowlists): canonical msgpack bodies
+signed under a per-purpose domain tag, and ``unpack_limited``, the package's strict msgpack
+decoder; every decoding failure is the opaque ``VerificationError``."""
 
 from __future__ import annotations
 

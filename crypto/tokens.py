@@ -1,13 +1,6 @@
-"""Owner-signed join tokens: how a run with an ``allowlist`` admission policy lets a peer in.
-
-A token is a signed object (see ``signed``) under a token-only domain tag, whose body names the
-run, an expiry time, a nonce and optionally the one peer public key it admits, written as
-URL-safe base64 without padding so it can be pasted on a command line. ``verify_join_token``
-refuses, with the opaque ``VerificationError``: text that is too long or not canonical base64, a
-bad signature, another owner, another run, an expired token, or a token bound to another peer.
-Tokens are bearer credentials until they expire; single use, if wanted, is the verifier's job
-(it can remember ``JoinToken.nonce``).
-"""
+"""Owner-signed join tokens: how a run with an ``allowlist`` admission policy lets a peer in. A token
+names the run, an expiry, a nonce and optionally the one key it admits; it is a bearer credential
+until it expires (README.md, "Join tokens")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Peer daemon configuration: one frozen dataclass, filled from flags and an optional TOML file.
-
-Flag names follow hivemind's and Petals' (``--initial_peers``, ``--host_maddrs``, ...); the
-kebab-case spellings are accepted too, on the command line and as TOML keys. Precedence: command
-line > ``-c FILE`` > defaults.
-"""
+"""Peer daemon configuration: ``PeerConfig``, one frozen dataclass whose fields declare their
+bounds and help (the ``gossamer peer`` flags are generated from them), filled from flags and an
+optional TOML file. Names follow hivemind's and Petals' (``--initial_peers``); kebab-case spellings
+are accepted too. Precedence: command line > ``-c FILE`` > defaults."""
 
 from __future__ import annotations
 
@@ -14,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gossamer.peer.errors import ConfigError
+from gossamer.protocols.core.errors import InvalidSetting
+from gossamer.protocols.core.settings import check, setting
 
 DEFAULT_IDENTITY = Path("~/.gossamer/identity.pem")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -21,88 +21,62 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 
 @dataclass(frozen=True, kw_only=True)
 class PeerConfig:
-    """Everything one peer daemon needs to start.
+    """Everything one peer daemon needs to start; each field's ``doc`` is its flag's help."""
 
-    Attributes:
-        identity_path: Ed25519 identity file (created with mode 0600 if missing).
-        run: run id (``name@ownerprefix``) to join; None only for the orchestrator, which makes it.
-        roles: roles this peer takes in the run.
-        initial_peers: DHT multiaddrs of running peers to bootstrap from.
-        new_swarm: start a new DHT network instead of joining one.
-        host_maddrs: multiaddrs the DHT node listens on.
-        announce_maddrs: multiaddrs the DHT node tells others (behind NAT / port forwarding).
-        public_name: a human-readable name shown in peer tables.
-        host: address the HTTP and TCP servers bind to.
-        announce_host: address written in this peer's record (default: derived from host/maddrs).
-        http_port / tcp_port: 0 lets the OS choose.
-        announce_http_port / announce_tcp_port: port written in this peer's record when others reach
-            it through another one (a port forward, or a WAN-emulating proxy in a benchmark);
-            0: the port it listens on.
-        relay: volunteer as a relay for private peers (a public peer only; ``peer.reach``).
-        relay_port: port of the relay service (0: the OS chooses); relayed peers get fresh ports.
-        relay_max_peers: most private peers this relay serves at once.
-        relay_rate_bytes_per_s: bytes per second per relayed peer, both ways together (0: no cap).
-        device: ``auto`` (CUDA if present, else CPU) or a torch device name.
-        data: dataset for data-holding roles (``builtin:pydoc`` or a local path).
-        join_token: owner-signed token for runs with an allowlist.
-        status_token: a secret that lets remote clients read ``/status`` and ``/metrics``
-            (``Authorization: Bearer TOKEN``); with it they answer only this host (loopback) and its
-            holders, without it anyone (the swarm page reads every peer's ``/status``).
-            Put it in the ``-c`` config file rather than on the command line, where ``ps`` shows it.
-        manifest: a manifest file to use instead of fetching it from the DHT (still verified).
-        checkpoint_dir: where roles write checkpoints (safetensors, written atomically); a role
-            started again with the same identity and directory resumes from its own.
-        checkpoint_every: roles holding state write it every this many rounds (0: only on a
-            clean shutdown and at the end), besides on Ctrl+C / SIGTERM.
-        threads: torch CPU threads for this process (0: torch's default); use 1 when several
-            peers share one host.
-        attack: for experiments and tests only: make this learner Byzantine (e.g. ``sign_flip:10``).
-        share_log: TL++ servers (orchestrator, helper): append one JSON line per secret share
-            received to this file ("": off); an audit aid that shows which shares each server held.
-        join_timeout_s: how long to wait for the run's manifest to appear in the DHT.
-        events: write machine-readable JSON event lines to stdout (used by ``gossamer swarm``).
-        log_level: python logging level name.
-    """
-
-    identity_path: Path = DEFAULT_IDENTITY
-    run: str | None = None
-    roles: tuple[str, ...] = ()
-    initial_peers: tuple[str, ...] = ()
-    new_swarm: bool = False
-    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
-    announce_maddrs: tuple[str, ...] = ()
-    public_name: str = ""
-    host: str = "0.0.0.0"
-    announce_host: str = ""
-    http_port: int = 0
-    tcp_port: int = 0
-    announce_http_port: int = 0
-    announce_tcp_port: int = 0
-    relay: bool = False
-    relay_port: int = 0
-    relay_max_peers: int = 16
-    relay_rate_bytes_per_s: int = 0
-    device: str = "auto"
-    data: str = ""
-    join_token: str = ""
-    status_token: str = ""
-    manifest: str = ""
-    checkpoint_dir: Path = Path("~/.gossamer/checkpoints")
-    checkpoint_every: int = 10
-    threads: int = 0
-    attack: str = ""
-    share_log: str = ""
-    join_timeout_s: float = 30.0
-    events: bool = False
-    log_level: str = "INFO"
+    identity_path: Path = setting(DEFAULT_IDENTITY, doc="Ed25519 identity file (created, mode 0600, if missing)")
+    run: str | None = setting(None, doc="run id to join, NAME@OWNERPREFIX (the orchestrator prints it; none for "
+                                        "the orchestrator, which makes the run)")
+    roles: tuple[str, ...] = setting((), doc="roles this peer takes, e.g. learner or node (space or comma separated)")
+    initial_peers: tuple[str, ...] = setting(
+        (), doc="multiaddrs of running peers to bootstrap from, as printed by them (/ip4/.../tcp/.../p2p/...)")
+    new_swarm: bool = setting(False, doc="start a new network instead of joining one")
+    host_maddrs: tuple[str, ...] = setting(("/ip4/0.0.0.0/tcp/0",), doc="multiaddrs the DHT node listens on")
+    announce_maddrs: tuple[str, ...] = setting(
+        (), doc="multiaddrs the DHT node announces to others (behind NAT / port forwarding)")
+    public_name: str = setting("", doc="a human-readable name shown in peer tables (at most 64 characters)")
+    host: str = setting("0.0.0.0", doc="address the HTTP and TCP servers bind to")
+    announce_host: str = setting("", doc="address written in this peer's record for HTTP/TCP "
+                                         "(default: derived from --host and the multiaddrs)")
+    http_port: int = setting(0, low=0, high=65535, doc="HTTP port (0: chosen by the OS)")
+    tcp_port: int = setting(0, low=0, high=65535, doc="TCP port (0: chosen by the OS)")
+    announce_http_port: int = setting(
+        0, low=0, high=65535, doc="HTTP port written in this peer's record, when others reach it through another one "
+                                  "(a port forward, a WAN-emulating proxy; 0: the port it listens on)")
+    announce_tcp_port: int = setting(0, low=0, high=65535,
+                                     doc="TCP port written in this peer's record (as --announce_http_port)")
+    relay: bool = setting(False, doc="volunteer as a relay for peers behind NAT (a public peer only)")
+    relay_port: int = setting(0, low=0, high=65535,
+                              doc="port of the relay service (0: chosen by the OS; relayed peers get fresh ports)")
+    relay_max_peers: int = setting(16, low=1, doc="most private peers this relay serves at once")
+    relay_rate_bytes_per_s: int = setting(0, low=0,
+                                          doc="bytes per second per relayed peer, both ways together (0: no cap)")
+    device: str = setting("auto", doc="auto (CUDA if present, else CPU), cpu, cuda, cuda:N or mps")
+    data: str = setting("", doc="dataset for data-holding roles: builtin:pydoc or a local file; TL++ nodes: "
+                                "builtin:digits[:shard=K/N|:class=C] or FILE.npz")
+    join_token: str = setting("", doc="owner-signed join token for allowlist runs (visible in `ps`: prefer "
+                                      "--join_token_file or GOSSAMER_JOIN_TOKEN)")
+    status_token: str = setting(
+        "", doc="closes /status and /metrics to this host and clients sending Authorization: Bearer TOKEN "
+                "(default: open to anyone; the swarm page reads every peer's /status; visible in `ps`: prefer "
+                "--status_token_file or GOSSAMER_STATUS_TOKEN)")
+    manifest: str = setting("", doc="use this manifest file instead of fetching it from the DHT (still verified)")
+    checkpoint_dir: Path = setting(Path("~/.gossamer/checkpoints"),
+                                   doc="where roles write checkpoints (safetensors, atomically) and resume from")
+    checkpoint_every: int = setting(10, low=0, doc="write a role's state every N rounds (0: only on Ctrl+C/SIGTERM "
+                                                   "and at the end)")
+    threads: int = setting(0, low=0, doc="torch CPU threads (0: torch default; 1 when several peers share a host)")
+    attack: str = setting("", doc="experiments/tests only: make this learner Byzantine, e.g. sign_flip:10")
+    share_log: str = setting("", doc="TL++ servers: append one JSON line per secret share received to this file "
+                                     "(an audit aid)")
+    join_timeout_s: float = setting(30.0, above=0, doc="seconds to wait for the run's manifest to appear")
+    events: bool = setting(False, doc="print machine-readable JSON events on stdout (gossamer swarm reads them)")
+    log_level: str = setting("INFO", doc="DEBUG, INFO, WARNING or ERROR")
 
     def __post_init__(self) -> None:
-        for name in ("http_port", "tcp_port", "announce_http_port", "announce_tcp_port", "relay_port"):
-            port = getattr(self, name)
-            if not isinstance(port, int) or not 0 <= port <= 65535:
-                raise ConfigError(f"{name} must be an integer in 0..65535, got {port!r}")
-        if not self.join_timeout_s > 0:
-            raise ConfigError(f"join_timeout_s must be positive, got {self.join_timeout_s!r}")
+        try:
+            check(self)
+        except InvalidSetting as exc:
+            raise ConfigError(str(exc)) from exc
         if self.device.split(":")[0] not in DEVICES:
             raise ConfigError(f"device {self.device!r} is not one of {', '.join(DEVICES)} (optionally cuda:N)")
         _check_ip("host", self.host)
@@ -110,14 +84,6 @@ class PeerConfig:
             _check_ip("announce_host", self.announce_host)
         if self.new_swarm and self.initial_peers:
             raise ConfigError("pass either --new_swarm (start a new network) or --initial_peers (join one), not both")
-        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
-            raise ConfigError(f"checkpoint_every must be a non-negative integer, got {self.checkpoint_every!r}")
-        if not isinstance(self.relay_max_peers, int) or self.relay_max_peers < 1:
-            raise ConfigError(f"relay_max_peers must be a positive integer, got {self.relay_max_peers!r}")
-        if not isinstance(self.relay_rate_bytes_per_s, int) or self.relay_rate_bytes_per_s < 0:
-            raise ConfigError(f"relay_rate_bytes_per_s must be a non-negative integer, got {self.relay_rate_bytes_per_s!r}")
-        if not isinstance(self.threads, int) or self.threads < 0:
-            raise ConfigError(f"threads must be a non-negative integer, got {self.threads!r}")
         if len(self.public_name) > 64:
             raise ConfigError("public_name must be at most 64 characters")
 

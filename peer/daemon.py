@@ -1,13 +1,8 @@
-"""The peer daemon: identity, DHT membership, TCP and HTTP servers, signed heartbeat, roles.
-
-``Daemon.create`` checks everything it can before it touches the disk or the network (roles,
-settings, device; the identity file is created only once the arguments are known to be good),
-refuses to start a second live daemon with an identity that is already in the run, builds
-everything (undoing what it built if a later step fails) and returns a running daemon. ``state``
-says how its roles are doing (``/healthz``); ``aclose`` withdraws the record and tears everything
-down, idempotently, and with ``checkpoint=True`` (a clean shutdown) has every role write what a
-restart resumes from.
-"""
+"""The peer daemon: one running peer's identity, DHT membership, servers, signed heartbeat and
+roles, and what it says about itself (``state`` for ``/healthz``, ``status``, the metrics snapshot).
+``Daemon.create`` checks roles, settings and device before it touches the disk or the network, refuses
+a live twin of its identity and undoes what it built when a later step fails; ``aclose`` is idempotent
+and, with ``checkpoint=True``, has every role write what a restart resumes from."""
 
 from __future__ import annotations
 
@@ -21,27 +16,28 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from gossamer import __version__
 from gossamer.crypto.errors import IdentityError
 from gossamer.crypto.identity import Identity
+from gossamer.peer.cancellation import cancel_all
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.device import describe_device, resolve_device
 from gossamer.peer.errors import ConfigError, StartupError
 from gossamer.peer.events import EventSink
 from gossamer.peer.http_api import daemon_routes
-from gossamer.peer.introspection import Introspection
 from gossamer.peer.kit.state_donor import StateDonor
-from gossamer.peer.metrics import PeerMetrics, Traffic
+from gossamer.peer.metrics import PeerMetrics, Snapshot, Traffic, merge_counts, process_usage
 from gossamer.peer.plugin import PluginRegistry, ProtocolPlugin, build_roles
 from gossamer.peer.progress import ProgressPrinter
 from gossamer.peer.reach.service import Reach, Volunteer
-from gossamer.peer.role import Role, RoleContext
+from gossamer.peer.role import FAILED, RUNNING, SERVING, Role, RoleContext
 from gossamer.peer.run.addresses import announced_host, dht_mismatch
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, lonely_line, start_membership
 from gossamer.peer.run.keys import RunKeys, peers_key
 from gossamer.peer.run.manifest import Manifest, RunConfig, build_manifest
 from gossamer.peer.run.publisher import Publisher, StoreLog
-from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.records import PeerRecord, peer_row, seal_record
 from gossamer.peer.run.tenure import tenured_ids
 from gossamer.peer.run.view import PeerView
 from gossamer.peer.serving import (
@@ -53,7 +49,6 @@ from gossamer.peer.serving import (
     role_gate,
     state_donor,
 )
-from gossamer.peer.stopping import cancel_all
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http import HttpConfig
@@ -65,7 +60,7 @@ from gossamer.transport.tcp import TcpConfig, TcpServer
 log = logging.getLogger(__name__)
 
 
-class Daemon(Introspection):
+class Daemon:
     """One running peer. Build with ``await Daemon.create(config)``; stop with ``await aclose()``."""
 
     def __init__(self, *, config: PeerConfig, identity: Identity, manifest: Manifest, plugin: ProtocolPlugin,
@@ -292,6 +287,80 @@ class Daemon(Introspection):
                     lambda: any(p.record.peer_id != me for p in self.view.live(now=self.membership.now())))
         except TimeoutError:
             log.warning("%s", lonely_line(self.config, self.join_command()))
+
+    # -- what it says about itself ------------------------------------------------------------
+
+    @property
+    def round(self) -> int:
+        return max((role.round for role in self.roles), default=0)
+
+    def state(self) -> dict[str, Any]:
+        """How this peer is doing: ``failed`` (a role failed), ``running`` (a role is working
+        towards its end, or the peer only serves), ``idle`` (its roles with an end are finished
+        and the others serve on) or ``finished`` (every role is finished); and each role's health."""
+        health = {role.name: role.health() for role in self.roles}
+        states = {h.state for h in health.values()}
+        if FAILED in states:
+            overall = "failed"
+        elif RUNNING in states or not states or states == {SERVING}:
+            overall = "running"
+        else:
+            overall = "idle" if SERVING in states else "finished"
+        return {"state": overall, "roles": {name: h.to_json() for name, h in health.items()}}
+
+    def join_command(self) -> str:
+        """The command line that joins this run, with this peer as the bootstrap."""
+        roles = ",".join(self.plugin.swarm_roles)
+        return (f"gossamer peer --run {self.manifest.run_id} --initial_peers {' '.join(self.membership.visible_maddrs())}"
+                + (f" --roles {roles}" if roles else ""))
+
+    def status(self, *, owner: bool = True) -> dict[str, Any]:
+        """What ``/status`` shows; for anyone but the ``owner`` (this host, the status token's
+        holder) without the fields the roles mark private (``Role.private_status``), whose names
+        are listed under ``withheld``."""
+        now = self.membership.now()
+        record = self.record()
+        sent, received = self._bytes()
+        live = self.view.live(now=now)
+        panel = self.plugin.panel([p.record for p in live])
+        return {
+            "peer_id": self.identity.peer_id, "name": self.config.public_name, "version": __version__,
+            "run_id": self.manifest.run_id, "protocol": self.manifest.config.protocol,
+            "roles": list(dict.fromkeys(self.config.roles)), "round": self.round,
+            "uptime_s": round(time.monotonic() - self._started, 3), "device": self.device_info,
+            "addresses": {"http": record.http_addr, "tcp": record.tcp_addr, "dht": self.membership.visible_maddrs()},
+            "listening": self.listening(), "reachability": self.reach.status(),
+            "bytes_sent": sum(sent.values()), "bytes_received": sum(received.values()),
+            "live_peers": [peer_row(p.record, now) for p in live],
+            "records_rejected": dict(self.view.rejected),
+            "dht": {"stored": dict(self.store_log.stored), "store_failures": dict(self.store_log.failed),
+                    "refused": dict(self.membership.refused), "rejoined": self.membership.rejoined},
+            "role_status": {role.name: role.status() if owner else role.public_status() for role in self.roles},
+            "withheld": {} if owner else {role.name: sorted(role.private_status) for role in self.roles
+                                          if role.private_status},
+            "health": self.state(), "join": self.join_command(), "summary": self.plugin.summary,
+            "panels": [panel.to_json()] if panel is not None else [], "checkpoints": dict(self.checkpoints),
+            "process": process_usage(),
+        }
+
+    def _status_for(self, owner: bool) -> dict[str, Any]:
+        return self.status(owner=owner)
+
+    def _bytes(self) -> tuple[dict[str, int], dict[str, int]]:
+        sent = merge_counts(self.traffic.sent, {"tcp": self.tcp.stats.bytes_out if self.tcp else 0})
+        received = merge_counts(self.traffic.received, {"tcp": self.tcp.stats.bytes_in if self.tcp else 0})
+        return sent, received
+
+    def _snapshot(self, owner: bool = True) -> Snapshot:
+        sent, received = self._bytes()
+        return Snapshot(uptime_s=time.monotonic() - self._started, live_peers=len(self.view.live(now=self.membership.now())),
+                        round=self.round, bytes_sent=sent, bytes_received=received,
+                        records_rejected=dict(self.view.rejected),
+                        dht_store_failures=dict(self.store_log.failed), dht_refused=dict(self.membership.refused),
+                        dht_rejoined=self.membership.rejoined,
+                        extra_gauges={**{f"process_{k}": float(v) for k, v in process_usage().items()},
+                                      **{k: v for role in self.roles
+                                         for k, v in (role.gauges() if owner else role.public_gauges()).items()}})
 
     # -- shutdown -----------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
-"""The peer layer's exception tree.
+"""The peer layer's exception tree: the runtime's errors and those of the protocols' roles
+(a protocol's core draws its own in ``protocols/core/errors.py``).
 
 ::
 
     PeerError
      ├── ConfigError        bad flags / TOML / run config; the message names the option
-     │    └── DataSourceError   (roles.tlpp.data) a node's --data that cannot be read or is not images
+     │    └── DataSourceError   (tlpp.data) a node's --data that cannot be read or is not images
      ├── ManifestError      a run manifest that does not verify or does not match the run id
      ├── RecordRejected     a peer record that is unsigned, mis-signed, expired or not admitted
      ├── StartupError       the daemon could not start (port in use, DHT, bootstrap); actionable text
@@ -13,13 +14,14 @@
      ├── RequestRefused     (kit.secure_link) the peer refused a request, with a code; the link stays
      ├── RouteFailed        (route.client) no live host is left for a unit of the route
      │    └── NoReachableHost   only private hosts (no relay reaches them) hold that unit
-         ├── FrameRefused       (roles.context.wire) a ring frame refused, with a code; the shard serves on
-     ├── StepAborted        (roles.context.attempt) a context-parallel step's attempt was abandoned
-     ├── StateMismatch      (roles.context.replica) a downloaded state does not fit the run's model
-         └── TrainingStopped    (roles.tlpp.steps) TL++ training cannot go on
+     ├── FrameRefused       (context.wire) a ring frame refused, with a code; the shard serves on
+     ├── StepAborted        (context.attempt) a context-parallel step's attempt was abandoned
+     ├── StateMismatch      (context.replica) a downloaded state does not fit the run's model
+     └── TrainingStopped    (tlpp.steps) TL++ training cannot go on
           └── HelperFailed  the TL++ helper failed a request (secure mode stops with this)
 
-The CLI prints these as one-line ``error: ...`` messages (exit code 2), never as tracebacks.
+Protocol modules are named from ``gossamer.protocols``. The CLI prints these as one-line
+``error: ...`` messages (exit code 2), never as tracebacks.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Machine-readable progress events: one JSON object per line on stdout when ``--events`` is on
-(``gossamer swarm``, the end-to-end tests and scripts read them).
-
-The daemon's own events are ``ready``, ``peers`` and ``stopped``; a protocol's roles emit
-``<protocol>.<event>`` through ``ProtocolRole.emit``, with the fields their plugin documents
-(``ProtocolPlugin.events``; listed in docs/ARCHITECTURE.md).
-"""
+"""Machine-readable progress events: one JSON object per line on stdout when ``--events`` is on. The
+daemon's own are ``ready``, ``peers`` and ``stopped``; a protocol's roles emit
+``<protocol>.<event>`` with the fields their plugin declares (``ProtocolPlugin.events``)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The daemon's own HTTP endpoints: ``/healthz``, ``/status`` (JSON), ``/metrics`` and the swarm
-page (``GET /`` and its files under ``/page/``, from ``gossamer.peer.page``).
-
-``/healthz`` answers anyone: 200 with the peer's state (running, idle, finished) and each role's
-health, 503 once a role has failed. ``/status`` lists every live peer's addresses, this peer's
-ledgers (with the error text of remote peers) and its traffic, and ``/metrics`` the same numbers
-for Prometheus. The peer's *owner* reads them whole: a request from this host (a loopback
-address: ``curl 127.0.0.1:PORT/status``, ``gossamer swarm``) or from a client sending
-``Authorization: Bearer TOKEN`` of the peer's ``status_token``. Without a ``status_token`` anyone
-else reads them too, from any origin (the swarm page of one peer reads every live peer's
-``/status``), but without the fields the roles mark private (``Role.private_status``: per-step
-losses, which data a step used); with one, anyone else gets 403. Behind a reverse proxy on the
-same host every request looks local: the token does not close ``/status`` there.
-"""
+"""The daemon's own HTTP endpoints: ``/healthz`` (anyone), ``/status`` and ``/metrics`` (whole for the
+owner: this host or the ``status_token``'s holder; without the roles' private fields, or 403 with
+a token, for anyone else) and the swarm page (README.md of peer, "http_api")."""
 
 from __future__ import annotations
 

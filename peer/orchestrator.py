@@ -1,16 +1,6 @@
-"""Role ``orchestrator``: the run owner's peer. Generic: every run has one, whatever its protocol.
-
-It publishes the owner-signed manifest in the DHT (refreshed every heartbeat; a failed store is
-an alarm and is retried after a quarter heartbeat, ``run.publisher``) and serves it over
-HTTP: ``GET /manifest`` as JSON (the run, its owner and config, and the signed bytes in base64),
-``GET /manifest?format=signed`` as the signed bytes themselves (what ``--manifest FILE`` takes).
-The protocol's own run-owner roles (``ProtocolPlugin.owner_roles``) come beside it. It has no end
-of its own: it serves until stopped.
-
-Its record's ``run_round`` is the highest round the run's steering members (the tenured ones,
-``run.tenure``) announced while it watched: after the members of a finished run have left, a peer
-that joins reads there that the run is over instead of waiting for members that will never come.
-"""
+"""Role ``orchestrator``: the run owner's peer, whatever the protocol. It keeps the owner-signed
+manifest in the DHT, serves it over HTTP (``GET /manifest``), serves until stopped, and announces
+in ``run_round`` the highest round the run's steering members reached (README.md of peer)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Protocols as plugins: what a training method brings to the network, and the one registry of them.
-
-A protocol (``run.protocol`` in a run config) is a ``ProtocolPlugin``: its name, its settings
-dataclass (read from the manifest once per daemon by ``gossamer.protocols.core.settings``), its roles
-(the only place their names are spelled), the roles the run owner's orchestrator takes, its extra
-``gossamer`` subcommands, the events its roles emit, and what ``gossamer swarm`` and ``gossamer
-status`` need to show it. ``PluginRegistry`` holds the plugins a build of gossamer knows
-(``gossamer.protocols.registry.PLUGINS``); the daemon, the CLI and the swarm read it and never name a
-protocol. See docs/ARCHITECTURE.md, "Adding a protocol".
-"""
+"""Protocols as plugins: ``ProtocolPlugin`` (a training method's name, settings, roles loaded by
+import, commands, events and what the swarm and status views show of it) and ``PluginRegistry``,
+which the daemon, the CLI and the swarm read without ever naming a protocol."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""Roles: what a peer does in a run.
-
-A role is built from a ``RoleContext`` by a factory its protocol's plugin registers
-(``gossamer.peer.plugin``); the daemon collects its HTTP routes and TCP methods before the servers
-start, then calls ``start()``; on shutdown it calls ``aclose()`` (idempotent), which cancels every
-task the role spawned. ``status()`` feeds ``/status``, ``/metrics`` and the swarm view.
-
-A role says how it is doing through ``health()`` (``RoleHealth``: running, serving, finished or
-failed, with a detail): the daemon's ``/healthz`` reports it (503 once a role failed), and
-``gossamer peer`` exits when every role is finished (0) or one failed (1). A task a role spawned
-that ends with an exception fails the role. ``checkpoint()`` writes what a restart resumes from;
-the daemon calls it on a clean shutdown (Ctrl+C, SIGTERM), after ``aclose``.
-
-``Role`` is the base of every role; ``ProtocolRole[S]`` is the base of a protocol's roles, with
-the run's settings ``S`` (parsed once per daemon, before any role is built) and the helpers every
-role used to write out: the live peers with a given role (and those of them that may steer this
-peer's choices), the run-owner check, this peer's shard and seed, and events namespaced by
-protocol and checked against the plugin's schema.
-"""
+"""Roles: what a peer does in a run. ``Role`` (built from a ``RoleContext``; routes and methods
+collected before the servers start, then ``start``, ``aclose``, ``checkpoint``; ``health`` for
+``/healthz`` and the exit code) and ``ProtocolRole[S]``, with the run's settings ``S`` and the
+helpers every protocol's roles share (README.md of peer, "role")."""
 
 from __future__ import annotations
 
@@ -30,6 +15,7 @@ import torch
 from aiohttp import web
 
 from gossamer.crypto.identity import Identity
+from gossamer.peer.cancellation import cancel_all
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.events import EventSink
@@ -40,7 +26,6 @@ from gossamer.peer.run.manifest import Manifest
 from gossamer.peer.run.publisher import StoreLog
 from gossamer.peer.run.tenure import steering
 from gossamer.peer.run.view import LivePeer, PeerView
-from gossamer.peer.stopping import cancel_all
 from gossamer.transport.dht import DhtMembership
 from gossamer.transport.frames import Frame
 from gossamer.transport.http import HttpConfig

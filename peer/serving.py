@@ -1,4 +1,4 @@
-"""What a peer serves and announces, whoever runs it (the daemon, or ``peer.testing.localnet``):
+"""What a peer serves and announces, whoever runs it (the daemon, or the test harness's ``LocalNet``):
 its roles' HTTP routes and TCP methods (and the gate their frames pass before a payload byte is
 read), the state it donates to joiners, and its signed record.
 """

@@ -1,11 +1,7 @@
-"""The protocols this build of gossamer knows: the one list of plugins (``PLUGINS``).
-
-Each protocol is a folder here whose ``__init__.py`` defines its ``PLUGIN``: ``none``
-(membership only), ``diloco`` (gossip DiLoCo), ``blocktrain`` (BlockTrain), ``tlpp`` (TL++),
-``context`` (compressed context parallelism), ``fomoe`` (FoMoE partial-expert replicas).
-``orchestrator`` is the one generic role every run has. To add a protocol, write its folder and
-add one line below (docs/ARCHITECTURE.md, "Adding a protocol").
-"""
+"""The protocols this build of gossamer knows: the one list of plugins (``PLUGINS``), read by the CLI
+alone. Each protocol is a folder here whose ``__init__.py`` defines its ``PLUGIN``; ``orchestrator``
+is the one generic role every run has. Adding a protocol is its folder and one line below
+(docs/ARCHITECTURE.md, "Adding a protocol")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""The tree draws the architecture, and these tests hold it to it (docs/ARCHITECTURE.md, "Layers").
-
-- ``crypto`` imports nothing of gossamer's; ``transport`` imports ``crypto`` only.
-- ``protocols/core`` and every ``protocols/<p>/core`` are sans-I/O: no asyncio, socket, time,
-  aiohttp, hivemind, peer or transport; a core imports ``protocols/core``, ``crypto.sharing`` and
-  other protocols' cores only.
-- ``peer`` imports ``protocols/core``, ``transport`` and ``crypto``, never a protocol's roles;
-  only ``peer/cli`` reads the registry (``protocols.registry``).
-- A protocol's roles import ``peer``, cores, ``transport`` and ``crypto``, never another protocol's
-  roles, the registry or the CLI.
-- Nothing shipped imports the harness (``gossamer_harness``) or the tests; only ``crypto``
-  imports ``cryptography``; code names the layers as ``gossamer.<layer>``.
-- A role is one class in one module: no mixin halves (``self`` annotated with another class),
-  one-class modules up to 800 lines, others up to 400.
-"""
+"""The tree draws the architecture, and these tests hold it to it (docs/ARCHITECTURE.md, "Layers"):
+the import arrows between ``crypto``, ``transport``, ``peer``, the registry, the protocols' roles
+and their sans-I/O cores; nothing shipped imports the harness; every package docstring maps its
+modules and every exception is in its layer's tree; a role is one class in one module (no mixin
+halves), one-class modules up to 800 lines, others up to 400."""
 
 from __future__ import annotations
 
@@ -87,6 +77,15 @@ def place_of(module: str) -> tuple[str, ...]:
 
 
 def allowed(importer: tuple[str, ...], imported: tuple[str, ...], module: str) -> bool:
+    """Whether a module at ``importer`` may import ``module`` (at ``imported``):
+
+    - ``crypto`` imports nothing of gossamer's; ``transport`` imports ``crypto`` only.
+    - ``peer`` imports ``protocols/core``, ``transport`` and ``crypto``, never a protocol's roles;
+      only ``peer/cli`` reads the registry.
+    - a core (``protocols/core``, ``protocols/<p>/core``) imports cores and ``crypto.sharing`` only.
+    - a protocol's roles import ``peer``, cores, ``transport`` and ``crypto``, never another
+      protocol's roles, the registry or the CLI.
+    """
     if not imported or imported == importer or imported == ("protocols",):
         return True
     top = importer[0]
@@ -117,7 +116,7 @@ def test_imports_point_the_allowed_way(path: Path) -> None:
     here = place_of_path(path)
     imported = imported_modules(path)
     wrong = sorted(m for m in imported if not allowed(here, place_of(m), m))
-    assert not wrong, f"{relative(path)} ({'/'.join(here)}) imports {wrong} (see this module's docstring)"
+    assert not wrong, f"{relative(path)} ({'/'.join(here)}) imports {wrong} (the rules: allowed())"
     roots = {m.split(".")[0] for m in imported}
     if here[0] != "crypto":
         assert "cryptography" not in roots, f"{relative(path)}: only crypto/ may import cryptography"
@@ -263,3 +262,41 @@ def test_no_module_is_longer_than_its_limit() -> None:
         if lines > limit:
             long[relative(path)] = (lines, limit)
     assert not long, f"modules over their limit (lines, limit); split them into real objects: {long}"
+
+
+@pytest.mark.parametrize("path", list(modules(*LAYERS)), ids=relative)
+def test_no_class_is_split_into_mixin_halves(path: Path) -> None:
+    """A method whose ``self`` is annotated belongs to a half of a class defined elsewhere."""
+    halves = [f"{node.name} (line {node.lineno})" for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+              if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.args.args
+              and node.args.args[0].arg == "self" and node.args.args[0].annotation is not None]
+    assert not halves, f"{relative(path)}: methods of a mixin half (self annotated): {halves}"
+
+
+def _base_name(base: ast.expr) -> str:
+    base = base.value if isinstance(base, ast.Subscript) else base
+    return base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+
+
+TYPING_BASES = {"Generic", "Protocol"}  # a type parameter, not a half of the class
+
+
+def mixin_roles(source: str) -> list[str]:
+    """The role classes of ``source`` that inherit from more than one class besides typing's."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef):
+            bases = [_base_name(b) for b in node.bases if _base_name(b) not in TYPING_BASES]
+            if len(bases) > 1 and any(b.endswith("Role") for b in bases):
+                found.append(node.name)
+    return found
+
+
+def test_the_mixin_walk_tells_a_type_parameter_from_a_mixin() -> None:
+    assert mixin_roles("class A(ProtocolRole, Stepping): pass\nclass B(Role, Generic[S]): pass\n") == ["A"]
+
+
+@pytest.mark.parametrize("path", list(modules("protocols", "peer")), ids=relative)
+def test_a_role_is_one_class_not_a_sum_of_mixins(path: Path) -> None:
+    mixed = mixin_roles(path.read_text(encoding="utf-8"))
+    assert not mixed, f"{relative(path)}: role classes built from mixins: {mixed}; make them one class or real objects"

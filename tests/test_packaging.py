@@ -1,9 +1,9 @@
 """What ``pip install`` puts into a user's environment: one top-level package, ``gossamer``.
 
 The fast tests check that pyproject.toml's package list names every package folder and that the
-public API map resolves. The end-to-end test builds the wheel, installs it into a fresh virtual
-environment outside the repository and runs the console script from there: ``--version``,
-``swarm --help`` and the one-round ``quick`` preset (a real swarm of processes).
+public API map resolves. The end-to-end tests build the wheel once: it holds every listed package
+and no harness module; installed into a fresh virtual environment outside the repository, its
+console script runs ``--version``, ``swarm --help`` and the one-round ``quick`` preset.
 """
 
 from __future__ import annotations
@@ -57,6 +57,40 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     str(source)], check=True, capture_output=True, text=True, timeout=300)
     (built,) = out.glob("gossamer-*.whl")
     return built
+
+
+HARNESS_STEMS = {"localnet", "localproc", "faults", "taps", "netns", "wan", "wan_link", "recheck", "report"}
+HARNESS_PREFIXES = ("fault_", "faultcase")
+
+
+def harness_files(names: list[str]) -> list[str]:
+    """The entries of a wheel's file list that belong to the dev-only harness."""
+    found = []
+    for name in names:
+        parts = name.split("/")
+        stem = parts[-1].removesuffix(".py")
+        if (parts[0] == "gossamer_harness" or "testing" in parts[:-1] or stem in HARNESS_STEMS
+                or stem.startswith(HARNESS_PREFIXES)):
+            found.append(name)
+    return found
+
+
+def test_the_harness_walk_spots_each_kind_of_harness_file() -> None:
+    names = ["gossamer_harness/__init__.py", "gossamer/peer/testing/net.py", "gossamer/transport/wan_link.py",
+             "gossamer/protocols/diloco/recheck.py", "gossamer/protocols/tlpp/fault_runs.py",
+             "gossamer/protocols/tlpp/faultcase.py", "gossamer/peer/daemon.py", "gossamer/peer/kit/ledger.py"]
+    assert harness_files(names) == names[:6]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_the_wheel_holds_every_listed_package_and_no_harness(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert not harness_files(names), harness_files(names)
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]
+    missing = [package for package in listed if f"{package.replace('.', '/')}/__init__.py" not in names]
+    assert not missing, f"packages of pyproject.toml missing from the wheel: {missing}"
 
 
 @pytest.mark.e2e

@@ -1,38 +1,22 @@
-"""gossamer's data plane: bytes, frames, peers and addresses (never models or rounds).
+"""gossamer's data plane: bytes, frames, peers and addresses (never models or rounds); every foreign
+error is translated into the tree below once, at this boundary (README.md here is the spec).
 
-Map of the package:
-
-- ``errors``    the exception tree below; every foreign error (OSError, asyncio.TimeoutError,
-                aiohttp, msgpack) is translated into it once, here, at the transport boundary.
+- ``errors``    the exception tree below.
 - ``limits``    ``Limits``: hard caps on every length, count, depth and size a peer can claim.
 - ``header``    msgpack headers, decoded exactly and within every cap.
-- ``codec``     tensor codec: a msgpack header per tensor (name, dtype from an allowlist, shape,
-                byte length, optional fp16/bf16/int8 quantisation) and raw little-endian bytes,
-                decoded zero-copy.
-- ``frames``    the TCP frame: magic, version, type, header length, payload length, msgpack
-                header, payload.
-- ``safetensors_stream``  streamed safetensors bodies (HTTP objects, checkpoints) with strict,
-                capped parsing.
-- ``tcp``       asyncio TCP server and client exchanging frames (request/response, one-way);
-                re-exports ``tcp_stream`` (config, stats, zero-copy frame I/O on raw sockets),
-                ``tcp_server`` and ``tcp_client``.
-- ``slots``     what one connecting peer can hold on a server: connection slots per address
-                (``AddressSlots``, ``address_key``) and bytes of bodies / payloads in flight
-                (``ByteBudget``), shared by the TCP and HTTP servers.
-- ``logs``      ``ThrottledLog``: the servers log what peers can trigger (bad frames, cut
-                bodies, failing handlers) at most ``burst`` lines per window.
-- ``http``      shared HTTP pieces (``HttpConfig``, capped body and JSON reading);
-                ``http_server`` (aiohttp server with body caps, header/idle deadlines against
-                slowloris, connection cap, tensor helpers) and ``http_client``.
-- ``wan``       a WAN-emulating TCP proxy: latency, jitter, bandwidth cap, drops, resets,
-                1-byte slicing, and an access link shared by a peer's proxies
-                (``wan_link`` holds the per-link profile, ``AccessLink`` and pacing).
-- ``relay``     a relayed data plane for private peers (TURN-style): ``RelayServer`` on a public
-                peer, ``RelayClient`` on the private one (a subpackage: ``wire``, ``server``,
-                ``client``).
-- ``dht``       membership over a hivemind DHTNode: signed entries under ``gossamer/`` keys,
-                validated by every node (a subpackage: ``membership``, ``config``, ``startup``,
-                ``entries``, ``validation``, ``records``).
+- ``codec``     tensor codec: a msgpack header per tensor and raw little-endian bytes, zero-copy.
+- ``frames``    the TCP frame: prefix, msgpack header, payload.
+- ``safetensors_stream``  streamed safetensors bodies (HTTP objects, checkpoints), strictly parsed.
+- ``tcp``       asyncio TCP server and client exchanging frames; re-exports ``tcp_stream`` (whole
+                frames over a raw socket), ``tcp_server`` and ``tcp_client``.
+- ``slots``     what one connecting peer can hold on a server: connection slots per address,
+                bytes in flight; shared by the TCP and HTTP servers.
+- ``logs``      ``ThrottledLog``: what peers can trigger is logged at most ``burst`` lines per window.
+- ``http``      shared HTTP pieces (``HttpConfig``, capped body and JSON reading); ``http_server``
+                and ``http_client``.
+- ``relay``     a relayed data plane for private peers (TURN-style; ``wire``, ``splice``,
+                ``server``, ``client``).
+- ``dht``       membership over a hivemind DHTNode: signed entries under ``gossamer/`` keys.
 
 Exceptions::
 
@@ -50,7 +34,5 @@ Exceptions::
      ├── BootstrapFailed       (dht.startup) no initial peer answered; the message says what to check
      └── DhtStartFailed        (dht.startup) the DHT node (p2pd) could not start; the message says why
 
-Two signals that never reach a caller: ``HandlerError`` (tcp_server), raised by a request
-handler to refuse a request (the peer gets its message as an error frame), and
-``InjectedReset`` (wan_link), the WAN emulator's own way to reset a link on purpose.
-"""
+``HandlerError`` (tcp_server) never reaches a caller: a request handler raises it to refuse a
+request, and the peer gets its message as an error frame."""

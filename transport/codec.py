@@ -1,21 +1,7 @@
-"""Tensor codec: msgpack header entries plus raw little-endian bytes, decoded zero-copy.
-
-A tensor message is a list of header entries (``TensorSpec.to_header()``, one map per tensor, offsets
-contiguous from 0 in order) and a payload that is every tensor's raw bytes back to back, nothing
-else. Dtypes come from the ``DTYPES`` allowlist; everything a peer claims is checked against
-``Limits`` before anything is allocated.
-
-Quantisation (floating tensors only, chosen by the sender): ``"fp16"`` / ``"bf16"`` casts, or
-``"int8"`` symmetric per tensor, ``q = round(x / scale)`` with ``scale = max|x| / 127`` (1.0 for an
-all-zero tensor). The receiver restores the original dtype (``orig_dtype``).
-
-Copies: ``encode_tensors`` returns read-only memoryviews over the tensors' own storage when they
-are contiguous CPU tensors; CUDA or non-contiguous tensors are made contiguous and moved to the
-CPU once. ``decode_tensors`` views a writable payload (bytearray or writable memoryview) with
-``torch.frombuffer``: the tensors share its memory, so do not reuse the buffer while they live. A
-read-only payload (``bytes``) is copied once into a bytearray. A tensor whose bytes are not aligned
-to its item size is copied (torch cannot view them in place), and so is a dequantised tensor.
-"""
+"""Tensor codec: one msgpack header entry per tensor (dtype from an allowlist, shape, offsets, optional
+fp16/bf16/int8 quantisation) and the tensors' raw little-endian bytes back to back. Everything a
+peer claims is checked against ``Limits`` before anything is allocated; decoded tensors view the
+payload's memory (README.md, "Tensor codec")."""
 
 from __future__ import annotations
 

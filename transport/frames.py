@@ -1,19 +1,6 @@
-"""The TCP frame: a fixed prefix, a msgpack header, then the payload bytes.
-
-Layout (network byte order)::
-
-    magic     4 bytes   b"GSMR"
-    version   u8        1
-    type      u8        FrameType
-    hdr_len   u32       length of the msgpack header
-    pay_len   u64       length of the payload
-    header    hdr_len bytes, a msgpack map with str keys (decoded only by ``transport.header``)
-    payload   pay_len bytes
-
-Everything here is pure: no sockets (``allocate_buffer`` just hands out receive buffers). ``parse_prefix`` checks every claimed length against the
-limits before a reader allocates anything; ``decode_frame`` parses one whole frame held in a single
-buffer (tests and fuzzing), refusing truncation and trailing bytes.
-"""
+"""The TCP frame: a fixed prefix (magic ``GSMR``, version, type, header and payload lengths), a msgpack
+header, then the payload (README.md, "The TCP frame"). Pure: ``parse_prefix`` checks every claimed
+length against the limits before a reader allocates anything."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""msgpack headers with hard limits: the one place peer-supplied msgpack is decoded.
-
-Headers are plain maps of str keys to ints, floats, strs, bytes, bools, None, lists and maps.
-Decoding checks the byte length before parsing, lets msgpack enforce per-object caps while it
-parses (so a claimed 2^32-element array is refused before it is allocated), refuses ext types
-and trailing bytes, and then checks the nesting depth.
-"""
+"""msgpack headers with hard limits: the one place peer-supplied msgpack is decoded. Plain maps of str
+keys; length checked before parsing, per-object caps while parsing, no ext types, no trailing
+bytes, bounded nesting."""
 
 from __future__ import annotations
 

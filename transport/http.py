@@ -1,20 +1,6 @@
-"""HTTP data plane: bulk objects (safetensors bodies) and small JSON endpoints over aiohttp.
-
-The parts:
-
-- ``http``         (this module) ``HttpConfig`` and what server and client share: reading a
-                   body of known length into one preallocated buffer, JSON decoding with caps.
-- ``http_server``  ``HttpServer`` (an aiohttp app behind a connection cap, a header deadline,
-                   a per-request deadline) and handler helpers ``read_body_into``,
-                   ``read_tensors``, ``stream_tensors``.
-- ``http_client``  ``HttpClient``: ``get_json`` / ``post_json`` / ``get_bytes`` / ``put_bytes`` /
-                   ``get_tensors`` / ``put_tensors``, each with a deadline, every aiohttp and OS
-                   error translated into ``transport.errors``.
-
-Bodies are never joined from pieces: a received body is copied once, chunk by chunk, from
-aiohttp's buffers into a buffer of exactly Content-Length bytes (allocated after the cap check),
-and a sent body is streamed as memoryview slices of the tensors' own memory.
-"""
+"""HTTP data plane: ``HttpConfig`` and what ``http_server`` and ``http_client`` share: reading a body
+of known length into one preallocated buffer, JSON decoding with caps. Bodies are never joined
+from pieces (README.md, "HTTP")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""HTTP client for bulk objects and small JSON endpoints, on one aiohttp session.
-
-Every call runs under ``request_timeout_s`` (whole call), ``connect_timeout_s`` and a per-read
-``idle_timeout_s``. Errors are translated here, once: an HTTP status >= 400 ->
-``RemoteError(status=...)`` carrying the start of the body; refused / unreachable ->
-``ConnectFailed``; reset, disconnect or a body cut short -> ``ConnectionClosed``; any deadline ->
-``TransportTimeout``; a body that does not parse -> ``DecodeError``. Response bodies need a
-Content-Length within the caps and are read into one preallocated buffer; request bodies are
-streamed as memoryview slices, never joined.
-"""
+"""``HttpClient``: bulk objects and small JSON endpoints on one aiohttp session; every call under a
+whole-call, connect and per-read deadline, every aiohttp and OS error translated into
+``transport.errors`` here (README.md, "Errors: what is translated where")."""
 
 from __future__ import annotations
 

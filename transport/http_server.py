@@ -1,28 +1,6 @@
-"""HTTP server: an aiohttp application behind connection caps, deadlines and a body budget.
-
-``HttpServer.create(app, config=...)`` serves ``app`` (adding one middleware, so pass an app
-that has not been started yet) with these protections:
-
-- header deadline (slowloris): aiohttp's keep-alive timer, set to ``header_timeout_s``, closes a
-  connection that is waiting for a request whose line and headers are not complete that long
-  after the connection opened or the previous response finished (tested byte by byte);
-- ``max_connections`` and ``max_connections_per_address``: each connection is counted, in all
-  and against its address (``transport.slots``); beyond either cap it gets ``503`` and is closed;
-- a request whose handler never read its body (refused before it) lingers at most
-  ``lingering_s`` before the connection closes; a client that disconnects cancels its handler
-  (and the lingering), so an abandoned request costs no further work;
-- ``request_timeout_s``: a middleware bounds every handler (``504`` if nothing was sent yet,
-  otherwise the connection is dropped), and maps what a handler raises: DecodeError -> ``400``
-  with its message, TransportTimeout -> ``408``, Overloaded -> ``503``, a client that went away
-  mid-body -> one log line; anything unexpected -> ``500`` and a traceback. Every such line goes
-  through the server's ``ThrottledLog`` (``transport.logs``), aiohttp's own included: a peer
-  cannot flood the log;
-- ``read_body_into``: Content-Length required and within the caller's cap, then held in the
-  server's body budget (``max_inflight_body_bytes``, ``503`` beyond it) until the handler ends,
-  received within a whole-body deadline (``HttpConfig.body_deadline_s``) as well as
-  ``idle_timeout_s`` per chunk. A handler checks who is talking (``peer.kit.messaging``) before
-  it calls it, so an unauthenticated peer never gets a body buffered.
-"""
+"""``HttpServer``: an aiohttp application behind a header deadline (slowloris), connection caps in all
+and per address, a per-request deadline and a body budget; a middleware translates what handlers
+raise into status codes (README.md, "HTTP")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Logging what remote peers can trigger, without letting them flood the log.
-
-A server logs a line (or a traceback) when a peer sends a bad frame, cuts a body short or makes
-a handler fail. Each of those is one peer's choice, so each server logs them through its own
-``ThrottledLog``: at most ``burst`` records per ``window_s``; the rest are counted, and the first
-record after the window says how many were left out. Tracebacks cost the most; they are still
-written, but never more than ``burst`` per window.
-"""
+"""``ThrottledLog``: what remote peers can trigger (bad frames, cut bodies, failing handlers) is logged
+at most ``burst`` records per ``window_s`` per server; the first record after the window says how
+many were left out."""
 
 from __future__ import annotations
 

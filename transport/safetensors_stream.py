@@ -1,16 +1,6 @@
-"""safetensors bodies for HTTP objects and checkpoints: streamed encoding, strict decoding.
-
-Layout (the ``safetensors`` library's, readable and writable by it both ways): an 8-byte
-little-endian u64 header length N, N bytes of JSON header (an object mapping each tensor name to
-``{"dtype", "shape", "data_offsets": [begin, end]}`` plus an optional ``"__metadata__"`` str->str
-map, padded with spaces to a multiple of 8), then the data section. Like the library we store
-tensors by descending item size, then name, so every tensor is aligned and decodes in place.
-
-``encode_safetensors`` returns chunks to stream one by one, viewing the tensors' own memory where
-possible. ``decode_safetensors`` checks every length, key, dtype, shape and offset against
-``Limits`` before allocating and requires the offsets to tile the data section exactly; tensors
-are views of a writable buffer (a ``bytes`` input is copied once). No pickle, no ``torch.load``.
-"""
+"""safetensors bodies for HTTP objects and checkpoints: streamed encoding that views the tensors' own
+memory, strict decoding that checks every length, key, dtype, shape and offset against ``Limits``
+before allocating. No pickle, no ``torch.load`` (README.md, "safetensors bodies")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""What any one connecting peer can hold on a server: connection slots per address, bytes in flight.
-
-Shared by the TCP and HTTP servers (DESIGN.md, "Verify before you buffer"):
-
-- ``address_key(peername)``: who a connection counts against: its IPv4 address, or the /64 of an
-  IPv6 address (one host usually holds a whole /64); an IPv4-mapped IPv6 address is its IPv4.
-- ``AddressSlots``: live connections per address key, at most ``per_address`` each; a server
-  refuses a connection ``take`` says no to, and ``give`` returns the slot when it closes.
-- ``ByteBudget``: bytes of received bodies or payloads held at once across all connections;
-  ``reserve`` says no (``Overloaded``) instead of going over, ``release`` gives them back.
-
-Neither waits: a refused connection or body is answered at once ("overloaded") and the peer
-retries later. Both are plain counters owned by one server (no module-level state).
-"""
+"""What one connecting peer can hold on a server, shared by the TCP and HTTP servers: ``AddressSlots``
+(live connections per IPv4 address or IPv6 /64) and ``ByteBudget`` (bytes of bodies or payloads in
+flight). Neither waits: a refusal is answered at once; both are owned by one server."""
 
 from __future__ import annotations
 

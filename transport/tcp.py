@@ -1,30 +1,6 @@
-"""TCP data plane: asyncio server and client exchanging frames (``transport.frames``).
-
-This module is the public face; the parts live in three modules:
-
-- ``tcp_stream``  ``TcpConfig``, ``TcpStats`` and ``FrameStream``: whole frames over one raw
-                  non-blocking socket, payloads received straight into their final buffer.
-- ``tcp_server``  ``TcpServer``: accepts connections, answers REQUEST frames with a handler,
-                  feeds ONEWAY frames through a bounded queue, enforces the connection cap.
-- ``tcp_client``  ``tcp_connect`` / ``TcpConnection``: concurrent requests matched by request id,
-                  one-way sends.
-
-Usage::
-
-    async def handler(frame: Frame, info: ConnectionInfo) -> Frame | None:
-        return Frame(FrameType.RESPONSE, {"ok": True}, frame.payload)
-
-    server = await TcpServer.create(handler, config=TcpConfig())
-    conn = await tcp_connect(*server.address, config=TcpConfig())
-    reply = await conn.request(Frame(FrameType.REQUEST, {"op": "echo"}, b"bytes"))
-    await conn.aclose()
-    await server.aclose()
-
-Foreign errors are translated here, once: refused or unreachable -> ``ConnectFailed``
-(a ``ConnectionClosed``), EOF or reset (also mid-frame) -> ``ConnectionClosed``, every deadline
--> ``TransportTimeout``, bad bytes -> ``DecodeError``, an ERROR frame -> ``RemoteError`` /
-``Overloaded``.
-"""
+"""TCP data plane: asyncio server and client exchanging frames (``transport.frames``); the public face
+of ``tcp_stream``, ``tcp_server`` and ``tcp_client``. Foreign errors are translated here, once
+(README.md, "TCP", has a usage example)."""
 
 from __future__ import annotations
 

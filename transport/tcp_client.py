@@ -1,14 +1,6 @@
-"""asyncio TCP client: one connection carrying requests and one-way frames.
-
-Requests may be issued concurrently on one connection: each gets a fresh request id
-(``header["rid"]``, reserved: a caller's value is replaced) and a background reader matches
-responses to waiting requests, so a slow response does not hold up others. Frames are written
-whole under a lock, so concurrent writers never interleave bytes.
-
-An ERROR frame answering a request raises ``RemoteError`` (``Overloaded`` for a connection
-refused at the server's cap) in that request; an ERROR frame without a request id, a bad frame,
-or the server closing the connection fails every waiting request and closes the connection.
-"""
+"""``TcpConnection``: one connection carrying concurrent requests (matched by a fresh request id) and
+one-way frames, written whole under a lock. An ERROR frame fails its request; a bad frame or a
+closed connection fails every waiting request (README.md, "The client")."""
 
 from __future__ import annotations
 

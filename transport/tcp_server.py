@@ -1,30 +1,6 @@
-"""asyncio TCP server answering frames with a handler coroutine.
-
-``handler(frame, info) -> Frame | None`` is called for every REQUEST and ONEWAY frame. For a
-REQUEST the returned frame (or an empty one for None) goes back as RESPONSE carrying the request
-id (``header["rid"]``); a ``HandlerError`` becomes an ERROR frame with its message, a DecodeError
-(the peer's bytes did not parse) an ERROR frame with the decoder's message, anything else an
-ERROR frame "internal error" plus a logged traceback; the connection keeps serving. Up to
-``max_inflight_requests`` requests of one connection run concurrently.
-
-ONEWAY frames go, in order, through a bounded per-connection queue to the handler (its return
-value is ignored, its errors are logged). When the queue, or the request slots, are full the
-server stops reading that socket, which pushes back on the sender through TCP.
-
-A bad frame (DecodeError) gets an ERROR frame and the connection is closed; a connection with no
-frame for ``idle_timeout_s`` while nothing of it is being handled, or stalled mid-frame for
-``read_timeout_s``, is closed. Other connections are unaffected.
-
-Against peers that never authenticate (DESIGN.md, "Verify before you buffer"): a new connection
-must deliver its first frame's prefix and header within ``first_frame_timeout_s``; every frame must be whole within
-its deadline (``tcp_stream``: ``read_timeout_s`` plus its size at ``min_rate_bytes_per_s``); one
-address holds at most ``max_connections_per_address`` connections; the ``gate`` (the daemon's
-checks the method and its caller, ``peer.serving``) sees every header before its payload is
-allocated, and a frame it refuses (``HandlerError``) gets an ERROR frame "refused" and its
-connection is closed unread; and all connections together hold at most
-``max_inflight_payload_bytes`` of payloads, from allocation until their handler is done. Lines
-that peers can trigger go through a ``ThrottledLog``.
-"""
+"""``TcpServer``: answers REQUEST frames with a handler and feeds ONEWAY frames through a bounded
+queue. Against peers that never authenticate, every header passes the ``gate`` before its payload
+is allocated, frames have deadlines and payloads a shared budget (README.md, "The server")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""Frames over one raw non-blocking socket: the core shared by the TCP server and client.
-
-Reads go through a small read-ahead buffer for prefixes, headers and small payloads (so a burst
-of small frames costs one syscall), while large payloads are received with ``sock_recv_into``
-straight into their final buffer, allocated only after the prefix passed the limits, the
-stream's ``gate`` passed the header (a server checks the method and the caller there) and the
-stream's ``ByteBudget`` (``transport.slots``) held the payload's size. Writes hand memoryviews to
-``sock_sendall`` in slices, never concatenating a large payload. Every read and write is bounded
-by a no-progress deadline (``read_timeout_s``), and every received frame by a whole-frame
-deadline, ``read_timeout_s + frame bytes / min_rate_bytes_per_s`` from its first byte, so a peer
-that drips a byte at a time is cut all the same. A frame cut short or stalled is reported as
-ConnectionClosed / TransportTimeout, and a write that fails or is cancelled half way marks the
-stream broken, since nothing can follow a partial frame.
-"""
+"""``FrameStream``: whole frames over one raw non-blocking socket, the core of the TCP server and
+client. Large payloads land straight in their final buffer, allocated only after the limits, the
+gate and the byte budget passed; every frame has a whole-frame deadline (README.md, "The stream")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""gossamer: a decentralized, peer-to-peer training network.
-
-This folder is installed as the top-level package ``gossamer`` (``pyproject.toml`` maps it; the
-repository keeps its four layers as top-level folders, installed as ``gossamer.peer``,
-``gossamer.protocols``, ``gossamer.transport`` and ``gossamer.crypto``). Nothing else is
-installed at the top level.
-
-The public API (what a user may import; everything else may change between versions) is listed
-in ``PUBLIC_API`` and documented in ``docs/ARCHITECTURE.md``. Names are imported on first use,
-so ``import gossamer`` stays cheap (no torch, no hivemind).
-"""
+"""gossamer: a decentralized, peer-to-peer training network. This folder is installed as the one
+top-level package ``gossamer``; the four layers are installed beneath it (``pyproject.toml``).
+The public API is ``PUBLIC_API`` (documented in docs/ARCHITECTURE.md), imported on first use so
+``import gossamer`` stays cheap (no torch, no hivemind)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Running a daemon as a process: signals, the ready banner, and a clean (or forced) exit.
-
-SIGINT/SIGTERM start a clean shutdown (every role writes its checkpoint, record withdrawn,
-sockets closed, ``p2pd`` gone); a second SIGINT/SIGTERM forces the exit after killing this
-process's children. The process also ends by itself when its roles say so (``Daemon.state``):
-with exit code 1 when a role failed, 0 when every role is finished; when only roles that serve
-are left (the run's orchestrator, a block server) it says so once and serves on.
-"""
+"""Running a daemon as a process: SIGINT/SIGTERM start a clean shutdown (checkpoints, record
+withdrawn, ``p2pd`` gone), a second one forces the exit; the process ends by itself with code 1
+when a role failed and 0 when every role finished, and serves on when only serving roles are left."""
 
 from __future__ import annotations
 

@@ -6,11 +6,11 @@ import asyncio
 import json
 
 from gossamer.peer.config import PeerConfig
-from gossamer.peer.introspection import peer_row
 from gossamer.peer.plugin import PluginRegistry
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.joining import fetch_manifest, start_membership
 from gossamer.peer.run.keys import peers_key
+from gossamer.peer.run.records import peer_row
 from gossamer.peer.run.view import PeerView
 
 COLUMNS = (("peer_id", "PEER ID", 14), ("name", "NAME", 14), ("roles", "ROLES", 22), ("round", "ROUND", 6),

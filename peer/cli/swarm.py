@@ -1,14 +1,7 @@
-"""``gossamer swarm``: an orchestrator and N peers as separate processes on loopback.
-
-Ports are chosen by the OS; the orchestrator's ``ready`` event (``--events`` JSON lines) gives
-the multiaddrs and run id the peers join with. Each process's events are streamed to this
-terminal with its name, as the human line its protocol describes (with a progress bar where
-the length is known); its log goes to ``WORKDIR/NAME.log``. The live peer table (from the
-orchestrator's ``/status``) is printed whenever its peers or their roles change. Ctrl+C (or
-``--duration_s``) stops them all: SIGTERM first, SIGKILL for any that do not exit in time. Peers
-take the roles of the config's ``[swarm]`` table, or their protocol's ``swarm_roles``; a swarm
-whose peers would take no role that does the protocol's work is refused before anything starts.
-"""
+"""``gossamer swarm``: an orchestrator and N peers as separate processes on loopback, their events
+streamed as human lines and the live peer table printed as it changes; Ctrl+C or ``--duration_s``
+stops them all (SIGTERM, then SIGKILL), and a swarm whose peers would do none of the protocol's
+work is refused before anything starts (README.md of peer, "cli.swarm")."""
 
 from __future__ import annotations
 

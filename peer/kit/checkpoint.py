@@ -1,11 +1,6 @@
-"""One way every role writes and reads its checkpoints: safetensors files in one directory,
-each replaced atomically (temp file, fsync, rename, fsync of the folder) so a crash leaves the
-previous file, never a torn one, and read back only when they belong to this run and format.
-
-Metadata always carries ``run_id`` and ``format`` (``gossamer/<protocol>[-<kind>]``); the role
-adds its own (a round, a step, a version). Temp files a killed process left behind are removed
-when the directory is opened.
-"""
+"""``Checkpoints``: one way every role writes and reads its checkpoints, safetensors files in one
+directory, each replaced atomically (a crash leaves the previous file, never a torn one) and read
+back only when its metadata names this run and format; stale temp files are removed on opening."""
 
 from __future__ import annotations
 

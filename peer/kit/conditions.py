@@ -1,11 +1,6 @@
-"""Deadline-bounded waits on an ``asyncio.Condition`` that always give its lock back.
-
-The wait stays in the calling task (``asyncio.timeout``). ``asyncio.wait_for`` around ``cond.wait_for``
-runs it in a second task instead: when the caller is cancelled twice (a role stopped, then its
-event loop torn down), the caller leaves without waiting for that task, which later takes the
-lock back and finishes holding it; every other waiter on the condition then hangs for good. A
-FoMoE test's teardown hung for an hour that way, four roles sharing one view condition.
-"""
+"""Deadline-bounded waits on an ``asyncio.Condition`` that always give its lock back: the wait stays
+in the calling task (``asyncio.timeout``), never in a second task that a twice-cancelled caller
+would leave holding the lock (README.md of peer, "kit.conditions")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The ``downloading`` event a joining (or lagging) peer emits per verified shard of the state.
-
-``DOWNLOADING``: its fields, ``downloading_fields``: their values; a plugin shows it with
-``describe_download`` and a bar over the shards with ``download_progress``, so a joiner says how
-far it is before the line that says it adopted the state. Kept apart from ``kit.state_join``:
-every plugin's event table imports this, and the CLI's ``--help`` must not pull in torch.
-"""
+"""The ``downloading`` event a joining (or lagging) peer emits per verified shard of the state: its
+fields (``DOWNLOADING``, ``downloading_fields``) and how a plugin shows it (``describe_download``,
+``download_progress``). Apart from ``state_join`` so that ``gossamer --help`` never imports torch."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Contributions that other peers sent us, kept per (kind, round, sender), bounded.
-
-Only rounds in ``[current, current + window_rounds]`` are accepted (older ones are stale, newer
-ones too far ahead); one contribution per sender per (kind, round); at most ``max_senders`` per
-(kind, round); and at most ``max_bytes`` of tensors held in all. Senders without ``priority``
-(the caller's call: in an open run, identities too new to steer, ``run.tenure``) may fill only
-``1 - reserved_fraction`` of the bytes, so however many of them send full-size contributions,
-the rest stays free for the senders that count. Waiters are woken on every arrival (and on
-``wake``) and give up at their deadline: a round never waits past it.
-"""
+"""``Inbox``: contributions other peers sent, per (kind, round, sender), bounded in rounds, senders
+and bytes, with room reserved for the senders that count (``priority``); waiters wake on every
+arrival and give up at their deadline (README.md of peer, "kit.inbox")."""
 
 from __future__ import annotations
 

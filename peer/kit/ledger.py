@@ -1,13 +1,6 @@
-"""Accounting for every round of every protocol: who was expected to contribute, and what became
-of each contribution. One ledger shape for the learner's rounds, BlockTrain's block versions and
-TL++'s virtual batches, and one bounded history of them.
-
-Nothing is silently partial: once a round is settled, every expected peer is in exactly one of
-``used``, ``rejected`` (with the reason) or ``timed_out``; ``arrived`` lists what came in time
-(and was then used or rejected). A contribution from a peer that was not expected (a stale
-update, say) may still be rejected in the ledger, with its reason. ``balance_problems`` says what
-breaks these rules (the tests check every ledger they see).
-"""
+"""Accounting for every round of every protocol (``Exchange``) and a bounded ``History``: once
+settled, every expected peer is in exactly one of ``used``, ``rejected`` (with the reason) or
+``timed_out``; ``balance_problems`` says what breaks that (README.md of peer, "kit.ledger")."""
 
 from __future__ import annotations
 

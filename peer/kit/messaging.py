@@ -1,18 +1,7 @@
-"""Signed tensor messages between peers over HTTP.
-
-A message is a safetensors body PUT to the recipient, with a signed envelope (``crypto.envelope``)
-in the ``X-Gossamer-Envelope`` header: sender, recipient, run id, round, the request's method and
-target (``PUT /diloco/pgrad/7``, so a message cannot be moved to another endpoint), timestamp,
-nonce and the SHA-256 of the exact body bytes.
-
-The receiver checks who is talking before it reads a body byte: the envelope's signature,
-recipient, run, method and target, freshness and nonce (``ReplayGuard.check``), then that the
-sender is a live, admitted peer of the run with the role the route expects, whose record carries
-the key that signed, and that the envelope's round is the route's. Every refusal is the same
-opaque 403. Only then is the body read, capped at the size the route expects (``body_cap`` of the
-tensors it takes) and held in the server's body budget (``transport.http_server``); its digest
-must match (``ReplayGuard.admit``) before the tensors are decoded.
-"""
+"""``SignedMessenger``: signed tensor messages between peers over HTTP, a safetensors body under a
+signed envelope naming its endpoint. The receiver checks who is talking (signature, freshness,
+nonce, a live admitted peer with the route's role) before it reads a body byte, and every refusal
+is the same opaque 403 (README.md of peer, "kit.messaging")."""
 
 from __future__ import annotations
 

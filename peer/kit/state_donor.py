@@ -1,11 +1,6 @@
-"""The donor side of state sync (``statesync``): a peer serves its current state to joiners.
-
-``GET /state/index`` answers ``{"index": ..., "digest": ...}`` (``state_index``, ``index_digest``:
-the digest is what the peer publishes in its signed record); ``GET /state/shard?version=V&count=N&index=I``
-answers a safetensors body with shard I of the N-way ``plan_shards`` partition; 409 when V is not
-the donor's current version, 400 for bad parameters. The index is hashed once per version, in a
-worker thread. The tensors of a version must not change in place while that version is current.
-"""
+"""``StateDonor``: the donor side of state sync, serving this peer's current state to joiners
+(``GET /state/index``, ``GET /state/shard``; 409 for a version that is no longer current). The
+tensors of a version must not change in place while it is current (README.md of peer, "kit.statesync")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Choosing donors for a joining peer and downloading the run's current state from them.
-
-Donors are live, admitted peers whose signed record advertises ``state = {version, digest}``.
-The joiner takes the highest version on offer and, at that version, the digest most donors
-advertise (ties broken by digest, so every joiner decides alike); only the donors that advertise
-exactly that pair are asked. Everything they send is verified against the digest by
-``peer.statesync.fetch_state``.
-
-While it downloads, a role emits a ``downloading`` event per verified shard; its fields and how
-a plugin shows them live in ``kit.download_events``, which imports neither torch nor aiohttp so
-that ``gossamer --help`` stays light.
-"""
+"""Choosing donors for a joining peer (the highest version on offer, at it the digest most donors
+advertise, so every joiner decides alike) and downloading the run's state from exactly those
+donors, verified against that digest (README.md of peer, "kit.state_join")."""
 
 from __future__ import annotations
 

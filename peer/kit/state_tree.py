@@ -1,14 +1,6 @@
-"""A role's resumable state as one checkpoint file: a tree of dicts and lists whose leaves are
-tensors or plain values (an optimizer's ``state_dict()``, a generator's state, counters), flattened
-into named tensors for ``kit.checkpoint.Checkpoints``, and rebuilt exactly.
-
-Tensors are stored under their path in the tree (``inner/state/3/exp_avg``); everything else,
-with the shape of the tree, goes in one JSON layout stored as a ``uint8`` tensor (so its size is
-not bound by the safetensors metadata limits). Dict keys keep their type (an optimizer's state is
-keyed by int). ``snapshot`` copies a tree's tensors to the CPU, so a role can keep the state of
-its last finished round while the next one runs. ``write_state`` and ``resume_state`` are what a
-role calls: the file is ``<name>.safetensors`` of kind ``state`` in the role's ``Checkpoints``.
-"""
+"""A role's resumable state (an optimizer's ``state_dict()``, generators, counters) as one checkpoint
+file: tensors under their path in the tree, everything else in one JSON layout, rebuilt exactly;
+``write_state`` and ``resume_state`` are what a role calls (README.md of peer, "kit.state_tree")."""
 
 from __future__ import annotations
 

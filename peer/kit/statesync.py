@@ -1,24 +1,7 @@
-"""State sync: a peer joining mid-run downloads the current state from several donors at once.
-
-Donor side (``StateDonor``, in ``state_donor``): ``GET /state/index`` answers ``{"index": ..., "digest": ...}``, where
-the index (``state_index``) lists every tensor's name, dtype, shape, nbytes and the SHA-256 of its
-raw little-endian bytes, and the digest (``index_digest``) is the hash of its canonical JSON: the
-value a donor publishes in its signed peer record. ``GET /state/shard?version=V&count=N&index=I``
-answers a safetensors body with shard I of the N-way ``plan_shards`` partition; 409 when V is not
-the donor's current version, 400 for bad parameters. The index is hashed once per version, in a
-worker thread. The tensors of a version must not change in place while that version is current.
-
-Joiner side (``fetch_state``): the digest comes from the donors' verified records and is the only
-thing trusted. Fetch the index from a donor and check that it hashes to the digest (else try the
-next donor); plan min(#donors, #tensors) shards; shard i goes first to donor (i + offset) mod
-#donors, the offset derived from the joiner's id so that joiners spread over donors; fetch the
-shards concurrently and check every tensor's dtype, shape and SHA-256 against the index. A shard
-that fails (connection, timeout, HTTP status, undecodable body, wrong tensor) moves on to the next
-donor it has not tried, donors with no failure so far first. A shard that fails on every donor
-raises ``StateSyncError``; otherwise the ``StateFetchReport`` says who served what and what failed.
-While it runs, ``progress`` (if given) hears a ``DownloadProgress`` once the index is verified and
-after every verified shard: what a joiner's progress line shows.
-"""
+"""State sync: a peer joining mid-run downloads the current state in shards from several donors at
+once. The digest in the donors' signed records is the only thing trusted: the index must hash to
+it and every tensor must match the index; a failed shard moves to the next donor
+(README.md of peer, "kit.statesync")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The answering side of the reachability self-test: dial a peer back at its own announced address.
-
-A peer asks ``PUT /reach/dialback`` with its signed record (``run.records``) as the body. The
-answerer verifies the record (signature, freshness, the run's admission policy) and dials the
-record's HTTP and TCP addresses, and nothing else: only when their host is the very address the
-request came from, so nobody can make a peer dial a third host (no scanning through it). It
-answers ``{"observed": ip, "http": bool, "tcp": bool, "why": str}``: whether each address
-reached a gossamer server that says it is the requester (``GET /reach/whoami``, TCP method
-``reach.whoami``), and the address the request came from (what a NAT shows the world).
-
-Rate limits on the answering side: at most ``per_minute`` requests in all, and one dial-back per
-source address and peer every ``per_source_s``; anything over is answered 429 without dialling. Every dial runs
-under ``dial_timeout_s``.
-"""
+"""The answering side of the reachability self-test: verify a peer's signed record and dial it back
+at its announced addresses, only on the very host the request came from (no scanning through
+us), rate-limited per source (README.md of peer, "reach.dialback")."""
 
 from __future__ import annotations
 

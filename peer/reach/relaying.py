@@ -1,18 +1,6 @@
-"""Relays for private peers, from the peer's side: volunteering one, and keeping one.
-
-``volunteer`` starts a ``RelayServer`` (``transport.relay``) on a public peer (``--relay``); it
-relays only peers of the run: an allocation must carry the peer's own signed record, fresh and
-admitted by the run's policy, and a proof that its key answered this very connection's challenge
-for this relay (named by the volunteer's peer id), so a record read from the DHT and replayed
-takes nobody's allocation. The record then announces the relay's address (``relay``).
-
-``Relaying`` keeps a private peer reachable: while the self-test says ``private`` it picks a
-volunteer (public, or not checked yet) from the live view, asks it for an allocation (one port for its HTTP server, one
-for its TCP server) and hands ``addresses`` to the record, so every other peer's HTTP and TCP
-clients reach it through the relay without knowing (the choice is the record's). When the relay
-goes, or refuses, it tries another (a failed one rests ``rest_s``), and falls back to its direct
-addresses while it has none.
-"""
+"""Relays from the peer's side: ``volunteer`` serves a relay for the run's own, proven peers
+(``--relay``); ``Relaying`` keeps a private peer reachable through a volunteer, tries another when
+one goes, and falls back to its direct addresses meanwhile (README.md of peer, "reach.relaying")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The asking side of the reachability self-test: is this peer ``public`` or ``private``?
-
-``SelfTest.check`` sends this peer's signed record, with its direct addresses, to up to
-``ASKED`` live peers (public ones first) at ``PUT /reach/dialback`` (``reach.dialback``) and
-classifies it: ``public`` when an answerer reached both its HTTP and TCP servers, ``private`` when
-answerers replied but none reached both, and the previous verdict (``unknown`` at first) when
-nobody answered. ``SelfTest.run`` checks as soon as there is someone to ask and again every
-``every_s`` (sooner while nobody answers), calls ``on_change`` when the verdict changes, and logs
-one actionable line for a private peer (which ports to forward, which flags to pass).
-"""
+"""``SelfTest``: the asking side of the reachability self-test. It asks up to ``ASKED`` live peers to
+dial it back and says ``public`` (one reached both servers), ``private`` (answers, none reached
+both) or keeps its verdict (no answer); a private peer's owner gets one actionable line."""
 
 from __future__ import annotations
 

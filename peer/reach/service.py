@@ -1,11 +1,5 @@
-"""``Reach``: what one daemon does about reachability, in one object the daemon holds.
-
-It answers others' dial-back requests (``dialback``), tests this peer (``selftest``) as soon as
-another live peer is in the view and then every ``every_s``, volunteers a relay when asked to
-(``--relay``), keeps a relay while the self-test says private (``relaying``), and says what the
-record announces (``reachability``, ``addresses``, ``relay_addr``) and what ``/status`` shows;
-``notify`` hears every change (the daemon's ``reachability`` event).
-"""
+"""``Reach``: what one daemon does about reachability, in one object: it answers dial-backs, tests
+this peer, volunteers or keeps a relay, and says what the record announces and ``/status`` shows."""
 
 from __future__ import annotations
 
@@ -17,13 +11,13 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gossamer.crypto.identity import Identity
+from gossamer.peer.cancellation import cancel_all
 from gossamer.peer.reach.dialback import DialBack, DialBackLimits, TcpHandler
 from gossamer.peer.reach.relaying import Relaying, volunteer
 from gossamer.peer.reach.selftest import SelfTest, private_line
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.records import PRIVATE, RELAYED, PeerRecord, seal_record
 from gossamer.peer.run.view import PeerView
-from gossamer.peer.stopping import cancel_all
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.relay import RelayConfig, RelayServer
 

@@ -1,20 +1,6 @@
-"""The client side of a route: hops through the live hosts, and retries around failed ones.
-
-``route_through`` (pure) covers the units in route order greedily: at each point it takes the
-host that holds the current unit and the longest run of the units after it, so a route has as few
-hops as the announced hosts allow (ties go to the lower peer id). ``RemoteRoute.run`` sends one
-request along such a route; when the answer names a failed hop (dead, hung, refusing) it
-refreshes the table of hosts, routes again without that host and resends the same tensors, so a
-host that dies mid-request costs a retry through another host serving the same units (and is
-avoided for a while after, since its record outlives it by up to a TTL). When no live host is
-left for some unit it raises ``RouteFailed`` saying which unit and what went wrong with each
-host tried.
-
-Only hosts others can dial are hops: a host whose record says ``private`` (no relay forwards to it;
-``PeerRecord.reachable``) is left out of every route, and ``RemoteRoute`` logs it once and lists it
-in ``unreachable``; a relayed host's record carries its relay's addresses and is routed through
-like any other. A unit that only such hosts hold fails with ``NoReachableHost`` naming them.
-"""
+"""The client side of a route: ``route_through`` (pure) covers the units with as few hops as the
+announced, dialable hosts allow; ``RemoteRoute`` sends along it and, when a hop fails, routes
+again without that host; ``RouteFailed`` / ``NoReachableHost`` when no host is left for a unit."""
 
 from __future__ import annotations
 

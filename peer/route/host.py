@@ -1,17 +1,6 @@
-"""What every host of a route does with a frame, whatever it computes.
-
-``RouteHost.handle``: decode the frame (``peer.route.wire``), check that it is for this run,
-that the route is well formed and its first hop lists only units this host holds, and that the
-tensors are what the first unit expects; compute (in a worker thread, at most ``max_inflight`` at
-once); refuse a result that is not finite (finite but absurd inputs, e.g. z = 1e38, overflow
-inside the units: passing NaN on would make the next, honest hop refuse it and be routed around
-as if it had failed); then answer the result (last hop) or forward it to the next hop through the ``HopPool``,
-with what is left of the budget, and relay that hop's answer. The next hop must pass
-``next_hop_ok`` (``peer.route.policy``: a live peer of the run announcing those units), so a client
-cannot make a host connect anywhere it likes. Subclasses say what a unit is: ``check_route``,
-``check_inputs``, ``computation``. A refused frame raises ``HandlerError``: the client gets an
-ERROR frame naming the problem and the host keeps serving.
-"""
+"""``RouteHost``: what every host of a route does with a frame: check it (run, route, units, tensors),
+compute in a worker thread, refuse a non-finite result, then answer or forward it to a next hop
+the policy allows. Subclasses say what a unit is (README.md of peer, "route.host")."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Which next hops a host forwards to: live peers of the run announcing the units asked of them.
-
-A route comes from the client, so a host never connects to an address just because a frame names
-it: the next hop must be the TCP address of a live, admitted peer with ``role`` whose record
-announces every unit of the hop under ``assignment[key]``, and that others can dial: a host whose
-record says ``private`` (no relay reaches it, ``PeerRecord.reachable``) is refused as a next hop.
-
-The policy remembers every verified record it has seen (from this peer's view, and from its own
-reads of the DHT) until the record's TTL runs out: one DHT read that comes back incomplete (it
-happens while some node of the swarm is stalled) must not make a live host look gone. A host that
-started a moment ago may not be in this peer's view yet; on a miss the run's records are read
-from the DHT once more, at most every ``RELOOK_S``, before the hop is refused.
-"""
+"""Which next hops a host forwards to: only the TCP address of a live, admitted, dialable peer whose
+record announces the units asked of it; verified records are remembered until their TTL, and a
+miss reads the DHT again at most every ``RELOOK_S`` (README.md of peer, "route.policy")."""
 
 from __future__ import annotations
 

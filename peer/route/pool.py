@@ -1,13 +1,6 @@
-"""Calling the next hop of a route: pooled TCP connections, shrinking budgets, failures as answers.
-
-Every caller of a route, the client and each host forwarding onwards, goes through ``HopPool.call``.
-It sends the request with a budget ``margin`` smaller than its own and waits ``margin / 2`` longer
-than the budget it gave: a hop that hangs is therefore reported by the host just before it, while
-everyone further upstream is still waiting, and the client learns exactly which host to avoid.
-Any failure of the hop (unreachable, reset, timed out, refused) becomes a ``failed_hop`` answer
-naming it instead of an exception. Connections are reused across requests (on a WAN link a new
-connection costs a round trip); one that turns out dead when reused is replaced once.
-"""
+"""``HopPool``: calling the next hop of a route over pooled TCP connections, with a budget smaller
+than the caller's own, so a hop that hangs is reported by the host just before it; every failure
+becomes a ``failed_hop`` answer naming it."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Route frames: what a client and the hosts of a route send each other over TCP.
-
-A route request is a REQUEST frame whose header names the method, the run, a request id, the
-**route** still to go (``[[host:port, [unit, ...]], ...]``; the first hop is the host receiving
-the frame, ``unit`` is a BlockTrain block or an AR pipeline stage) and the **budget** (seconds
-this host and everything after it may take), plus the codec entries of the tensors in the
-payload. A host applies its units, then forwards the result to the next hop with a smaller
-budget, and relays the answer back: the chain client -> host 1 -> host 2 -> host 3 carries the
-activations directly from host to host, and the last host's result comes back along the same
-connections (one request per hop, no callback connection to the client).
-
-An answer is a RESPONSE frame carrying either the result tensors or ``failed_hop`` (the address
-of the hop that did not answer in time, refused, or could not be reached, and why), so that the
-client can route around exactly that host. A malformed request is refused with a ``HandlerError``
-(an ERROR frame naming the problem); the host keeps serving.
-"""
+"""Route frames: a REQUEST names the run, the route still to go (hops of ``host:port`` and units) and
+the budget left, with the tensors; a RESPONSE carries the result or ``failed_hop`` (which hop and
+why). A malformed request is a ``HandlerError`` (README.md of peer, "route.wire")."""
 
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""Address hygiene: which host a peer announces for its HTTP and TCP servers, and the checks that
-keep it from announcing an address nobody else can use.
-
-A record that says ``0.0.0.0``, port 0, or a loopback address to peers on other hosts makes the
-peer silently unreachable (an announced port 0 once broke a hivemind-based network's matchmaking
-for everyone). So:
-
-- ``announced_host`` picks the host: ``--announce_host``, else the address the servers bind to,
-  else an address from ``--announce_maddrs`` / ``--host_maddrs``, else the address of this host's
-  interface that routes to the swarm's first initial peer (a new swarm: the DHT's first
-  non-loopback address). It refuses (``ConfigError``, naming the flag) an unspecified address, and
-  a loopback one when the swarm is on other hosts.
-- ``unusable_address`` says why a ``host:port`` cannot be dialled ("" when it can); records that
-  announce one are refused on reading (``run.records``).
-- ``dht_mismatch`` says, in one line, when the DHT announces other hosts than the data plane: the
-  peer is found but not reached.
-"""
+"""Address hygiene: ``announced_host`` picks the host a peer announces for HTTP and TCP and refuses
+one nobody else can use (unspecified, or loopback to a remote swarm); ``unusable_address`` and
+``dht_mismatch`` say why an address fails (README.md of peer, "run.addresses")."""
 
 from __future__ import annotations
 

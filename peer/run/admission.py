@@ -1,13 +1,6 @@
-"""Run admission: which peers' records everyone accepts.
-
-``open`` admits every correctly signed record. ``allowlist`` admits the owner, the public keys
-listed in the owner-signed manifest, and peers whose record carries an owner-signed join token
-that is bound to their key, to this run, and not expired.
-
-A record is public (anyone reads it from the DHT), so a token in it is everyone's: a token bound
-to no key would admit whoever copied it (issue 10). Records carrying one are refused, and a daemon
-refuses to start with one (``check_own_token``); ``gossamer token`` binds every token to a key.
-"""
+"""Run admission: which peers' records everyone accepts. ``open`` admits every correctly signed
+record; ``allowlist`` the owner, the listed keys and holders of an owner-signed join token bound
+to their key and this run. A token bound to no key is never accepted from a (public) record."""
 
 from __future__ import annotations
 

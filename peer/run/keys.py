@@ -1,16 +1,6 @@
-"""The DHT keys of a run (hivemind stores them under gossamer's ``gossamer/`` prefix), and the rule
-every daemon's DHT node applies to them.
-
-``run/<run id>/manifest`` holds the owner-signed manifest under the owner's peer id as subkey;
-``run/<run id>/peers`` holds one signed record per peer, under its peer id as subkey.
-
-The transport already refuses any value that is not an entry signed by its subkey's key
-(``transport.dht.validation``); ``RunKeys`` is what this layer adds, as a ``KeyRule``: no other
-key exists; the manifest key takes only the run owner's subkey (its peer id starts with the
-owner prefix in the run id, which takes 2^64 work to match); and an entry lives at most the run's
-record TTL plus the clock skew allowed (the longest TTL a run may set for runs this peer has not
-learned yet).
-"""
+"""The DHT keys of a run (``run/<run id>/manifest``, ``run/<run id>/peers``) and ``RunKeys``, the
+``KeyRule`` every daemon's DHT node applies: no other key exists, the manifest key takes only the
+owner's subkey, and an entry lives at most the run's record TTL plus the allowed clock skew."""
 
 from __future__ import annotations
 

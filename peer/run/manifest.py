@@ -1,21 +1,6 @@
-"""Run configs and signed run manifests.
-
-A run owner writes a TOML run config; ``build_manifest`` turns it into a manifest signed with the
-owner's key. The run id is ``<name>@<first 16 hex of the owner's peer id>`` (64 bits: grinding a
-key to match it is out of reach), so a joiner that knows only the run id can check that the
-manifest it fetched is the owner's: the signer's fingerprint must start with the id's suffix.
-
-Run config layout::
-
-    [run]        name, protocol (one of the plugins in ``gossamer.protocols.registry``), description,
-                 heartbeat_s (record refresh period; TTL is 3x), tenure_s (how long a peer must
-                 have been live to steer others' choices; default 12 heartbeats, ``run.tenure``)
-    [model]      tables read by the protocol's settings (``gossamer.protocols.core.settings``)
-    [data]       source = "builtin:pydoc" | "PATH", ...
-    [hyper]      hyperparameters, likewise
-    [admission]  policy = "open" | "allowlist"; allow = ["<hex public key>", ...]
-    [peer]       optional daemon options for the orchestrator itself (same names as the flags)
-"""
+"""Run configs (TOML: ``[run]``, ``[model]``, ``[data]``, ``[hyper]``, ``[admission]``, ``[peer]``)
+and signed run manifests. The run id ``<name>@<16 hex of the owner's peer id>`` lets a joiner
+that knows only the id check that a manifest is the owner's (README.md of peer, "run.manifest")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Keeping this peer's entries in the DHT (its record, the run's manifest), with an alarm when a
-store fails.
-
-A store can fail: no DHT node answered, or every node refused it (a value with a later expiration
-holds the subkey, or a validator refused it). A failed store is never a silent success: the first
-failure of a streak is logged as a warning (once, not every heartbeat), every failure is counted
-per entry in the shared ``StoreLog`` (``/metrics``: ``gossamer_dht_store_failures``), the caller
-retries after ``retry_delay_s`` instead of a whole heartbeat, and the recovery is logged too.
-"""
+"""``Publisher``: keeping this peer's entries in the DHT (its record, the run's manifest). A failed
+store is never a silent success: it is logged once per streak, counted per entry in ``StoreLog``
+(``/metrics``) and retried after ``retry_delay_s``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Signed peer records: what each peer publishes under ``run/<run id>/peers/<peer id>``.
-
-A record is a plain map signed with the peer's Ed25519 key (``crypto.signed``). Readers verify it
-before use and drop anything unsigned, mis-signed, published under someone else's subkey, expired,
-or too far in the future, and one that announces an address nobody can dial (``0.0.0.0``, port 0:
-``run.addresses``). Admission (open / allowlist / join token) is checked separately by
-``peer.run.admission`` because it needs the run's manifest.
-
-``join_token`` carries only a token bound to the record's own key (a token bound to no key is a
-bearer credential and is never published; ``peer.run.admission``). ``tenured`` is read from the
-run owner's record only: the peers it vouches for (``peer.run.tenure``).
-"""
+"""Signed peer records, published under ``run/<run id>/peers/<peer id>``: readers drop anything
+unsigned, mis-signed, under another's subkey, expired, from the future or announcing an address
+nobody can dial; ``peer_row`` is one row of a live peer table (README.md of peer, "run.records")."""
 
 from __future__ import annotations
 
@@ -128,3 +119,12 @@ def _record_from_body(body: dict[str, Any]) -> PeerRecord:
     fields["tenured"] = tuple(tenured)
     fields["timestamp"] = float(body["timestamp"])
     return PeerRecord(**fields)
+
+
+def peer_row(record: PeerRecord, now: float) -> dict[str, Any]:
+    """One row of a live peer table (``/status`` and ``gossamer status``)."""
+    return {"peer_id": record.peer_id, "name": record.name, "roles": list(record.roles), "round": record.round,
+            "http_addr": record.http_addr, "tcp_addr": record.tcp_addr, "version": record.version,
+            "reachability": record.reachability,
+            "device": record.capacity.get("device_name") or record.capacity.get("device", ""),
+            "assignment": dict(record.assignment), "last_seen_s": round(max(0.0, now - record.timestamp), 1)}

@@ -1,21 +1,6 @@
-"""Tenure: how long a peer has been in the run, and which peers may steer a peer's choices.
-
-Identities are free in an open run, so a choice that follows "the peers" (the median round a
-DiLoCo learner keeps in step with, the state a joiner adopts, which senders an inbox keeps room
-for) would follow whoever spawns the most of them. Such choices follow the **tenured** peers:
-
-- those this peer has seen live without a break for at least the run's tenure
-  (``Manifest.tenure_s``: twelve heartbeats; ``LivePeer.since``), and
-- those the run owner vouches for: the owner's signed record lists (``PeerRecord.tenured``) the
-  peers it has seen live that long. A joiner has seen nobody for long; this is what it relies on.
-
-Only when none of the candidates is tenured (the first minutes of a run, or of a role nobody has
-held for long) does every live candidate count.
-
-What it promises: identities younger than the tenure, however many, do not move the choices of a
-peer that can see tenured ones. What it does not: an identity that stays live for the tenure
-counts like any other (SECURITY.md, "open runs").
-"""
+"""Tenure: which peers may steer a peer's choices. Those it has seen live for the run's tenure and
+those the run owner vouches for; only when none is tenured does every live candidate count, so
+free new identities never move the choices of a peer that sees tenured ones."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""The live peer table of one run, rebuilt from signed records found in the DHT.
-
-Pure state: the daemon feeds it what ``DhtMembership.get_entries`` returned and the current DHT
-time; it verifies every record, applies the run's admission policy, and remembers why records
-were refused (counted per reason for ``/metrics``).
-
-A reader bounds its work per read: a record whose bytes are those it accepted last time is not
-verified again, and at most ``max_verify`` records are verified per read. The peers already in
-the table go first, the longest-present first, then new subkeys in random order; a record left
-for a later read is counted in ``deferred`` (a known peer keeps its last record meanwhile, as on
-a partial read). So a flood of new subkeys (free identities in an open run) costs a reader a
-bounded number of signature checks per refresh and cannot crowd out the peers it knows.
-
-Each live peer carries ``since``: the DHT time this table first saw it in its current stretch of
-presence (its tenure, as this peer observed it; ``peer.run.tenure`` uses it).
-"""
+"""``PeerView``: the live peer table of one run, rebuilt from signed records found in the DHT. Pure
+state: it verifies and admits every record, counts refusals by reason, bounds the signature checks
+per read (known peers first) and remembers since when each peer is live (README.md of peer, "run.view")."""
 
 from __future__ import annotations
 

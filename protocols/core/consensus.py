@@ -1,14 +1,5 @@
-"""How far gossip replicas are from agreeing, and how fast a mixing matrix brings them together.
-
-- ``consensus_distance(values, groups)``: the mean over replicas of the squared L2 distance of
-  each replica's tensors to the replicas' mean, per parameter group (and ``"all"``). DiLoCo's
-  replicas are identical after every round, so theirs is 0; gossip DiLoCo's convergence rests on
-  keeping it bounded.
-- ``contraction_factor(w)``: ||W - J||_2 for a doubly stochastic W (J = the all-1/n matrix): how
-  much one mix with W shrinks the replicas' disagreement in the worst direction (rho < 1 for a
-  connected graph; 0 for the global mean; 1 - rho is the spectral gap). The squared distance
-  shrinks by at least rho^2 per mix.
-"""
+"""How far gossip replicas are from agreeing (``consensus_distance`` per parameter group) and how fast
+a doubly stochastic mixing matrix brings them together (``contraction_factor``, ||W - J||_2)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@
      ├── InvalidSetting     a configuration that cannot work (e.g. 2f >= n for an aggregator,
      │                      an unknown topology); the message names the setting
      ├── NotEnoughUpdates   too few usable contributions arrived for a round or an aggregator
-     ├── PacingError        (pacing) a pacing parameter or a measured duration that makes no sense
+     ├── PacingError        (pacing) a measured duration, a deadline ceiling or a SlowPeers bound
+     │                      that makes no sense (Pacing's own fields: InvalidSetting)
      ├── ExpertMessageRefused  (fomoe.core.errors) a FoMoE message that does not fit the run's
      │                      model or placement (a commit, an update, an expert's state)
      ├── BlockTrainError    (blocktrain) a bad BlockTrain setting, tensor or state

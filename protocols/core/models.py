@@ -1,19 +1,7 @@
-"""The small byte-level causal transformer LM that every text protocol reuses.
-
-A GPT-style stack of pre-LayerNorm blocks over raw bytes (vocabulary 256), learned positional
-embeddings and, by default, an output head tied to the input embedding. Parameter names are part
-of the API (gossip mixing selects them by name, checkpoints store them):
-
-- ``embed.weight``, ``pos.weight``                       group ``embeddings``
-- ``blocks.{i}.ln1.*``, ``blocks.{i}.attn.qkv.*``, ``blocks.{i}.attn.proj.*``,
-  ``blocks.{i}.ln2.*``, ``blocks.{i}.mlp.fc.*``, ``blocks.{i}.mlp.proj.*``   group ``layer{i}``
-- ``norm_f.*`` and, only when untied, ``head.weight``    group ``head``
-
-Initialisation never touches the global RNG: the model is built on the meta device and filled
-from a ``torch.Generator`` seeded by the caller. The data helpers (``load_text``, ``split_text``,
-``shard``, ``BatchSampler``, ``evaluate``, ``train_steps``) live in ``protocols.core.text_data`` and are
-re-exported here.
-"""
+"""The small byte-level causal transformer LM every text protocol reuses, and ``ModelConfig``, its
+shape (the manifest's ``[model]`` table). Parameter names are part of the API (README.md of
+protocols/core, "The byte-level transformer"); initialisation never touches the global RNG. The
+data helpers of ``text_data`` are re-exported here."""
 
 from __future__ import annotations
 
@@ -27,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gossamer.protocols.core.errors import InvalidSetting
-from gossamer.protocols.core.tables import table_kwargs
+from gossamer.protocols.core.settings import check, read_table, setting
 from gossamer.protocols.core.text_data import (
     BatchSampler,
     TextSplit,
@@ -63,42 +51,30 @@ INIT_STD = 0.02
 M = TypeVar("M", bound="ByteTransformer")
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidSetting(f"{name}: must be a positive integer, got {value!r}")
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Shape of a ``ByteTransformer``; the run manifest's ``[model]`` table maps onto it."""
+    """Shape of a ``ByteTransformer``; the run manifest's ``[model]`` table maps onto it. Subclasses
+    (FoMoE's ``MoEConfig``) call ``super().__post_init__()`` first, then check their own fields."""
 
-    vocab_size: int = 256  # number of token ids (bytes: 256)
-    d_model: int = 128  # width of the residual stream
-    n_layers: int = 2  # number of transformer blocks
-    n_heads: int = 4  # attention heads per block; must divide d_model
-    context: int = 128  # longest sequence the model accepts (positional table size)
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
-    dropout: float = 0.0  # dropout on attention and residual branches (0 = none, no RNG use)
-    tie_embeddings: bool = True  # output head shares the input embedding matrix
+    vocab_size: int = setting(256, low=2, doc="number of token ids (bytes: 256)")
+    d_model: int = setting(128, low=1, doc="width of the residual stream; a multiple of n_heads")
+    n_layers: int = setting(2, low=1, doc="number of transformer blocks")
+    n_heads: int = setting(4, low=1, doc="attention heads per block; must divide d_model")
+    context: int = setting(128, low=1, doc="longest sequence the model accepts (positional table size)")
+    mlp_ratio: int = setting(4, low=1, doc="MLP hidden width = mlp_ratio * d_model")
+    dropout: float = setting(0.0, low=0.0, below=1.0,
+                             doc="dropout on attention and residual branches (0: none, and no RNG use)")
+    tie_embeddings: bool = setting(True, doc="the output head shares the input embedding matrix")
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context", "mlp_ratio"):
-            _positive_int(name, getattr(self, name))
-        if self.vocab_size < 2:
-            raise InvalidSetting(f"vocab_size: must be at least 2, got {self.vocab_size}")
+        check(self)
         if self.d_model % self.n_heads:
             raise InvalidSetting(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
-        dropout = self.dropout
-        if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
-            raise InvalidSetting(f"dropout: must be a number in [0, 1), got {dropout!r}")
-        object.__setattr__(self, "dropout", float(dropout))
-        if not isinstance(self.tie_embeddings, bool):
-            raise InvalidSetting(f"tie_embeddings: must be a bool, got {self.tie_embeddings!r}")
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> ModelConfig:
         """Build from a subset of the field names (e.g. a manifest table); unknown keys are refused."""
-        return cls(**table_kwargs(cls, table, what="model", error=InvalidSetting))
+        return read_table(cls, table, path="model")
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (the inverse of ``from_dict``)."""

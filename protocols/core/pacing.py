@@ -1,22 +1,6 @@
-"""Deadlines that follow the live peers' measured times, and fail-slow detection. Pure: every
-duration is given by the caller, nothing here reads a clock.
-
-A fixed deadline (DiLoCo's ``w2_deadline_s``, a BlockTrain version's ``deadline_s``, a TL++ request
-timeout) is either too short for a slow link or wastes time on a fast one. ``AdaptiveDeadline``
-keeps the last ``window`` durations of one kind of wait (from the moment it starts to each awaited
-arrival) and answers a high quantile of them times a margin, bounded below by ``floor_s`` and above
-by the configured deadline, which stays the ceiling; with fewer than ``min_samples`` durations it
-answers the ceiling.
-
-``SlowPeers`` is fail-slow detection: each peer's last ``window`` durations of the same work; a
-peer whose median is more than ``ratio`` times the median of the other peers' medians, in
-``persist`` checks in a row, is flagged, and unflagged at the first check where it is back under.
-With the default ratio of 1.3, jitter of +-5% never flags anyone: the medians then differ by at
-most about 10%. ``min_gap_s`` (0 by default) also asks the median to be that many seconds over the
-others': where the durations measured are near zero (a peer's message that was already there), a
-ratio alone would flag noise. A protocol may stop waiting for a flagged peer (it does not block a step), while
-still using what it sends in time.
-"""
+"""Deadlines that follow the live peers' measured times (``AdaptiveDeadline``, tuned by ``Pacing``)
+and fail-slow detection (``SlowPeers``). Pure: every duration is given by the caller, nothing here
+reads a clock; the configured deadline is always the ceiling (README.md, "Pacing")."""
 
 from __future__ import annotations
 
@@ -25,32 +9,28 @@ from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
-from gossamer.protocols.core.errors import ProtocolError
+from gossamer.protocols.core.errors import InvalidSetting, ProtocolError
+from gossamer.protocols.core.settings import check, setting
 
 
 class PacingError(ProtocolError):
-    """A pacing parameter or a measured duration that makes no sense."""
+    """A measured duration, a deadline ceiling or a ``SlowPeers`` parameter that makes no sense."""
 
 
 @dataclass(frozen=True)
 class Pacing:
-    """How deadlines adapt (see the module docstring)."""
+    """How deadlines adapt: a high quantile of the last durations times a margin, never under the floor."""
 
-    quantile: float = 0.9
-    margin: float = 1.5
-    floor_s: float = 0.5
-    window: int = 32
-    min_samples: int = 4
+    quantile: float = setting(0.9, low=0.5, high=1.0, doc="quantile of the measured durations a deadline follows")
+    margin: float = setting(1.5, low=1.0, doc="factor over that quantile")
+    floor_s: float = setting(0.5, above=0.0, doc="shortest deadline, in seconds")
+    window: int = setting(32, low=1, doc="durations remembered (the latest)")
+    min_samples: int = setting(4, low=1, doc="durations needed before the deadline adapts (until then: the ceiling)")
 
     def __post_init__(self) -> None:
-        if not 0.5 <= self.quantile <= 1.0:
-            raise PacingError(f"quantile must be in [0.5, 1], got {self.quantile}")
-        if not (math.isfinite(self.margin) and self.margin >= 1.0):
-            raise PacingError(f"margin must be a finite number >= 1, got {self.margin}")
-        if not (math.isfinite(self.floor_s) and self.floor_s > 0):
-            raise PacingError(f"floor_s must be a positive number, got {self.floor_s}")
-        if self.window < 1 or self.min_samples < 1 or self.min_samples > self.window:
-            raise PacingError(f"need 1 <= min_samples <= window, got {self.min_samples} and {self.window}")
+        check(self)
+        if self.min_samples > self.window:
+            raise InvalidSetting(f"need min_samples <= window, got {self.min_samples} and {self.window}")
 
 
 def _duration(seconds: float) -> float:

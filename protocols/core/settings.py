@@ -11,6 +11,7 @@ import math
 import types
 import typing
 from collections.abc import Collection, Mapping
+from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 from gossamer.protocols.core.errors import InvalidSetting, ProtocolError
@@ -241,6 +242,10 @@ def _typed(name: str, value: Any, annotation: Any, *, from_config: bool = True) 
         if not isinstance(value, str):
             raise InvalidSetting(f"{name} must be a string, got {value!r}")
         return value
+    if annotation is Path:
+        if not isinstance(value, str | PurePath):
+            raise InvalidSetting(f"{name} must be a path, got {value!r}")
+        return value if isinstance(value, Path) else Path(value)
     if origin is tuple:
         return _tuple(name, value, typing.get_args(annotation), from_config=from_config)
     if origin in (dict, Mapping) or annotation is dict:
@@ -328,5 +333,6 @@ def markdown_table(cls: type) -> str:
     for row in describe(cls):
         default = "-" if row.default is None else f"`{row.default!r}`".replace("|", "\\|")
         doc = row.doc.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| `{row.where}` | {row.type} | {default} | {row.bounds or '-'} | {doc} |")
+        kind = row.type.replace("|", "\\|")
+        lines.append(f"| `{row.where}` | {kind} | {default} | {row.bounds or '-'} | {doc} |")
     return "\n".join(lines) + "\n"

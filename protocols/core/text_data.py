@@ -1,13 +1,7 @@
-"""Byte-level text data for the language-model protocols: sources, split, shards, batches, loops.
-
-- ``load_text(source)``: ``builtin:pydoc`` (English text shipped with the standard library) or a
-  local file the user names. Nothing is ever fetched over the network.
-- ``split_text``: the held-out part is always the LAST fraction of the bytes, so every peer
-  agrees on it without coordination; ``shard`` cuts the training part into contiguous per-peer
-  pieces.
-- ``BatchSampler`` draws random windows from a ``torch.Generator``; ``evaluate`` uses a fixed,
-  evenly spaced set of windows (no RNG); ``train_steps`` is the generic inner training loop.
-"""
+"""Byte-level text data for the language-model protocols: ``load_text`` (built-in or a local file,
+never the network), the held-out split (always the last fraction, so every peer agrees), shards,
+``BatchSampler`` (seeded), a fixed evaluation, the inner loop, and ``TextRun``, the data and batch
+settings every text-LM run repeats."""
 
 from __future__ import annotations
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from gossamer.peer.cli.flags import peer_options
+from gossamer.peer.cli.flags import add_peer_flags, peer_options
 from gossamer.peer.cli.main import build_parser
-from gossamer.peer.config import build_peer_config, load_toml_options
+from gossamer.peer.config import PeerConfig, build_peer_config, load_toml_options
 from gossamer.peer.errors import ConfigError
+from gossamer.protocols.core.settings import spec_of
 
 
 def parse_peer(argv: list[str]) -> dict:
@@ -90,3 +93,20 @@ def test_a_secret_flag_and_file_together_or_an_unreadable_file_is_a_config_error
     argv = [a.format(path=tmp_path / "token", missing=tmp_path / "nope") for a in argv]
     with pytest.raises(ConfigError, match="join_token"):
         peer_options(build_parser().parse_args(["peer", *argv]), environ={})
+
+
+def test_every_peer_flag_has_the_help_its_field_declares() -> None:
+    """The help is written once, on the PeerConfig field; the flag shows it (and the default)."""
+    parser = argparse.ArgumentParser()
+    add_peer_flags(parser)
+    helps = {action.dest: action.help for action in parser._actions}
+    for field in fields(PeerConfig):
+        doc = spec_of(field).doc
+        assert doc and helps[field.name].startswith(doc), field.name
+    assert helps["relay_max_peers"].endswith("(default 16)") and "(default" not in helps["http_port"]
+
+
+def test_paths_given_as_strings_become_paths_and_bounds_are_config_errors() -> None:
+    assert PeerConfig(identity_path="id.pem").identity_path == Path("id.pem")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="relay_max_peers must be >= 1"):
+        PeerConfig(relay_max_peers=0)

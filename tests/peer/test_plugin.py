@@ -27,7 +27,7 @@ def test_a_learner_in_a_tlpp_run_is_refused_naming_both_protocols() -> None:
     """Regression: ``--roles learner`` in a tlpp run used to be accepted (the DiLoCo settings reader
     never checked the run's protocol)."""
     with pytest.raises(ConfigError, match=r"role 'learner' belongs to protocol 'diloco', but run r uses protocol 'tlpp' "
-                                          r"\(its roles: tlpp-server, node, helper, orchestrator\)"):
+                                          r"\(its roles: tlpp-orchestrator, node, helper, orchestrator\)"):
         PLUGINS.check_roles("tlpp", ["node", "learner"], run="r")
 
 

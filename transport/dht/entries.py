@@ -1,21 +1,6 @@
-"""Signed DHT entries: the only values gossamer's DHT nodes store or believe.
-
-Anyone can join the DHT and write anything under any key, and hivemind keeps, per subkey, the
-value with the LATEST expiration. So every value is an entry that its writer signs
-(``crypto.signed`` under the domain ``gossamer-dht-entry-v1``) and that names:
-
-- ``key``: the full DHT key it was written for (so it cannot be replayed under another key);
-- ``payload``: the bytes the caller stored (``b""`` is a signed withdrawal tombstone);
-- ``signed_at`` and ``expires_at``: DHT times. The DHT expiration may not exceed ``expires_at``,
-  so nobody can replay an entry with a later expiration to pin it (and block its writer's
-  updates), and ``expires_at - signed_at`` is capped so nobody can make one live for long.
-
-An entry is stored under the subkey that is its signer's peer id (the hex SHA-256 of its Ed25519
-public key): only the holder of a key can write, replace or withdraw the subkey of that key.
-
-``open_entry`` checks everything one entry can say about itself; ``EntryValidator``
-(``validation``) adds the key and expiration it was found under, and the caller's key rules.
-"""
+"""Signed DHT entries, the only values gossamer's DHT nodes store or believe: each names the key it
+was written for, its payload (``b""``: a withdrawal tombstone) and its signing and expiry times,
+and lives under its signer's peer id (README.md, "Signed entries")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Reading gossamer's records out of hivemind's answers: prefixed keys, live payloads, tombstones.
-
-What hivemind returns has passed the ``EntryValidator`` (remote answers when they arrived, local
-values when they were stored); a read still goes through the validator once more (a digest
-lookup, no signature check, for entries it verified before) to unwrap each entry, and keeps only
-``str`` subkeys whose entry has not expired. An entry with an empty payload is its writer's signed
-withdrawal tombstone.
-"""
+"""Reading gossamer's records out of hivemind's answers: prefixed keys, live payloads, tombstones;
+every entry is unwrapped through the ``EntryValidator`` and only unexpired ``str`` subkeys are kept."""
 
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""``Rejoiner``: a DHT node that lost every peer joins the DHT again instead of staying alone.
-
-hivemind drops a peer from the routing table the first time a request to it goes unanswered
-(``DHTProtocol.update_routing_table``), and bootstraps only once, in ``DHTNode.create``. A process
-that stalls (SIGSTOP, a starved CPU, a suspended laptop) comes back to find every request it had in
-flight timed out at once, so it drops every peer, while its peers, whose requests it did not answer,
-dropped it too. Nothing refills that table: the node then stores to and reads from itself alone,
-and its daemon sees a run with nobody else in it, for good (an e2e learner frozen for a few seconds
-trained alone for 800 rounds while its peers went on without it).
-
-Before each request, ``ensure_joined`` looks at the routing table. When it is empty it bootstraps
-again the way ``DHTNode.create`` does: ping the initial peers, the peers p2pd is still connected
-to and the peers this node knew (the last ``REMEMBERED_PEERS`` of its table), so that a node
-started with no initial peers rejoins as well, then look up its own id to refill the table. At
-most one attempt per ``retry_s``, each bounded by ``timeout_s``; a failed attempt never fails the
-request it came before, so a node whose peers are really gone pays little for trying.
-"""
+"""``Rejoiner``: a DHT node that lost every peer (its process stalled) bootstraps again before its
+next request instead of staying alone; at most one attempt per ``retry_s``, and a failed attempt
+never fails the request it came before (README.md, "Rejoining")."""
 
 from __future__ import annotations
 

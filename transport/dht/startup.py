@@ -1,13 +1,6 @@
-"""Starting and stopping hivemind's p2pd and the DHT node on it, with errors that say what to do.
-
-``start_p2p`` launches p2pd (which connects to ``initial_peers`` before reporting ready) and never
-leaves it running when it fails; ``start_node`` runs a ``DHTNode`` (with gossamer's record
-validator) on it and checks that an initial peer answers a DHT ping. A busy port is refused before p2pd starts (``check_ports_free``:
-p2pd listens with SO_REUSEPORT and would share the port silently). Failures raise
-``DhtStartFailed`` (bad address, busy port, p2pd missing) or ``BootstrapFailed`` (no initial peer
-reached), each naming the flag to change. ``stop_node`` / ``stop_p2p`` shut down within a deadline
-and kill p2pd if it lingers.
-"""
+"""Starting and stopping hivemind's p2pd and the DHT node on it: a busy port is refused before p2pd
+starts, p2pd is never left running after a failure, and ``DhtStartFailed`` / ``BootstrapFailed``
+name the flag to change (README.md, "Starting and stopping")."""
 
 from __future__ import annotations
 

@@ -1,26 +1,6 @@
-"""``EntryValidator``: the hivemind record validator every gossamer DHT node runs.
-
-hivemind calls ``validate`` on every record another node asks this one to store, on every record
-this node stores itself, and on every subkey of every answer to this node's reads (one bad subkey
-drops that node's whole answer). A record passes only if it is a signed entry (``entries``) that:
-
-- sits under a dictionary subkey (a plain value over a whole key is refused), and that subkey is
-  the peer id of the key that signed it;
-- names the DHT key it was found under (the validator sees hivemind's key hash, and checks it
-  against the signed key), under the ``gossamer/`` prefix;
-- expires no later than its signed ``expires_at``, was not signed in the future (beyond
-  ``max_clock_skew_s``), and lives at most ``max_lifetime_s``;
-- passes every ``KeyRule`` the caller installed (the peer layer says which keys exist and which
-  subkeys each accepts, e.g. only the run owner's under a run's manifest key).
-
-So honest nodes neither store nor believe a value that would hide, replace or pin another
-writer's subkey, and a reader never sees one. Refusals are counted by reason (``refused``).
-
-Verifying a signature is the expensive part and readers see the same entries again and again
-(every node of an answer returns them, every refresh re-reads them), so each verified entry's
-digest is remembered (a bounded LRU of digests and times, no payloads): a repeated record costs a
-hash, and a reader verifies each new entry once however many nodes return it.
-"""
+"""``EntryValidator``: the hivemind record validator every gossamer DHT node runs. A record passes
+only as a signed entry under its signer's subkey, for the key it was found under, within its
+signed expiry and the caller's ``KeyRule``s; verified digests are remembered (README.md, "The validator")."""
 
 from __future__ import annotations
 

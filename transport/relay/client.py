@@ -1,14 +1,6 @@
-"""``RelayClient``: the private peer's end of a relay allocation (``relay.server``).
-
-``RelayClient.connect`` opens the control connection (outbound, so a NAT lets it through),
-answers the relay's challenge with ``identity`` (``crypto.challenge``: the nonce, the name of the
-relay it means to reach, the time), presents ``auth`` (what the relay admits by), asks
-for one port per local service (``targets``: where this peer's own HTTP and TCP servers listen)
-and returns once the relay answered with its ports. For every connection the relay announces,
-it opens a new outbound connection to the relay's attach port, attaches it, connects to the local
-service and splices the two (``wire.Pipe``). It pings every ``ping_s``; ``closed`` completes when the control connection
-ends (the relay went away, refused a ping, or ``aclose``), and the caller picks another relay.
-"""
+"""``RelayClient``: the private peer's end of a relay allocation. It keeps an outbound control
+connection (proving its identity to the relay's challenge) and splices every connection the relay
+announces to its own HTTP or TCP server (README.md, "The client (relay.client)")."""
 
 from __future__ import annotations
 

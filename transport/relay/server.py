@@ -1,29 +1,6 @@
-"""``RelayServer``: a public peer forwarding connections to private peers (TURN-style allocations).
-
-A private peer opens a control connection; the relay sends a fresh challenge (``{"op":
-"challenge", "nonce": <base64>}``) and the peer answers ``{"op": "allocate", "auth": <base64>,
-"proof": <base64>, "services": n}``. ``authorize(auth)`` (the layer above: a signed, admitted peer
-record) names the peer or raises ``RelayRefused``; ``proof`` (``crypto.challenge``) must be that
-peer's key signing this connection's nonce, the relay's ``name`` and a time within
-``auth_skew_s``. The record alone proves nothing (anyone reads it from the DHT), and without the
-proof anyone presenting it could take over, so evict, the peer's allocation; an answer replayed on
-another connection carries another nonce. The relay then listens on ``n`` fresh ports (its allocation) and
-answers ``{"ok": true, "ports": [...]}``; the peer announces ``relay host:port`` as its addresses.
-Each connection that arrives at an allocation port is announced on the control connection
-(``{"op": "connect", "id": ..., "service": k}``); the peer opens a new connection to the relay's
-attach port (``attach_port`` in the answer), sends ``{"op": "attach", "id": ...}``, and from then
-the relay splices the two byte for byte (``wire.Pipe``). It
-never reads or changes what it forwards: signatures and the secure links' encryption are end to
-end, so a relay can drop traffic but never forge it.
-
-Caps (``RelayConfig``): at most ``max_peers`` allocations (a peer's new, proven allocation
-replaces its old one: a peer that lost its control connection takes its place back at once), ``max_connections`` spliced or pending connections per peer (beyond: closed at once),
-``rate_bytes_per_s`` shared by all of one peer's connections, and a pending connection the peer
-does not attach within ``attach_timeout_s`` is closed (a spliced one lives as long as its ends:
-their own deadlines apply).
-The control connection must send something (a ping) every ``control_timeout_s``; when it ends,
-the allocation and its connections end with it.
-"""
+"""``RelayServer``: a public peer forwarding connections to private peers on fresh ports (TURN-style
+allocations), each allocation proven by the peer's key over a fresh nonce and capped in peers,
+connections and rate (``RelayConfig``); it never reads what it forwards (README.md, "Relay")."""
 
 from __future__ import annotations
 

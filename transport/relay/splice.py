@@ -1,18 +1,6 @@
-"""Zero-copy splicing of two connected sockets through kernel pipes (Linux ``os.splice``).
-
-``Splice.start`` takes over two paired ``wire.Pipe`` ends whose asyncio transports have nothing
-buffered: it pauses both transports' reading and moves bytes each way socket -> kernel pipe ->
-socket with ``os.splice``, so a relayed byte never enters Python (the copy path reads every chunk
-into a ``bytes`` and writes it out again). It works on duplicates of the sockets' descriptors (an
-asyncio loop refuses a reader on a transport's own) and keeps the copy path's rules: each way
-moves a chunk, debits the reading end's ``Pace`` and pauses for what it answers; a full receiver
-stops the reading side (kernel pipe not drained: no more read); an end of stream is passed on as
-a half-close once what came before it went out; when both ways ended, or either failed, both
-connections close. Bytes an end held before the pair (``prefix``) go out first.
-
-``usable`` says whether two transports can be spliced (Linux, plain sockets, nothing buffered);
-where not, the ends copy as before.
-"""
+"""Zero-copy splicing of two connected sockets through kernel pipes (Linux ``os.splice``): a relayed
+byte never enters Python, under the copy path's pace, flow control and half-close rules;
+``usable`` says where it applies (README.md, "Splicing")."""
 
 from __future__ import annotations
 

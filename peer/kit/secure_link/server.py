@@ -1,13 +1,6 @@
-"""The server end of secure links: handshakes, sessions bound to their TCP connection, requests.
-
-A session exists only once its handshake is complete on one connection: the hello makes a
-*pending* handshake (nothing else changes), and only a confirmation that verifies, on the same
-connection, turns it into a session and replaces that peer's older session. A session answers
-frames from the connection that opened it and no other: a frame naming it from another
-connection is refused and leaves it alone (its id travels in the clear, so anyone could name it).
-A frame that fails to decrypt on the owning connection ends the session (counters are implicit,
-so the channel cannot go on).
-"""
+"""``SecureLinkServer``: the server end of secure links. A session exists only once its handshake is
+confirmed on one connection, answers frames from that connection alone, and ends at the first
+frame that fails to decrypt (README.md of peer, "kit.secure_link.server")."""
 
 from __future__ import annotations
 

@@ -1,36 +1,9 @@
-"""Byzantine attacks for tests and experiments: pure functions that return what an attacker sends.
+"""Byzantine attacks for tests and experiments: pure functions that return what an attacker sends
+(README.md of protocols/core, "Attacks", tabulates them and the threat model).
 
-``basic``: fixed recipes that do not look at the defence.
-
-=====================  ==================================================================
-``sign_flip``          -scale * v
-``alie``               A Little Is Enough (Baruch et al., NeurIPS 2019): mean - z * std,
-                       coordinate-wise over the honest vectors, z from the paper's formula
-``ipm``                inner product manipulation (Xie et al., UAI 2019): -eps * mean
-``gaussian``           pure noise N(0, sigma^2) shaped like v
-``random_direction``   a uniformly random direction scaled to scale * ||v||
-``stale``              the vector of ``lag`` rounds ago
-``nan_update``         v with a NaN (one coordinate is all it takes)
-``inf_update``         v with a +Inf
-``huge_weight``        the same contribution, claiming weight 1e9
-``label_flip``         data-level, for byte LMs: target y becomes num_classes - 1 - y
-=====================  ==================================================================
-
-``adaptive``: each knows its target's rule and public state (see that module for the threat model).
-
-=====================  ==================================================================
-``radius_sign_flip``   center - 0.99 tau u: the honest pull on the target's center,
-                       flipped, just inside the clipping radius; with
-                       ``invert_momentum``, lands there through a worker momentum
-``alie_strongest``     ALIE with the z that moves the target's output furthest
-``ipm_strongest``      IPM with the eps that moves the target's output furthest
-``krum_capture``       identical copies of mean - lambda sign(mean), the largest lambda
-                       the target still takes (Fang et al. 2020, against Krum)
-``mimic``              every attacker copies one honest peer (``most_atypical``)
-``withhold``           silence: nothing is sent
-``sleeper``            honest-looking until a round, then another attack
-=====================  ==================================================================
-"""
+- ``basic``     fixed recipes that do not look at the defence (sign flip, ALIE, IPM, noise, NaN, ...).
+- ``adaptive``  attacks that know their target's rule and public state (strongest ALIE/IPM, Krum
+                capture, radius sign flip, mimic, withhold, sleeper)."""
 
 from __future__ import annotations
 

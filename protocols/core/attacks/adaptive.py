@@ -1,15 +1,6 @@
-"""Adaptive attacks: each knows its target's rule and public state (the table is in the package
-docstring).
-
-What an attacker is assumed to know, as in the papers these come from: the honest vectors of the
-round (omniscient: in gossip DiLoCo every peer receives its neighbours' pseudo-gradients), the
-aggregator and its parameters (they are in the signed run manifest), and the aggregator's public
-state (the previous aggregate, which every replica applies, and the worker-momentum buffer that the
-aggregating peers keep for the attacker's own sends, which the attacker can recompute from what it
-sent). The target's rule reaches these functions as ``aggregate``: a callable that returns what the
-target would output if every attacker sent a given vector, without changing the target's state.
-Every function here is pure: tensors and that callable in, the vector to send out.
-"""
+"""Adaptive attacks: each knows the round's honest vectors, its target's rule and parameters and the
+rule's public state, and reaches the rule as ``aggregate`` (what the target would output, without
+changing its state). Pure (README.md of protocols/core, "Attacks")."""
 
 from __future__ import annotations
 

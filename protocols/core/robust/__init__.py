@@ -1,42 +1,11 @@
-"""Byzantine-robust aggregation of flat update vectors: the public face of the ``base``, ``kernels`` and ``clipping`` modules.
+"""Byzantine-robust aggregation of flat update vectors: the aggregators, their registry
+(``AGGREGATORS``, ``DEFAULT``, ``build_aggregator``) and ``aggregate_or_degrade``. Every aggregator
+keeps one contract (README.md of protocols/core, "Robust aggregation"): f checked against n,
+inputs sanitized, permutation-invariant, claimed weights ignored, every peer accounted for.
 
-Every aggregator has the form ``fn(arrived, failures, *, f=0, ..., max_norm=None,
-expected_numel=None) -> AggregateResult`` and
-
-1. refuses a Byzantine budget ``f`` that the round's size n = len(arrived) + len(failures) can
-   never tolerate (``InvalidSetting`` naming f and n: median, trimmed mean, geometric median and
-   centered clipping need n > 2f, Krum n > 2f + 2; the plain mean only f = 0);
-2. sanitizes (``base.sanitize``: shape, dtype, NaN/Inf, ``max_norm``, duplicate senders;
-   ``expected_numel`` defaults to the size most arrivals have) and raises ``NotEnoughUpdates``
-   when fewer usable contributions remain than the rule needs;
-3. sorts by sender before anything order-dependent, so it is permutation-invariant;
-4. ignores claimed weights (only ``mean(trust_weights=True)`` reads them);
-5. returns the value, the senders used, and every other peer as a ``Failure`` with the reason.
-
-Aggregators (registered in ``AGGREGATORS``; ``build_aggregator`` binds parameters):
-
-==============================  ===========================================================
-``mean``                        plain (optionally weighted) mean; not robust
-``median``                      coordinate-wise median
-``trimmed_mean``                coordinate-wise mean without the f smallest and f largest
-``geometric_median``            smoothed Weiszfeld (Pillutla et al., RFA)
-``krum`` / ``multi_krum``       Blanchard et al. 2017: the input(s) with the lowest scores
-``centered_clipping``           iterative, from the coordinate-wise median (see ``clipping``)
-==============================  ===========================================================
-
-``DEFAULT`` is the geometric median: over the full grid of ``scripts/experiments/byzantine.py``
-(every aggregator x seven adaptive attacks x f = 1, 2, 3 of 8, 3 seeds; EXPERIMENTS.md 2a) its
-worst cost up to f = n/4 was the smallest (+0.10 nats), and its clean loss within the seeds'
-spread of the mean's; at f = 3 of 8 the coordinate-wise median held best (README, "Which
-aggregator"). The one-step form with worker
-momentum (``centered_clipping_momentum``) was retired; ``clipping`` says why.
-``aggregate_or_degrade`` runs an aggregator and, when peers withheld so many contributions that
-its rule cannot run (Krum's 2f + 3), falls back to the coordinate-wise median with the same f, or
-with fewer once the silent peers must count as faulty: silence never switches the defence off,
-nor stalls the round. Every aggregator reads each input
-once: the value checks of ``sanitize`` ride on the kernel's own pass (``base.checked``).
-Kernels (column blocks, comparator networks, coefficient space) live in ``kernels``.
-"""
+- ``base``      contributions, failures, results, sanitizing and the parameter checks.
+- ``kernels``   vectorised kernels: one read of each input, comparator networks, coefficient space.
+- ``clipping``  centered clipping and clipped gossip."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""What every robust aggregator shares: contributions, failures, results, sanitizing, checks.
-
-A **contribution** is what one peer sent for a round: a flat float32 update vector (see
-``flatten`` / ``unflatten``) and the weight the sender *claims*. A **failure** is a peer whose
-contribution did not make it (timed out, rejected, not selected) with the reason. Aggregators take
-(arrived, failures) and return an ``AggregateResult`` that accounts for every peer of the round:
-each one is in ``used`` or in ``rejected``, never silently dropped.
-
-``prepare`` is the common front half of every aggregator: it checks the Byzantine budget ``f``
-against the round's size (``InvalidSetting`` when even a full round could not be robust),
-sanitizes, sorts by sender (so that aggregation is permutation-invariant), and raises
-``NotEnoughUpdates`` when too few usable contributions are left.
-"""
+"""What every robust aggregator shares: ``Contribution`` (a flat update and its claimed weight),
+``Failure``, ``AggregateResult`` (every peer in ``used`` or ``rejected``), sanitizing, and
+``prepare``, the common front half (f against n, sanitize, sort by sender)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
-"""Centered clipping (Karimireddy, He & Jaggi, ICML 2021) and clipped gossip.
-
-- ``centered_clipping``: stateless and iterative: start from the coordinate-wise median m and
-  repeat ``iters`` times c <- c + (1/n) sum_i min(1, tau / ||x_i - c||) (x_i - c). A Byzantine
-  input moves c by at most tau / n per iteration, however far away it is, and the result is
-  within iters * tau of m, which lies inside the honest inputs' range in every coordinate (n > 2f).
-- ``clipped_gossip``: decentralised form (He, Karimireddy & Jaggi 2022): peer i moves to
-  x_i + sum_j w_ij clip(x_j - x_i, tau), so a Byzantine neighbour moves it by at most w_ij tau.
-
-Retired: ``centered_clipping_momentum``, the paper's one-step form (one clipping step around the
-previous aggregate, fed with worker momenta the aggregating peer keeps, one buffer per sender). Measured to fail
-(EXPERIMENTS.md, "Byzantine robustness"), for this reason: around the previous aggregate c,
-f attackers who sit at c - 0.99 tau u (u the honest direction) are never clipped and pull the
-aggregate by f/n * 0.99 tau against u; the aggregate is the next round's center, so the pull is
-carried over and adds up, while each honest input pulls back by at most tau / n however far away
-it is. The aggregate settles about f / (n - f) * (honest spread) away against the honest
-direction, which is uphill once the honest updates disagree more than they agree (late in
-training, non-IID shards), and DiLoCo's outer Nesterov momentum sums that bias over ~1 / (1 - mu)
-rounds. Worker momentum does not stop it: an attacker who knows beta inverts it and places its
-momentum exactly (``attacks.invert_momentum``). Recentring at the median every round removes the
-memory, but the worker momentum that is left, averaging pseudo-gradients taken at different
-parameters, cost as much as training itself in the same measurement, so the form was removed
-rather than kept.
-"""
+"""Centered clipping (Karimireddy, He & Jaggi, ICML 2021), stateless and iterative from the
+coordinate-wise median, and clipped gossip (He, Karimireddy & Jaggi 2022). Why the one-step form
+with worker momentum was retired: README.md of protocols/core, "Centered clipping"."""
 
 from __future__ import annotations
 

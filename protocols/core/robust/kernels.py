@@ -1,29 +1,7 @@
-"""Vectorised kernels of the robust aggregators, over n flat vectors x_1..x_n of d float32 values.
-
-**One read.** Every kernel walks the d coordinates in blocks of columns and reads each input
-value from memory once; whatever else it needs of a block (order statistics, products, the
-inputs' squared norms that ``robust_base`` checks against NaN, Inf and ``max_norm``) is computed
-while the block is in cache, so sanitizing costs no extra pass. Nothing [n, d] is materialised.
-
-**Small, cheap calls.** On CPU the kernels work on zero-copy numpy views of the tensors, in
-blocks of 16384 columns: a block of 16 inputs (1 MiB) stays in the core's cache, and a numpy
-ufunc on such a row costs ~0.3-1 us of call overhead against ~1-4 us for the same torch op,
-which dominates at this size. Every call runs on the calling thread: on a shared 2-core host,
-ops split over a thread pool ran 4-10x slower as soon as another process held a core. On other
-devices the same code runs torch ops on blocks of 2^22 columns, so that launches are few.
-
-**Order statistics** come from a comparator network (min/max of whole rows, no per-coordinate
-Python): Batcher's odd-even merge sort, padded to a power of two, pruned to what a trimmed mean
-needs (see ``trimming_network``). The first comparator on each wire reads the input itself, so
-no block is ever copied before it is compared.
-
-**Coefficient space.** Geometric median, Krum and centered clipping only ever need distances
-between the inputs and combinations of them. With y_i = x_i - m (m the coordinate-wise median,
-or for the rules that never use m itself, the cheaper coordinate-wise mean, so that the values
-are small and float32 products lose little), one pass computes the Gram matrix G = Y Y^T; every
-iteration then works on n coefficients in float64 (a point c = m + sum_j a_j y_j has
-||x_i - c||^2 = G_ii - 2 (G a)_i + a^T G a), and one last pass forms the combination.
-"""
+"""Vectorised kernels of the robust aggregators over n flat vectors of d float32 values: each input
+value read once, in column blocks on the calling thread; order statistics from a comparator
+network; geometric median, Krum and clipping in coefficient space over a Gram matrix (README.md
+of protocols/core, "Kernels")."""
 
 from __future__ import annotations
 

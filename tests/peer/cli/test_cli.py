@@ -62,7 +62,7 @@ def test_every_preset_is_a_swarm_that_starts(name: str, tmp_path: Path) -> None:
     assert swarm.plugin.finish is not None and swarm.duration_s, "a preset ends by itself"
 
 
-README_DILOCO = Path(__file__).parents[3] / "README.md"
+README_DILOCO = Path(__file__).parents[3] / "protocols" / "diloco" / "README.md"
 
 
 def readme_diloco_toml() -> str:

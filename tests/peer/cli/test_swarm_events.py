@@ -1,16 +1,7 @@
-"""``gossamer swarm`` prints every event every protocol declares, without error.
-
-Regression: the swarm's watch loop once died on a BlockTrain worker's ``finished`` event
-(``KeyError: 'round'``: three roles used one name with three schemas). Events are now namespaced
-and each plugin declares its schemas (``ProtocolPlugin.events``); this test keeps the printing in
-step with them. ``EXAMPLES`` holds a realistic example of every declared event, with the field
-values its role emits (from the real ledgers where an event carries one) and a second, sparse
-form with what a role can also send (None where there is no value yet, empty ledgers, NaN
-losses). The examples must match the declared schemas exactly, so a new event or a changed
-schema fails here until it has an example, and every example goes through the path a real event
-takes: the role's ``EventSink`` as a JSON line, then ``Swarm._print_event`` as the swarm reads it
-from the process, and ``ProgressPrinter`` as a peer started by hand prints it.
-"""
+"""``gossamer swarm`` prints every event every protocol declares, without error. ``EXAMPLES`` holds a
+realistic and a sparse example of every declared event (they must match the schemas exactly, so a
+new event fails here until it has one), and each goes the way a real event goes: ``EventSink`` as
+a JSON line, ``Swarm._print_event``, and ``ProgressPrinter`` as a peer started by hand prints it."""
 
 from __future__ import annotations
 

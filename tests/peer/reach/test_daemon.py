@@ -12,11 +12,10 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.cli.status import format_table
 from gossamer.peer.config import PeerConfig
 from gossamer.peer.daemon import Daemon
-from gossamer.peer.introspection import peer_row
 from gossamer.peer.kit.state_join import choose_donors
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.run.manifest import RunConfig
-from gossamer.peer.run.records import PRIVATE, PUBLIC, RELAYED
+from gossamer.peer.run.records import PRIVATE, PUBLIC, RELAYED, peer_row
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.registry import PLUGINS
 from gossamer.transport.frames import Frame, FrameType

@@ -1,12 +1,7 @@
-"""Hostile DHT members against live daemons (issue 10): a plain hivemind ``DHTNode`` with no
-validator writes what an attacker on the internet wrote under gossamer's keys, and the daemons (in
-this process, on a real hivemind DHT on 127.0.0.1) must refuse it, go on seeing each other, and
-let a new peer join. Each attack hid, replaced, pinned or wiped records before the DHT entries
-were signed and validated on every daemon (the module's tests all failed on that code).
-
-The daemons are shared by the module's tests (starting them is most of the time); every attack
-leaves them intact, which is what each test checks, so the order does not matter. Each test has
-an attacker node of its own (what an attacker's node stores, it keeps and serves)."""
+"""Hostile DHT members against live daemons: a plain hivemind ``DHTNode`` with no validator writes
+what an attacker would under gossamer's keys (hide, replace, pin, wipe records), and the daemons
+must refuse it, go on seeing each other and let a new peer join. The daemons are shared by the
+module's tests (every attack leaves them intact, which each test checks); each attacker is its own."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from gossamer.protocols.core.errors import InvalidSetting
 from gossamer.protocols.core.pacing import AdaptiveDeadline, Pacing, PacingError, SlowPeers, quantile
 
 
@@ -56,10 +57,11 @@ def test_a_duration_that_makes_no_sense_is_refused(bad: object) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"quantile": 0.2}, "quantile must be in"), ({"margin": 0.5}, "margin must be"),
-    ({"floor_s": 0.0}, "floor_s must be"), ({"window": 2, "min_samples": 3}, "min_samples <= window")])
+    ({"quantile": 0.2}, "quantile must be >= 0.5"), ({"margin": 0.5}, "margin must be >= 1"),
+    ({"floor_s": 0.0}, "floor_s must be > 0"), ({"margin": math.inf}, "margin must be a finite number"),
+    ({"window": 2, "min_samples": 3}, "min_samples <= window")])
 def test_pacing_settings_that_cannot_work_are_refused(kwargs: dict, message: str) -> None:
-    with pytest.raises(PacingError, match=message):
+    with pytest.raises(InvalidSetting, match=message):
         Pacing(**kwargs)
 
 

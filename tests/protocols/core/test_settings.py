@@ -4,6 +4,7 @@ tables refused, and every refusal naming the field as the run config spells it."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,6 +100,7 @@ class Checked:
     width: int = setting(8, low=1, doc="how wide")
     rate: float = setting(0.5, above=0.0, below=1.0)
     names: tuple[str, ...] = setting(())
+    where: Path = setting(Path("out"))
 
     def __post_init__(self) -> None:
         check(self)
@@ -108,8 +110,10 @@ def test_check_validates_an_instance_built_in_code_and_normalises_its_values() -
     built = Checked(width=3, rate=1 // 2 + 0.25, names=["a"])  # type: ignore[arg-type]
     assert built.names == ("a",) and isinstance(built.rate, float)
     assert isinstance(Checked(rate=0.5).rate, float)
+    assert Checked(where="a/b").where == Path("a/b")  # type: ignore[arg-type]
     for kwargs, message in (({"width": 0}, "width must be >= 1, got 0"), ({"width": 2.5}, "width must be an integer"),
-                            ({"rate": 1}, "rate must be < 1, got 1"), ({"names": "ab"}, "names must be a list")):
+                            ({"rate": 1}, "rate must be < 1, got 1"), ({"names": "ab"}, "names must be a list"),
+                            ({"where": 3}, "where must be a path")):
         with pytest.raises(InvalidSetting, match=message):
             Checked(**kwargs)
 

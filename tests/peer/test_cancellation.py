@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from gossamer.peer.stopping import cancel_all
+from gossamer.peer.cancellation import cancel_all
 
 
 async def test_cancelled_tasks_are_waited_for_and_their_errors_retrieved() -> None:
@@ -33,7 +33,7 @@ async def test_a_task_that_will_not_stop_is_left_after_the_bound_and_named(caplo
 
     task = asyncio.create_task(stubborn(), name="stubborn-lookup")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.WARNING, logger="gossamer.peer.stopping"):
+    with caplog.at_level(logging.WARNING, logger="gossamer.peer.cancellation"):
         left = await cancel_all([task], what="daemon", timeout_s=0.01)
     assert left == [task] and not task.done()
     assert "daemon: 1 task(s) still stopping" in caplog.text and "stubborn-lookup" in caplog.text

@@ -1,10 +1,6 @@
-"""Stopping a peer's background tasks within a bound.
-
-Each task is cancelled; the caller goes on after ``timeout_s`` even if one has not finished, and
-names those left in the log. A hivemind DHT store under way when the daemon stopped (its lookup's
-worker tasks do not end with it) once held a clean shutdown past its 20 s, and the daemon exited
-with code 1 without writing its checkpoint; the DHT node's own shutdown ends such work later.
-"""
+"""Cancelling a peer's background tasks within a bound: each is cancelled, and the caller goes on after
+``timeout_s`` even if one has not finished, naming those left in the log (a DHT store under way
+once held a clean shutdown past its 20 s)."""
 
 from __future__ import annotations
 
