@@ -1,17 +1,8 @@
-"""Protocol ``diloco``: gossip DiLoCo. Each ``learner`` trains a full replica of a byte-level LM
-on its shard for H inner steps, mixes parameters with its peers in the background (W1) and
-pseudo-gradients in a short blocking step (W2) through the run's robust aggregator, then takes a
-private outer Nesterov step. Modules: ``settings`` (the manifest), ``names`` (the role names),
-``learner`` (the role), ``joining`` (how a learner gets in step: round 0, joining mid-run,
-catching up), ``pacing`` (its W2 deadline and the fail-slow learners), ``aggregate``
-(the W1 and W2 mixes), ``ledger`` (a round's ledger), ``contributions`` (what its messages carry),
-``keeping`` (the state it keeps between rounds and writes for a restart),
-``steering`` (which learners steer one: its median round, its state donors, its inbox's room),
-``commands`` (``gossamer sample``), ``sampling`` (running a learner's checkpoint locally) and
-``recheck`` (fault tests: a learner's applied round against the protocol's result).
-
-Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
-"""
+"""Protocol ``diloco``: gossip DiLoCo (README.md). Its pure core is ``core``; the rest is its role:
+``learner`` (the role), ``ledger`` (a round's ledger), ``contributions`` (what its messages carry),
+``keeping`` (the state it keeps and writes for a restart), ``steering`` (which learners steer one),
+``settings`` (the manifest), ``names``, and ``commands``/``sampling`` (``gossamer sample``). This
+module is the plugin: its events, how they print, and its lazy loaders (``--help`` imports no torch)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
-from gossamer.protocols.diloco.aggregate import PseudoGradientAggregator
+from gossamer.protocols.diloco.core.aggregate import PseudoGradientAggregator
 from gossamer.protocols.diloco.core.mixing import MixingPlan
 
 KINDS = ("params", "pgrad")

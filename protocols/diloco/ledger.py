@@ -1,16 +1,7 @@
 """A learner's round ledger: its two exchanges (the W1 parameter mix and the W2 pseudo-gradient
-mix), each a ``kit.ledger.Exchange``, plus the round's losses, time and bytes.
-
-Time, in seconds of the learner's monotonic clock: ``wall_s`` is the whole round; ``compute_s``
-the inner phase (H inner steps); ``w1_wait_s`` the wait after it for neighbours' parameters (at
-most ``w1_grace_s``); ``w2_wait_s`` the blocking wait for pseudo-gradients (at most
-``w2_deadline_s``); ``eval_s`` the held-out evaluation. What is left of ``wall_s`` is the
-learner's own work on the event loop (snapshot, mixing, aggregation, outer step) and the wait for
-its own sends. Bytes are safetensors bodies: ``bytes_sent`` delivered by this learner's sends,
-``bytes_received`` accepted for this round by its end. ``slow``: the learners flagged fail-slow
-after this round's W2 wait; ``not_waited_for``: the flagged ones its waits did not block on
-(adaptive pacing).
-"""
+mix, each a ``kit.ledger.Exchange``), the round's losses, its time split (seconds of the learner's
+clock) and its bytes; ``summary`` is the round event's fields, all from here. README.md, "A round,
+step by step", says what each time and byte count covers."""
 
 from __future__ import annotations
 
@@ -18,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gossamer.peer.kit.ledger import Exchange
+from gossamer.protocols.diloco.core.aggregate import W2Outcome
 
 
 @dataclass
@@ -42,6 +34,14 @@ class RoundLedger:
     slow: list[str] = field(default_factory=list)
     not_waited_for: list[str] = field(default_factory=list)
 
+    def record_w2(self, outcome: W2Outcome) -> None:
+        """Write the W2 mix's outcome into the settled pseudo-gradient exchange: its refusals (with
+        their reasons), the neighbours it used, and its note."""
+        for sender, why in outcome.refused.items():
+            self.pseudo_gradients.reject(sender, why)
+        self.pseudo_gradients.use(outcome.used)
+        self.note = outcome.note
+
     def partial(self) -> bool:
         """Whether some expected contribution was not used (it timed out or was refused) or one of
         this learner's own sends failed."""
@@ -53,6 +53,17 @@ class RoundLedger:
         return [f"{name}: {problem}" for name, exchange in (("params", self.params),
                                                              ("pseudo_gradients", self.pseudo_gradients))
                 for problem in exchange.balance_problems()]
+
+    def summary(self) -> dict[str, Any]:
+        """The ledger in short: the fields of the learner's ``round`` event, but ``rounds`` (the
+        run's length, which the role adds)."""
+        w2 = self.pseudo_gradients
+        return {"round": self.round, "train_loss": self.train_loss, "heldout_loss": self.heldout_loss,
+                "params_from": len(self.params.arrived), "pgrads_used": len(w2.used), "timed_out": w2.timed_out,
+                "rejected": w2.rejected, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "note": self.note, "compute_s": self.compute_s, "wall_s": self.wall_s, "w1_wait_s": self.w1_wait_s,
+                "w2_wait_s": self.w2_wait_s, "eval_s": self.eval_s, "w2_deadline_s": self.w2_deadline_s,
+                "slow": self.slow, "partial": self.partial(), "problems": self.balance_problems()}
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "params": self.params.to_json(), "pseudo_gradients": self.pseudo_gradients.to_json()}

@@ -1,12 +1,7 @@
-"""Who steers a learner (issue 10: free identities in open runs).
-
-A learner's choices follow the learners that may steer it (``ProtocolRole.steering_peers_with``:
-the tenured ones, or all when none is; ``run.tenure``): the median round it keeps in step with
-(``out_of_step``), the donors of a state it adopts (when it joins or falls behind), and which
-senders its inbox keeps room for. New identities, however many, can then neither pull the median
-nor offer the state a learner adopts, and full-size contributions from them fill at most half of
-an inbox sized for the steering learners.
-"""
+"""Who steers a learner: its median round (``out_of_step``), the donors of a state it adopts and the
+room its inbox keeps (``inbox_budget``) follow the learners that may steer it (the tenured ones, or
+all when none is: ``ProtocolRole.steering_peers_with``). New identities, however many, can neither
+pull the median nor offer the state a learner adopts, and fill at most half of its inbox."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Gossip DiLoCo's pure core: a replica's rounds, the mixes, and their recomputation.
-
-- ``replica``        inner AdamW phase, pseudo-gradients, the outer Nesterov step.
-- ``mixing``         gossip topologies, the parameter mix W1 and the pseudo-gradient mix W2.
-- ``learner_round``  one learner's round recomputed from the contributions it used.
-- ``pacing``         a learner's W2 deadline and its fail-slow learners, from measured arrivals.
-"""
+"""Gossip DiLoCo's pure core (sans-I/O): ``replica`` (the config, the inner AdamW phase, the outer
+Nesterov step), ``mixing`` (topologies, the mixing plan, the mix over what arrived), ``aggregate``
+(the W1 mix, the W2 mix through a robust aggregator, ``--attack``), ``learner_round`` (a round
+recomputed from what it used) and ``pacing`` (the W2 deadline, fail-slow learners, each wait)."""

@@ -1,12 +1,7 @@
-"""One gossip-DiLoCo learner's round recomputed from what it used: the protocol's result
-(DESIGN.md, "Gossip DiLoCo") over a given set of contributions, from the pure functions alone.
-
-A learner role composes these steps around its network (waits, ledgers, aggregators); the fault
-tests recompute a survivor's round with ``round_result`` from the contributions its ledger says it
-used, as they were sent, and compare it with what the survivor applied. The plain protocol: the W1
-mix renormalised over what arrived (no clipping), the W2 mean over what arrived (the ``mean``
-aggregator), the outer Nesterov step, the momentum mixed by W1 in the rounds the plan says.
-"""
+"""One gossip-DiLoCo learner's round recomputed from the contributions it used, with the pure
+functions alone: the W1 mix renormalised over what arrived (no clipping), the W2 mean over what
+arrived, the outer Nesterov step, the momentum mixed by W1 in the rounds the plan says. The fault
+tests check a survivor's applied round against it."""
 
 from __future__ import annotations
 

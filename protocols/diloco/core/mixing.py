@@ -1,52 +1,20 @@
-"""Gossip topologies and the factored update of Gossip DiLoCo.
-
-Peers of a round are indices 0..n-1 (the network maps sorted peer ids to indices). A topology is a
-row-stochastic n x n float64 matrix W; peer i's mix is sum_j W_ij v_j over what arrived:
-
-- ``global``    every entry 1/n (W1 = W2 = global is plain DiLoCo, bit for bit).
-- ``ring``      self and the two ring neighbours, 1/3 each (n=1: [[1]]; n=2: 1/2 each).
-- ``random_k``  a symmetric k-regular-ish graph re-drawn every round from (seed, round), with
-                Metropolis-Hastings weights, so W is doubly stochastic.
-- ``none``      the identity (no mixing).
-
-A ``MixingPlan`` names the topology of the non-blocking parameter mix (W1) and of the blocking
-pseudo-gradient mix (W2), which parameters W2 covers, whether W1 also mixes the outer momentum, and
-how often a round is an exact average. ``mix`` never waits: contributions that did not arrive are
-dropped and the row renormalised. ``simulate_round`` runs one outer round of several replicas in
-one process exactly as the network does.
-
-The update of replica i in round t (the factored formulation, arXiv 2606.22768), and why:
-
-- Mix1, non-blocking: m_i = sum_j W1_ij x_j of the round's START parameters x_t (with
-  ``mix_momentum``, also u~_i = sum_j W1_ij u_j of the momentum the step will start from). Both
-  are known before the inner phase, so they travel while it runs, and the outer step at the end of
-  round t uses exactly the x_t it mixed: no staleness. Mixing the parameters AFTER the outer step
-  instead would put every replica back on DiLoCo's trajectory (with W1 global it is DiLoCo), but
-  it blocks: the next inner phase could not start before it arrived.
-- Mix2, blocking: d~_i = sum_j W2_ij d_j on the W2 subset (own d elsewhere).
-- Outer step: u_i = mu u_i + d~_i (u~_i in place of u_i when mixed), x_i = m_i - eta (d~_i + mu u_i).
-
-Why gossip replicas drift apart when their shards differ (measured in EXPERIMENTS.md, section 1):
-each replica starts its next inner phase from m_i minus its OWN step, and the part of that step W2
-does not average (the parameters outside the subset, and what a ring leaves) points at the
-replica's own shard. A private outer momentum sums that part over ~1/(1 - mu) rounds, so the step
-that Mix1 has to pull back grows as training goes on and the shards' differences dominate the
-pseudo-gradients. Mixing the momentum bounds the momentum's disagreement but not the step's.
-What bounds the drift is ``average_every = k``: every k-th round (t = k-1, 2k-1, ...) is an exact
-average, W1 and W2 global over every parameter and the momentum averaged too, so every replica
-leaves that round identical (a DiLoCo round, with a DiLoCo round's blocking cost every k rounds).
-"""
+"""Gossip topologies and the factored update of gossip DiLoCo. Peers of a round are indices 0..n-1
+(sorted peer ids); a topology is a row-stochastic n x n float64 matrix W, and ``mix`` takes row i
+over what arrived, renormalised, never waiting. ``MixingPlan`` names W1, W2, the W2 subset and the
+exact averages; ``simulate_round`` runs one outer round of several replicas as the network does.
+README.md, "The method", says why the update is factored this way."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
+from gossamer.protocols.core.settings import check, setting
 from gossamer.protocols.diloco.core.replica import DilocoReplica, Params
 
 KINDS = ("global", "ring", "random_k", "none")
@@ -113,51 +81,24 @@ Subset = tuple[str, ...] | Callable[[str], bool] | str
 class MixingPlan:
     """Which topologies mix parameters (W1) and pseudo-gradients (W2), and what W2 covers."""
 
-    w1: str = "global"
-    """Topology of the non-blocking parameter mix."""
-    w2: str = "global"
-    """Topology of the blocking pseudo-gradient mix."""
-    w2_subset: Subset = "all"
-    """Parameters W2 covers: "all", name prefixes (dotted: "blocks.0" covers "blocks.0.attn.w" but
-    not "blocks.01.w"), or a predicate on the name. The rest use the peer's own pseudo-gradient."""
-    k: int = 2
-    """Degree of the ``random_k`` topology."""
-    mix_momentum: bool = False
-    """W1 mixes the outer momentum of the round's start with the parameters (sent beside x, same
-    neighbours, same weights); False keeps each replica's momentum private."""
-    average_every: int = 0
-    """> 0: every ``average_every``-th round is an exact average (global W1 and W2 over every
-    parameter, momentum included); 0: never."""
+    w1: str = setting("global", choices=KINDS, doc="topology of the non-blocking parameter mix")
+    w2: str = setting("global", choices=KINDS, doc="topology of the blocking pseudo-gradient mix")
+    w2_subset: Subset = setting("all", doc='parameters W2 covers: "all", or name prefixes (dotted: "blocks.0" '
+                                           'covers "blocks.0.attn.w", not "blocks.01.w"), or (in code) a predicate '
+                                           "on the name; the rest use the learner's own pseudo-gradient")
+    k: int = setting(2, low=1, doc="degree of the random_k topology")
+    mix_momentum: bool = setting(False, doc="W1 also mixes the outer momentum of the round's start (sent beside "
+                                            "the parameters, same neighbours and weights); false keeps it private")
+    average_every: int = setting(0, low=0, doc="every average_every-th round is an exact average: W1 and W2 global "
+                                               "over every parameter, momentum included; 0: never")
 
     def __post_init__(self) -> None:
-        for name in ("w1", "w2"):
-            if getattr(self, name) not in KINDS:
-                raise InvalidSetting(f"{name} must be one of {KINDS}, got {getattr(self, name)!r}")
-        for name, low in (("k", 1), ("average_every", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidSetting(f"{name} must be an int >= {low}, got {value!r}")
-        if not isinstance(self.mix_momentum, bool):
-            raise InvalidSetting(f"mix_momentum must be a bool, got {self.mix_momentum!r}")
+        check(self)
         subset = self.w2_subset
-        if isinstance(subset, list | tuple):
-            if not all(isinstance(p, str) and p for p in subset):
-                raise InvalidSetting(f"w2_subset prefixes must be non-empty strings, got {subset!r}")
-            object.__setattr__(self, "w2_subset", tuple(subset))
-        elif not (subset == "all" or callable(subset)):
+        if isinstance(subset, tuple) and not all(subset):
+            raise InvalidSetting(f"w2_subset prefixes must be non-empty strings, got {subset!r}")
+        if isinstance(subset, str) and subset != "all":
             raise InvalidSetting(f'w2_subset must be "all", a list of prefixes or a predicate, got {subset!r}')
-
-    @classmethod
-    def field_names(cls) -> frozenset[str]:
-        return frozenset(f.name for f in fields(cls))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MixingPlan:
-        """Build from a manifest table; unknown keys are refused with InvalidSetting."""
-        unknown = sorted(set(d) - cls.field_names())
-        if unknown:
-            raise InvalidSetting(f"unknown mixing settings: {unknown}")
-        return cls(**dict(d))
 
     def exact_round(self, round: int) -> bool:
         """Whether ``round`` is one of the periodic exact averages."""

@@ -1,28 +1,12 @@
-"""A learner's pacing: how long its W2 window waits for pseudo-gradients, and which learners are
-fail-slow (``hyper.pacing``: "fixed", the default, or "adaptive").
-
-Measured, for every pseudo-gradient a learner sends us for round t (once per sender and round,
-whether the inbox took it or refused it as stale or too far ahead), the moment it arrived against
-two moments of our own round t:
-
-- the start of the round: the sender's time, from a start the learners share (they leave the
-  previous round's W2 together) to its pseudo-gradient. Fed to ``SlowPeers`` (over 1.3x the
-  others' median, and ``MIN_GAP_S`` seconds over it, in 3 checks in a row: flagged). A
-  message that came before our round started (its sender was ahead) counts as 0 s.
-- the start of our W2 wait: how long we had to wait for it. Fed to ``AdaptiveDeadline`` (the
-  next W2 deadline: a high quantile times a margin, ``w2_deadline_s`` its ceiling, ``w2_floor_s`` its
-  floor), except from flagged learners.
-
-Arrivals after our wait for round t ended (refused as stale) are measured too, when they come: a
-deadline that was too short grows again, and a learner that is always late stays flagged. With
-adaptive pacing a flagged learner is not waited for, in W1 or W2 (what it sent in time is still
-used); with fixed pacing learners are measured and flagged alike, but every wait is the configured
-one for everyone. Pure bookkeeping: every moment is given by the caller.
-"""
+"""A learner's pacing: the W2 deadline, the fail-slow learners, and what each wait of a round
+blocks on and for how long (``hyper.pacing``: "fixed" or "adaptive"). Pure bookkeeping over the
+moments the caller gives (``now``); nothing here reads a clock. The rules are in README.md,
+"Pacing and faults"."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from gossamer.protocols.core.pacing import AdaptiveDeadline, Pacing, SlowPeers
@@ -33,14 +17,37 @@ MIN_GAP_S = 0.5
 """How much later than the others' a learner's median must also be to count as slow."""
 
 
-class LearnerPacing:
-    """The W2 deadline and the fail-slow learners, from measured arrivals (see the module docstring)."""
+def catch_up_limit_s(catch_up_rounds: int, w2_deadline_s: float) -> float:
+    """How long a learner out of step waits for the others (to come within reach, to show up, or
+    to offer the state its join can download): ``catch_up_rounds`` W2 deadlines."""
+    return catch_up_rounds * w2_deadline_s
 
-    def __init__(self, w2_deadline_s: float, *, adaptive: bool, pacing: Pacing = Pacing(), ahead: int = 2) -> None:
+
+@dataclass(frozen=True)
+class Wait:
+    """One blocking wait of a round: for the contributions of ``expected``, blocking on
+    ``wait_for`` (the others' are used if they come in time) for at most ``timeout_s``; with
+    ``follow_view`` a sender whose record left the live view is no longer waited for either."""
+
+    expected: tuple[str, ...]
+    wait_for: tuple[str, ...]
+    timeout_s: float
+    follow_view: bool
+
+    @property
+    def not_waited_for(self) -> list[str]:
+        return sorted(set(self.expected) - set(self.wait_for))
+
+
+class LearnerPacing:
+    """The W2 deadline (``w2_deadline_s`` its ceiling, ``floor_s`` its floor when adaptive) and the
+    fail-slow learners, from the measured arrivals of pseudo-gradients."""
+
+    def __init__(self, w2_deadline_s: float, *, adaptive: bool, floor_s: float = 0.5, ahead: int = 2) -> None:
         self.ceiling_s = w2_deadline_s
         self.ahead = ahead  # rounds ahead of ours whose arrivals are kept until we get there (the inbox's window)
         self.adaptive = adaptive
-        self.deadline = AdaptiveDeadline(w2_deadline_s, pacing)
+        self.deadline = AdaptiveDeadline(w2_deadline_s, Pacing(floor_s=min(floor_s, w2_deadline_s)))
         self.slow = SlowPeers(min_gap_s=MIN_GAP_S)
         self._started: dict[int, float] = {}
         self._waiting: dict[int, float] = {}  # round -> when our W2 wait began
@@ -61,10 +68,18 @@ class LearnerPacing:
             self._arrivals.pop(key, None)
             self._measured.discard(key)
 
-    def w2_wait(self, round: int, now: float) -> float:
-        """Our W2 wait for ``round`` begins: how long it may last."""
+    def w1_wait(self, expected: Iterable[str], *, grace_s: float) -> Wait:
+        """The wait for the W1 neighbours' parameters after the inner phase: ``grace_s`` at most."""
+        return self._wait(expected, timeout_s=grace_s)
+
+    def w2_wait(self, round: int, now: float, expected: Iterable[str]) -> Wait:
+        """Our W2 wait for ``round`` begins at ``now``, for the pseudo-gradients of ``expected``."""
         self._waiting[round] = now
-        return self.w2_deadline_s()
+        return self._wait(expected, timeout_s=self.w2_deadline_s())
+
+    def _wait(self, expected: Iterable[str], *, timeout_s: float) -> Wait:
+        expected = tuple(expected)
+        return Wait(expected, tuple(self.waited_for(expected)), timeout_s, follow_view=self.adaptive)
 
     def waited_for(self, senders: Iterable[str]) -> list[str]:
         """Of ``senders``, those a wait blocks on: all with fixed pacing, the unflagged with adaptive."""

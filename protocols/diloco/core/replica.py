@@ -1,98 +1,42 @@
-"""DiLoCo on one learner: the inner AdamW phase, pseudo-gradients, and the outer Nesterov step.
-
-A learner's **replica** goes through one outer round as a small state machine::
-
-    idle --begin_round()--> inner --inner_step() x H--> inner --end_inner()--> outer
-         <--------------------------- finish_round(m, d_mixed) ----------------/
-
-``begin_round`` snapshots the parameters x (what the non-blocking parameter mix sends, with the
-outer momentum u from ``momentum_snapshot`` when the plan mixes it), ``end_inner`` returns the
-pseudo-gradient d = x - y after the H inner steps, and ``finish_round`` applies the outer step from
-the mixed parameters m with the mixed pseudo-gradient d~ and, if given, the mixed momentum u~:
-u = mu u~ + d~, x = m - eta (d~ + mu u) (Nesterov) or x = m - eta u (plain momentum); without u~
-the replica's own u is used. The outer optimizer runs on each replica (nothing but m, d~ and u~
-comes from the others). The inner AdamW state is kept across rounds.
-
-Everything works on ``Params`` (a dict of named tensors), so nothing here depends on a model class
-or a device: tensors stay where the module keeps them.
-"""
+"""DiLoCo on one learner: its config, the inner AdamW phase, pseudo-gradients, and the outer
+Nesterov step. A ``DilocoReplica`` is a state machine (idle -> inner -> outer -> idle, one outer
+round) over ``Params`` (named tensors, on the module's device); only m, d~ and u~ come from the
+others, and the inner AdamW state is kept across rounds."""
 
 from __future__ import annotations
 
 import copy
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from gossamer.protocols.core.errors import InvalidSetting, ProtocolError
+from gossamer.protocols.core.settings import check, setting
 
 Params = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True, kw_only=True)
 class DilocoConfig:
-    """Hyperparameters of one DiLoCo learner (the run manifest's ``[hyper]`` DiLoCo keys)."""
+    """Hyperparameters of one DiLoCo learner (the run manifest's ``[hyper.diloco]`` table)."""
 
-    inner_steps: int = 50
-    """H: inner AdamW steps per outer round."""
-    inner_lr: float = 1e-3
-    """Inner AdamW learning rate."""
-    inner_weight_decay: float = 0.1
-    """Inner AdamW decoupled weight decay."""
-    inner_betas: tuple[float, float] = (0.9, 0.95)
-    """Inner AdamW (beta1, beta2)."""
-    grad_clip: float = 1.0
-    """Max global gradient norm per inner step; 0 disables clipping."""
-    outer_lr: float = 0.7
-    """eta: outer learning rate."""
-    outer_momentum: float = 0.9
-    """mu: outer momentum."""
-    nesterov: bool = True
-    """Nesterov outer step (True) or plain heavy-ball momentum (False)."""
+    inner_steps: int = setting(50, low=1, doc="H: inner AdamW steps per outer round")
+    inner_lr: float = setting(1e-3, above=0.0, doc="inner AdamW learning rate")
+    inner_weight_decay: float = setting(0.1, low=0.0, doc="inner AdamW decoupled weight decay")
+    inner_betas: tuple[float, float] = setting((0.9, 0.95), doc="inner AdamW (beta1, beta2), each in [0, 1)")
+    grad_clip: float = setting(1.0, low=0.0, doc="largest global gradient norm of an inner step; 0: no clipping")
+    outer_lr: float = setting(0.7, above=0.0, doc="eta: outer learning rate")
+    outer_momentum: float = setting(0.9, low=0.0, below=1.0, doc="mu: outer momentum")
+    nesterov: bool = setting(True, doc="a Nesterov outer step (true) or plain heavy-ball momentum (false)")
 
     def __post_init__(self) -> None:
-        if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) or self.inner_steps < 1:
-            raise InvalidSetting(f"inner_steps must be an int >= 1, got {self.inner_steps!r}")
-        _check_real("inner_lr", self.inner_lr, low=0.0, low_open=True)
-        _check_real("inner_weight_decay", self.inner_weight_decay, low=0.0)
-        _check_real("grad_clip", self.grad_clip, low=0.0)
-        _check_real("outer_lr", self.outer_lr, low=0.0, low_open=True)
-        _check_real("outer_momentum", self.outer_momentum, low=0.0, high=1.0)
-        if not isinstance(self.nesterov, bool):
-            raise InvalidSetting(f"nesterov must be a bool, got {self.nesterov!r}")
-        betas = tuple(self.inner_betas) if isinstance(self.inner_betas, list | tuple) else ()
-        if len(betas) != 2:
-            raise InvalidSetting(f"inner_betas must be two floats, got {self.inner_betas!r}")
-        for beta in betas:
-            _check_real("inner_betas", beta, low=0.0, high=1.0)
-        object.__setattr__(self, "inner_betas", (float(betas[0]), float(betas[1])))
-
-    @classmethod
-    def field_names(cls) -> frozenset[str]:
-        """The keys ``from_dict`` accepts (lets a caller split a shared ``[hyper]`` table)."""
-        return frozenset(f.name for f in fields(cls))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> DilocoConfig:
-        """Build from a manifest table; unknown keys are refused with InvalidSetting."""
-        unknown = sorted(set(d) - cls.field_names())
-        if unknown:
-            raise InvalidSetting(f"unknown DiLoCo settings: {unknown}")
-        return cls(**dict(d))
-
-
-def _check_real(name: str, value: object, *, low: float, high: float | None = None, low_open: bool = False) -> None:
-    """Raise InvalidSetting naming ``name`` unless value is a finite real in the allowed range."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (high is None or value < high)
-    if not ok:
-        bounds = f"{'>' if low_open else '>='} {low}" + (f" and < {high}" if high is not None else "")
-        raise InvalidSetting(f"{name} must be a finite number {bounds}, got {value!r}")
+        check(self)
+        if not all(0.0 <= beta < 1.0 for beta in self.inner_betas):
+            raise InvalidSetting(f"inner_betas must each be >= 0 and < 1, got {self.inner_betas!r}")
 
 
 def pseudo_gradient(x: Params, y: Params) -> Params:

@@ -1,33 +1,9 @@
-"""A learner's applied rounds checked against the protocol's result (fault tests and chaos
-scripts; nothing in a daemon uses it).
+"""A learner's applied rounds checked against the protocol's result (fault tests and chaos scripts).
 
-``RoundStates`` is a ``LocalNet`` watcher: at each learner's ``round`` event it keeps that
-learner's parameters and outer momentum (what the round applied, and the next round's start);
-made before the learners start, it keeps their starting state as round -1's.
-``recheck`` recomputes a learner's round t from its state at the end of round t - 1, its own
-pseudo-gradient as it sent it, and the parameters, momenta and pseudo-gradients of the learners
-its ledger names, as they sent them (``sent(sender, recipient, path)``: the net's kept bodies,
-``peer.testing.taps``), and returns how far the learner's applied result is from it (max abs
-difference over every tensor). Every run the manifest can configure is recomputed from the
-protocol's pure functions:
-
-- the W1 mix: ``mixing.mix`` renormalised over what arrived, or with ``w1_clip_tau > 0``
-  ``robust.clipped_gossip`` over every parameter set that arrived (the momentum too, in rounds
-  that mix it), each weighted by its W1 entry;
-- the W2 mix: with the ``mean`` aggregator ``mixing.mix`` over the pseudo-gradients the ledger
-  used; with any other aggregator of ``robust.AGGREGATORS`` the rule built from the manifest
-  (``build_aggregator``, its f and parameters, ``max_norm``) run through
-  ``robust.aggregate_or_degrade`` over every pseudo-gradient that arrived plus the own one, the
-  timed-out and refused learners as failures: when too few arrived for the rule it degrades to
-  the coordinate-wise median as the learner does, and when not even that can run the round's
-  d~ is the own pseudo-gradient (``aggregate.PseudoGradientAggregator``'s fallback). The senders
-  the rule used must be the ledger's ``used`` (a Krum that selected others than the ledger says
-  is a ValueError);
-- the rest, ``protocols.diloco.core.learner_round.round_result``: the plain mixes and the outer Nesterov step.
-  A robust or clipped mix is handed to it already done, as the learner's own value with nothing
-  from the others: a mix over one's own contribution alone is that contribution exactly
-  (``mixing.mix``'s exactness (1)), so it only takes the outer step on it.
-"""
+``RoundStates`` (a ``LocalNet`` watcher) keeps what each learner applied at the end of each round;
+``recheck`` recomputes a round from the state before it and the contributions its ledger used, as
+they were sent, with the pure functions alone (the W1 mix or clipped gossip, the W2 mean or the
+run's robust rule, ``learner_round.round_result``), and returns the largest gap to what was applied."""
 
 from __future__ import annotations
 
@@ -37,22 +13,13 @@ from typing import Any
 
 import torch
 
-from gossamer.peer.kit.ledger import Exchange
-from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.core.models import flat_parameters
-from gossamer.protocols.core.robust import (
-    Contribution,
-    Failure,
-    aggregate_or_degrade,
-    build_aggregator,
-    clipped_gossip,
-    flatten,
-    unflatten,
-)
 from gossamer.protocols.diloco.contributions import MOMENTUM
+from gossamer.protocols.diloco.core.aggregate import mix_parameters
 from gossamer.protocols.diloco.core.learner_round import RoundInputs, round_result
 from gossamer.protocols.diloco.core.replica import Params
 from gossamer.protocols.diloco.learner import LearnerRole
+from gossamer.protocols.diloco.ledger import RoundLedger
 from gossamer.protocols.diloco.settings import DilocoSettings
 
 Sent = Callable[[str, str, str], dict[str, torch.Tensor]]
@@ -103,46 +70,40 @@ def recheck(name: str, round: int, *, states: RoundStates, sent: Sent, names: Ma
                        params={index(s): v for s, v in params.items()},
                        momenta={index(s): v for s, v in momenta.items()},
                        pgrads={index(s): v for s, v in pgrads.items()})
-    if settings.w1_clip_tau > 0:
-        weights = settings.mixing.w1_weights(used.n, round=round, seed=settings.seed)
-        row = {s: float(weights[used.me, index(s)]) for s in params}
-        u_mixed = _clipped(u, momenta, row, settings) if settings.mixing.mixes_momentum(round) else u
-        used = replace(used, x=_clipped(x, params, row, settings), params={}, u=u_mixed, momenta={})
-    if robust:
-        used = replace(used, d=_robust(me, d, pgrads, exchange, settings, where=f"{name} round {round}"), pgrads={})
-    x_next, u_next = round_result(used, round=round, seed=settings.seed, plan=settings.mixing, config=settings.diloco)
+    if settings.w1_clip_tau > 0:  # clipped gossip: handed to round_result done, as the own value alone
+        w1 = settings.mixing.w1_weights(used.n, round=round, seed=settings.text.seed)
+        u_mixed = _clipped(u, momenta, w1, used.me, index, settings) if settings.mixing.mixes_momentum(round) else u
+        used = replace(used, x=_clipped(x, params, w1, used.me, index, settings), params={}, u=u_mixed, momenta={})
+    if robust:  # likewise the robust W2 mix
+        d_mixed = _robust(role, ledger, d, pgrads, where=f"{name} round {round}")
+        used = replace(used, d=d_mixed, pgrads={})
+    x_next, u_next = round_result(used, round=round, seed=settings.text.seed, plan=settings.mixing, config=settings.diloco)
     applied_x, applied_u = states.states[name, round]
     gaps = [(x_next[k] + perturb - applied_x[k]).abs().max() for k in x_next]
     gaps += [(u_next[k] - applied_u[k]).abs().max() for k in u_next]
     return max(float(gap) for gap in gaps)
 
 
-def _clipped(own: Params, arrived: Mapping[str, Params], row: Mapping[str, float],
+def _clipped(own: Params, arrived: Mapping[str, Params], weights: torch.Tensor, me: int, index: Callable[[str], int],
              settings: DilocoSettings) -> Params:
-    """Clipped gossip of ``own`` with every neighbour that arrived (by peer id, W1 weight ``row``)."""
-    neighbours = [Contribution(sender=s, vector=flatten(v)) for s, v in arrived.items()]
-    mixed = clipped_gossip(flatten(own), neighbours, row, tau=settings.w1_clip_tau, max_norm=settings.max_norm)
-    return unflatten(mixed, own)
+    """Clipped gossip of ``own`` with every neighbour that arrived (by peer id), with their W1 weights."""
+    return mix_parameters(own, arrived, weights=weights, me=me, index_of=index, clip_tau=settings.w1_clip_tau,
+                          max_norm=settings.text.max_norm)
 
 
-def _robust(me: str, d: Params, arrived: Mapping[str, Params], exchange: Exchange, settings: DilocoSettings, *,
-            where: str) -> Params:
-    """The run's robust aggregate of the own ``d`` and what arrived; the own ``d`` when it cannot run."""
-    params = dict(settings.aggregator_params)
-    f = int(params.pop("f", 0))
-    rule = build_aggregator(settings.aggregator, f=f, max_norm=settings.max_norm, **params)
-    contributions = [Contribution(sender=s, vector=flatten(v)) for s, v in {**arrived, me: d}.items()]
-    silent = [Failure(s, "timed out") for s in exchange.timed_out]
-    silent += [Failure(s, why) for s, why in exchange.rejected.items() if s not in arrived]
-    try:
-        result, _note = aggregate_or_degrade(rule, contributions, silent, f=f, max_norm=settings.max_norm)
-    except (InvalidSetting, NotEnoughUpdates):
-        chosen, mixed = [], d
-    else:
-        chosen, mixed = sorted(set(result.used) - {me} - set(exchange.rejected)), {**d, **unflatten(result.value, d)}
+def _robust(role: LearnerRole, ledger: RoundLedger, d: Params, arrived: Mapping[str, Params], *, where: str) -> Params:
+    """The run's robust W2 mix of the own ``d`` and what arrived, the silent learners as failures;
+    a ValueError when it uses other learners than the ledger says."""
+    settings, learners, exchange = role.settings, ledger.learners, ledger.pseudo_gradients
+    silent = {s: "timed out" for s in exchange.timed_out} | exchange.rejected
+    weights = settings.mixing.w2_weights(len(learners), round=ledger.round, seed=settings.text.seed)
+    outcome = settings.w2_aggregator(me=role.peer_id).aggregate(
+        d, arrived, weights=weights, me=learners.index(role.peer_id), index_of=learners.index, silent=silent,
+        round=ledger.round)
+    chosen = sorted(set(outcome.used) - set(exchange.rejected))
     if chosen != exchange.used:
         raise ValueError(f"{where}: the ledger used {exchange.used}, {settings.aggregator} over what arrived {chosen}")
-    return mixed
+    return outcome.value
 
 
 def _own(name: str, round: int, recipients: list[str], sent: Sent, names: Mapping[str, str]) -> Params:

@@ -86,7 +86,7 @@ async def test_a_joiner_whose_donors_moved_past_their_records_tries_again_once_t
     net = await LocalNet.create(RUN, plugins=PLUGINS, workdir=tmp_path)
     retrying = asyncio.Event()
     heard = _Heard("trying again once the records change", retrying)
-    logger = logging.getLogger("gossamer.protocols.diloco.joining")
+    logger = logging.getLogger("gossamer.protocols.diloco.learner")
     level = logger.level
     logger.addHandler(heard)
     logger.setLevel(logging.INFO)

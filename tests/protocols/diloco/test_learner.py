@@ -69,3 +69,18 @@ def test_a_swarm_too_small_for_min_learners_is_refused_before_anything_starts(tm
         Swarm(SwarmOptions(preset="demo", peers=2, workdir=tmp_path / "swarm"), PLUGINS)
 
     assert not (tmp_path / "swarm").exists()
+
+
+def test_the_text_settings_keep_their_manifest_keys() -> None:
+    settings = learner_settings(RunConfig(name="r", protocol="diloco", data={"source": "/tmp/x.txt"},
+                                          hyper={"batch_size": 8, "seed": 3, "max_norm": 5.0}))
+
+    assert (settings.text.data_source, settings.text.batch_size, settings.text.seed) == ("/tmp/x.txt", 8, 3)
+    assert (settings.text.max_norm, settings.text.num_shards, settings.text.heldout_fraction) == (5.0, 16, 0.05)
+
+
+@pytest.mark.parametrize(("aggregator", "why"), [({"name": "mean", "f": 1}, "mean is not Byzantine-robust"),
+                                                 ({"name": "krum", "f": 1, "tau": 0.5}, "tau")])
+def test_an_aggregator_that_cannot_run_is_refused_with_the_run_config(aggregator: dict, why: str) -> None:
+    with pytest.raises(ConfigError, match=f"hyper.aggregator.*{why}"):
+        learner_settings(RunConfig(name="r", protocol="diloco", hyper={"aggregator": aggregator}))

@@ -1,7 +1,7 @@
-"""A learner's W2 pacing (pure bookkeeping, every moment given): under +-5% jitter nobody is
-flagged and the deadline follows the measured waits under its ceiling; a learner persistently
-later than the others is flagged and, with adaptive pacing only, no longer waited for; an arrival
-after the wait ended still counts, so a deadline that was too short grows again."""
+"""A learner's W2 pacing on a simulated clock (every moment given, none read): under +-5% jitter
+nobody is flagged and the deadline follows the measured waits under its ceiling; a learner
+persistently later than the others is flagged and, with adaptive pacing only, no longer waited
+for; an arrival after the wait ended still counts, so a deadline that was too short grows again."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from gossamer.protocols.diloco.core.pacing import LearnerPacing
+from gossamer.protocols.diloco.core.pacing import LearnerPacing, Wait, catch_up_limit_s
 
 PEERS = ["a", "b", "c", "d"]
 COMPUTE_S = 2.0  # every learner's time from the round's start to its pseudo-gradient
@@ -21,13 +21,13 @@ def play_round(pacing: LearnerPacing, t: int, times: dict[str, float], *, mine_s
     deadline comes after it is settled, as a stale message would."""
     start = 100.0 * t
     pacing.begin(t, start)
-    deadline = pacing.w2_wait(t, start + mine_s)
-    waited_for = set(pacing.waited_for(times))
-    on_time = {peer: s for peer, s in times.items() if s <= mine_s + deadline}
+    wait = pacing.w2_wait(t, start + mine_s, times)
+    on_time = {peer: s for peer, s in times.items() if s <= mine_s + wait.timeout_s}
     for peer, seconds in sorted(on_time.items(), key=lambda kv: kv[1]):
         pacing.arrived(t, peer, start + seconds)
     flagged = pacing.settle(t, times)
-    assert waited_for <= set(times)
+    assert set(wait.wait_for) <= set(times) and wait.follow_view is pacing.adaptive
+    assert wait.not_waited_for == sorted(set(times) - set(wait.wait_for))
     for peer, seconds in times.items():
         if peer not in on_time:
             pacing.arrived(t, peer, start + seconds)
@@ -100,3 +100,17 @@ def test_arrivals_too_far_ahead_or_too_old_are_not_kept() -> None:
     pacing.arrived(12, "a", 1.0)
 
     assert list(pacing._arrivals) == [(12, "a")]
+
+
+def test_the_w1_wait_blocks_on_the_same_learners_for_its_grace_and_the_floor_never_tops_the_ceiling() -> None:
+    pacing = LearnerPacing(15.0, adaptive=True)
+    for t in range(6):
+        play_round(pacing, t, {"a": COMPUTE_S, "b": COMPUTE_S, "c": 4 * COMPUTE_S})
+
+    assert pacing.w1_wait(["a", "c"], grace_s=2.0) == Wait(("a", "c"), ("a",), 2.0, follow_view=True)
+
+    short = LearnerPacing(0.2, adaptive=True, floor_s=0.5)
+    for t in range(8):
+        play_round(short, t, dict.fromkeys(PEERS, COMPUTE_S))
+    assert short.w2_deadline_s() == 0.2
+    assert catch_up_limit_s(3, 15.0) == 45.0

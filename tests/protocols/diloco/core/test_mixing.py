@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates, ProtocolError
+from gossamer.protocols.core.settings import read_table
 from gossamer.protocols.diloco.core.mixing import MixingPlan, mix, mixing_weights, neighbours, simulate_round
 from gossamer.protocols.diloco.core.replica import DilocoConfig, DilocoReplica
 from tests.protocols.diloco.core.test_replica import make_mlp, mse, regression_batch
@@ -181,8 +182,9 @@ def test_mix_errors() -> None:
 # --- plan --------------------------------------------------------------------------------------
 
 
-def test_plan_from_dict_and_dotted_prefix_subset() -> None:
-    plan = MixingPlan.from_dict({"w1": "global", "w2": "ring", "w2_subset": ["embed", "blocks.0", "norm_f"]})
+def test_plan_from_a_manifest_table_and_dotted_prefix_subset() -> None:
+    plan = read_table(MixingPlan, {"w1": "global", "w2": "ring", "w2_subset": ["embed", "blocks.0", "norm_f"]},
+                      path="hyper.mixing")
 
     names = ["embed.weight", "blocks.0.attn.w", "blocks.01.w", "blocks.1.mlp.w", "norm_f.weight", "head.weight"]
 
@@ -195,11 +197,15 @@ def test_plan_from_dict_and_dotted_prefix_subset() -> None:
     ("d", "field"),
     [({"w3": "ring"}, "w3"), ({"w1": "star"}, "w1"), ({"w2_subset": [""]}, "w2_subset"), ({"k": 0}, "k"),
      ({"mix_momentum": 1}, "mix_momentum"), ({"average_every": -1}, "average_every"),
-     ({"average_every": True}, "average_every"), ({"average_every": 2.0}, "average_every")],
+     ({"average_every": True}, "average_every"), ({"average_every": 2.0}, "average_every"),
+     ({"w2_subset": "embed"}, "w2_subset"), ({"w2_subset": 3}, "w2_subset")],
 )
 def test_plan_rejects_bad_settings(d: dict, field: str) -> None:
-    with pytest.raises(InvalidSetting, match=field):
-        MixingPlan.from_dict(d)
+    with pytest.raises(InvalidSetting, match=f"hyper.mixing.*{field}"):
+        read_table(MixingPlan, d, path="hyper.mixing")
+    if field != "w3":  # a plan built in code is checked by the same rules
+        with pytest.raises(InvalidSetting, match=field):
+            MixingPlan(**d)
 
 
 def test_every_kth_round_is_an_exact_average_over_every_parameter() -> None:

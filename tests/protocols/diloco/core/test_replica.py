@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from gossamer.protocols.core.errors import InvalidSetting, ProtocolError
+from gossamer.protocols.core.settings import read_table
 from gossamer.protocols.diloco.core.mixing import MixingPlan, simulate_round
 from gossamer.protocols.diloco.core.replica import DilocoConfig, DilocoReplica, OuterNesterov, pseudo_gradient
 
@@ -41,10 +42,12 @@ def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 # --- config ------------------------------------------------------------------------------------
 
 
-def test_config_defaults_and_from_dict() -> None:
-    cfg = DilocoConfig.from_dict({"inner_steps": 10, "inner_betas": [0.8, 0.99], "nesterov": False})
+def test_config_defaults_and_a_manifest_table() -> None:
+    cfg = read_table(DilocoConfig, {"inner_steps": 10, "inner_betas": [0.8, 0.99], "nesterov": False},
+                     path="hyper.diloco")
     assert (cfg.inner_steps, cfg.inner_betas, cfg.nesterov) == (10, (0.8, 0.99), False)
     assert DilocoConfig().outer_lr == 0.7 and DilocoConfig().inner_steps == 50
+    assert DilocoConfig(inner_lr=1, inner_betas=[0, 0.5]).inner_betas == (0.0, 0.5)  # ints as floats, a list as a tuple
 
 
 @pytest.mark.parametrize(
@@ -68,10 +71,9 @@ def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -
         DilocoConfig(**{field: value})
 
 
-def test_config_from_dict_refuses_unknown_keys() -> None:
-    with pytest.raises(InvalidSetting, match="outer_lrr"):
-        DilocoConfig.from_dict({"outer_lrr": 0.5})
-    assert "outer_lr" in DilocoConfig.field_names()
+def test_a_manifest_table_with_an_unknown_key_is_refused_naming_it() -> None:
+    with pytest.raises(InvalidSetting, match=r"hyper.diloco: unknown keys \['outer_lrr'\]"):
+        read_table(DilocoConfig, {"outer_lrr": 0.5}, path="hyper.diloco")
 
 
 # --- pseudo-gradient and outer step ------------------------------------------------------------

@@ -1,19 +1,22 @@
 """The learner's W1 parameter mix (plain gossip equals the weighted mean; clipped gossip bounds how
-far a Byzantine neighbour can pull this learner's parameters) and its W2 aggregation (peers that
-withhold their pseudo-gradients are failures of the round and never switch the defence off)."""
+far a Byzantine neighbour can pull this learner's parameters), its W2 aggregation (peers that
+withhold their pseudo-gradients are failures of the round and never switch the defence off) and
+the ``--attack`` option."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.ledger import Exchange
-from gossamer.peer.run.manifest import RunConfig
+from gossamer.protocols.core.errors import InvalidSetting
 from gossamer.protocols.core.robust import Contribution, coordinate_median, flatten
-from gossamer.protocols.diloco.aggregate import PseudoGradientAggregator, mix_parameters, parse_attack
-from gossamer.protocols.diloco.core.mixing import mixing_weights
-from gossamer.protocols.registry import PLUGINS
+from gossamer.protocols.diloco.core.aggregate import (
+    PseudoGradientAggregator,
+    W2Outcome,
+    mix_parameters,
+    parse_attack,
+)
+from gossamer.protocols.diloco.core.mixing import MixingPlan, mixing_weights
 
 IDS = ["a", "b", "c"]
 
@@ -47,8 +50,7 @@ LEARNERS = [f"l{i}" for i in range(8)]  # l0 is this learner; W2 is global
 
 
 def aggregator_for(name: str, f: int, **params: float) -> PseudoGradientAggregator:
-    config = RunConfig(name="r", protocol="diloco", hyper={"aggregator": {"name": name, "f": f, **params}})
-    return PseudoGradientAggregator(PLUGINS.plugin("diloco").read_settings(config), me="l0")
+    return PseudoGradientAggregator(name, {"f": f, **params}, plan=MixingPlan(), max_norm=1e4, me="l0")
 
 
 def pseudo_gradient(seed: int) -> dict[str, torch.Tensor]:
@@ -57,12 +59,10 @@ def pseudo_gradient(seed: int) -> dict[str, torch.Tensor]:
 
 
 def aggregate_round(aggregator: PseudoGradientAggregator, arrived: dict[str, dict[str, torch.Tensor]],
-                    own: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Exchange]:
-    ledger = Exchange(expected=LEARNERS[1:])
-    ledger.settle(list(arrived))
-    weights = mixing_weights("global", len(LEARNERS), round=0, seed=0)
-    out = aggregator.aggregate(own, arrived, weights=weights, me=0, index_of=LEARNERS.index, ledger=ledger)
-    return out, ledger
+                    own: dict[str, torch.Tensor], learners: list[str] = LEARNERS) -> W2Outcome:
+    silent = {peer: "timed out" for peer in learners[1:] if peer not in arrived}
+    weights = mixing_weights("global", len(learners), round=0, seed=0)
+    return aggregator.aggregate(own, arrived, weights=weights, me=0, index_of=learners.index, silent=silent)
 
 
 def test_two_silent_peers_do_not_switch_krum_off() -> None:
@@ -74,14 +74,14 @@ def test_two_silent_peers_do_not_switch_krum_off() -> None:
     arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:6], start=1)}
     arrived["l5"] = {name: torch.full_like(t, 1e3) for name, t in arrived["l5"].items()}  # one attacker arrives
 
-    out, ledger = aggregate_round(aggregator, arrived, own)
+    out = aggregate_round(aggregator, arrived, own)
 
     everyone = [flatten(own), *(flatten(v) for v in arrived.values())]
     median = coordinate_median([Contribution(str(i), v) for i, v in enumerate(everyone)], f=2).value
-    torch.testing.assert_close(flatten(out), median)
-    assert not torch.equal(flatten(out), flatten(own))
-    assert ledger.used == LEARNERS[1:6] and ledger.timed_out == ["l6", "l7"]
-    assert "degraded to the coordinate-wise median" in aggregator.note and "needs 7 usable" in aggregator.note
+    torch.testing.assert_close(flatten(out.value), median)
+    assert not torch.equal(flatten(out.value), flatten(own))
+    assert out.used == tuple(LEARNERS[1:6]) and out.refused == {}  # the silent l6 and l7 stay timed out
+    assert "degraded to the coordinate-wise median" in out.note and "needs 7 usable" in out.note
 
 
 def test_silent_peers_count_as_failures_of_the_round_not_as_a_smaller_round() -> None:
@@ -90,10 +90,10 @@ def test_silent_peers_count_as_failures_of_the_round_not_as_a_smaller_round() ->
     aggregator = aggregator_for("centered_clipping", 2, tau=0.5)
     arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:6], start=1)}
 
-    out, ledger = aggregate_round(aggregator, arrived, pseudo_gradient(0))
+    out = aggregate_round(aggregator, arrived, pseudo_gradient(0))
 
-    assert aggregator.note == "" and ledger.used == LEARNERS[1:6] and ledger.rejected == {}
-    assert ledger.timed_out == ["l6", "l7"] and bool(torch.isfinite(flatten(out)).all())
+    assert out.note == "" and out.used == tuple(LEARNERS[1:6]) and out.refused == {}
+    assert bool(torch.isfinite(flatten(out.value)).all())
 
 
 def test_when_too_many_are_silent_for_f_they_count_as_faulty_and_the_round_still_aggregates() -> None:
@@ -103,27 +103,42 @@ def test_when_too_many_are_silent_for_f_they_count_as_faulty_and_the_round_still
     own = pseudo_gradient(0)
     arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:4], start=1)}
 
-    out, ledger = aggregate_round(aggregator, arrived, own)
+    out = aggregate_round(aggregator, arrived, own)
 
     everyone = [Contribution(str(i), v) for i, v in enumerate([flatten(own), *(flatten(v) for v in arrived.values())])]
-    torch.testing.assert_close(flatten(out), coordinate_median(everyone, f=1).value)
-    assert "with f=1" in aggregator.note and ledger.used == LEARNERS[1:4]
+    torch.testing.assert_close(flatten(out.value), coordinate_median(everyone, f=1).value)
+    assert "with f=1" in out.note and out.used == tuple(LEARNERS[1:4])
 
 
 def test_a_neighbourhood_too_small_for_f_falls_back_to_the_own_pseudo_gradient_and_says_so() -> None:
     aggregator = aggregator_for("krum", 2)
     own = pseudo_gradient(0)
     arrived = {peer: pseudo_gradient(i) for i, peer in enumerate(LEARNERS[1:5], start=1)}
-    ledger = Exchange(expected=LEARNERS[1:5])  # a W2 neighbourhood of five: Krum with f = 2 needs seven
-    ledger.settle(list(arrived))
-    weights = mixing_weights("global", 5, round=0, seed=0)
 
-    out = aggregator.aggregate(own, arrived, weights=weights, me=0, index_of=LEARNERS.index, ledger=ledger)
+    out = aggregate_round(aggregator, arrived, own, learners=LEARNERS[:5])  # Krum with f = 2 needs seven
 
-    assert torch.equal(flatten(out), flatten(own))
-    assert aggregator.note.startswith("aggregation fell back to the own pseudo-gradient") and "n > 2f + 2" in aggregator.note
-    assert ledger.used == [] and ledger.rejected == dict.fromkeys(LEARNERS[1:5], aggregator.note)  # none left unaccounted
-    assert ledger.balance_problems() == []
+    assert torch.equal(flatten(out.value), flatten(own))
+    assert out.note.startswith("aggregation fell back to the own pseudo-gradient") and "n > 2f + 2" in out.note
+    assert out.used == () and out.refused == dict.fromkeys(LEARNERS[1:5], out.note)  # none left unaccounted
+
+
+def test_the_plain_mean_uses_the_w2_rows_weights_over_what_arrived() -> None:
+    aggregator = aggregator_for("mean", 0)
+    arrived = {"l1": pseudo_gradient(1), "l2": pseudo_gradient(2)}
+
+    out = aggregate_round(aggregator, arrived, pseudo_gradient(0), learners=LEARNERS[:4])
+
+    mean = torch.stack([flatten(pseudo_gradient(i)) for i in range(3)]).mean(0)
+    torch.testing.assert_close(flatten(out.value), mean)
+    assert out.used == ("l1", "l2") and out.refused == {} and out.note == ""
+
+
+@pytest.mark.parametrize(("name", "params", "why"), [("mean", {"f": 1}, "not Byzantine-robust"),
+                                                     ("krum", {"f": "two"}, "f must be an integer"),
+                                                     ("centered_clipping", {"f": 1, "tau": -1.0}, "tau")])
+def test_a_rule_that_cannot_be_built_is_refused_naming_the_aggregator(name: str, params: dict, why: str) -> None:
+    with pytest.raises(InvalidSetting, match=f"hyper.aggregator.*{why}"):
+        PseudoGradientAggregator(name, params, plan=MixingPlan(), max_norm=1e4, me="l0")
 
 
 # -- the --attack option: what a Byzantine learner sends ----------------------------------------------
@@ -134,7 +149,7 @@ def test_attack_option_parses_every_attack_and_refuses_the_rest() -> None:
                  "krum_capture", "mimic", "sleeper:3:alie"):
         parse_attack(spec, aggregator)
     for spec in ("label_flip", "alie:2", "sleeper:x:alie", "sleeper:3", "sign_flip:lots"):
-        with pytest.raises(ConfigError, match="--attack"):
+        with pytest.raises(InvalidSetting, match="--attack"):
             parse_attack(spec, aggregator)
 
 

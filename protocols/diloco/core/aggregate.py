@@ -1,26 +1,17 @@
-"""A learner's pseudo-gradient aggregation: the W2 mix through the run's robust aggregator.
-
-With the ``mean`` aggregator the W2 row's weights are used as they are (renormalised over what
-arrived): that is gossip DiLoCo exactly. With a robust aggregator the W2 neighbourhood's
-pseudo-gradients (own included) go through it instead, and every neighbour that did not deliver
-(timed out, rejected) goes with them as a failure: silence is never mistaken for a smaller round.
-When so many withheld theirs that the configured rule cannot run (Krum needs 2f + 3 usable), the
-round degrades to the coordinate-wise median with the same f, and when even that cannot run,
-to the median with the largest f the arrivals support, counting the silent peers as faulty
-(``robust.aggregate_or_degrade``); the round's note says which. Only a run whose f cannot fit
-the W2 neighbourhood at all (or a round with nothing usable) falls back to this learner's own
-pseudo-gradient, and the note says that too; the neighbours' pseudo-gradients that arrived are
-then rejected in the ledger with that note as the reason.
-"""
+"""A learner's mixes over what arrived: the W1 parameter mix (plain or clipped gossip), the W2
+pseudo-gradient mix through the run's robust aggregator, and what a Byzantine learner sends in
+place of its pseudo-gradient (``--attack``). Tensors in, tensors and a ``W2Outcome`` out; the role
+writes the outcome into its ledger. Every neighbour that sent nothing usable is a failure of the
+round, never a smaller round."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.ledger import Exchange
 from gossamer.protocols.core import attacks
 from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.core.robust import (
@@ -33,67 +24,9 @@ from gossamer.protocols.core.robust import (
     flatten,
     unflatten,
 )
-from gossamer.protocols.diloco.core.mixing import mix
-from gossamer.protocols.diloco.settings import DilocoSettings
+from gossamer.protocols.diloco.core.mixing import MixingPlan, mix
 
 Params = dict[str, torch.Tensor]
-
-
-class PseudoGradientAggregator:
-    """Aggregates the W2 neighbourhood's pseudo-gradients for one learner, round after round."""
-
-    def __init__(self, settings: DilocoSettings, *, me: str) -> None:
-        self._me = me
-        self._plan = settings.mixing
-        self.name = settings.aggregator
-        params = dict(settings.aggregator_params)
-        self.f = int(params.pop("f", 0))
-        if self.name == "mean" and self.f:
-            raise ConfigError(f"hyper.aggregator: mean is not Byzantine-robust; it needs f = 0, got f = {self.f}")
-        self.params = params
-        self._max_norm = settings.max_norm
-        try:
-            bound = {"f": self.f} if self.name != "mean" else {}
-            self.rule = build_aggregator(self.name, **bound, max_norm=self._max_norm, **params)
-        except InvalidSetting as exc:
-            raise ConfigError(f"hyper.aggregator: {exc}") from exc
-        self.received: list[torch.Tensor] = []
-        """The flat pseudo-gradients of the last round's neighbours (what a Byzantine learner sees)."""
-        self.note = ""
-
-    def subset_of(self, params: Mapping[str, torch.Tensor], *, round: int | None = None) -> Params:
-        """The parameters the W2 mix covers (in ``round``: all of them in an exact round)."""
-        return {name: tensor for name, tensor in params.items() if self._plan.covers(name, round=round)}
-
-    def aggregate(self, d: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
-                  index_of: Callable[[str], int], ledger: Exchange, round: int | None = None) -> Params:
-        """The mixed pseudo-gradient: aggregated on the W2 subset of ``round``, own d elsewhere.
-        ``ledger`` is this round's settled pseudo-gradient exchange (its timed-out and rejected
-        peers are the failures); ``used`` and the aggregator's rejections are written back to it."""
-        self.note = ""
-        own = self.subset_of(d, round=round)
-        self.received = [flatten(params) for _, params in sorted(arrived.items())]
-        if self.name == "mean":
-            mixed, report = mix(me, {me: own, **{index_of(s): v for s, v in arrived.items()}}, weights)
-            ledger.used = sorted(s for s in arrived if index_of(s) in report.used)
-            return {**d, **mixed}
-        contributions = [Contribution(sender=sender, vector=flatten(params))
-                         for sender, params in {**arrived, self._me: own}.items()]
-        silent = [Failure(s, "timed out") for s in ledger.timed_out]
-        silent += [Failure(s, reason) for s, reason in ledger.rejected.items() if s not in arrived]
-        try:
-            result, self.note = aggregate_or_degrade(self.rule, contributions, silent, f=self.f,
-                                                     max_norm=self._max_norm)
-        except (InvalidSetting, NotEnoughUpdates) as exc:
-            self.note = f"aggregation fell back to the own pseudo-gradient: {exc}"
-            for sender in arrived:  # not used: accounted as refused, so the round's ledger still balances
-                ledger.reject(sender, self.note)
-            return d
-        for failure in result.rejected:  # the silent ones stay timed out
-            if failure.sender not in ledger.timed_out:
-                ledger.reject(failure.sender, failure.reason)
-        ledger.use(s for s in result.used if s != self._me)
-        return {**d, **unflatten(result.value, own)}
 
 
 def mix_parameters(x: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
@@ -107,6 +40,70 @@ def mix_parameters(x: Params, arrived: Mapping[str, Params], *, weights: torch.T
     neighbours = [Contribution(sender=s, vector=flatten(v)) for s, v in arrived.items()]
     row = {s: float(weights[me, index_of(s)]) for s in arrived}
     return unflatten(clipped_gossip(flatten(x), neighbours, row, tau=clip_tau, max_norm=max_norm), x)
+
+
+@dataclass(frozen=True)
+class W2Outcome:
+    """What one W2 mix did: the mixed pseudo-gradient (the own d outside the round's W2 subset),
+    the neighbours it used, those it refused (sender -> why; the silent ones are not repeated
+    here) and a note when it degraded or fell back to the own pseudo-gradient ('' otherwise)."""
+
+    value: Params
+    used: tuple[str, ...] = ()
+    refused: Mapping[str, str] = field(default_factory=dict)
+    note: str = ""
+
+
+class PseudoGradientAggregator:
+    """The W2 mix of one learner (``me``), round after round. With ``mean`` the W2 row's weights
+    are used as they are, renormalised over what arrived (gossip DiLoCo exactly); with a robust
+    rule the neighbourhood's pseudo-gradients (own included) go through it, the silent neighbours
+    as failures; a rule the arrivals cannot support degrades (``robust.aggregate_or_degrade``), and
+    one that cannot run at all falls back to the own pseudo-gradient, refusing what arrived."""
+
+    def __init__(self, name: str, params: Mapping[str, Any], *, plan: MixingPlan, max_norm: float, me: str) -> None:
+        self._me, self._plan, self._max_norm = me, plan, max_norm
+        self.name = name
+        params = dict(params)
+        try:
+            self.f = f = int(params.pop("f", 0))
+        except (TypeError, ValueError) as exc:
+            raise InvalidSetting(f"hyper.aggregator.f must be an integer: {exc}") from exc
+        if name == "mean" and f:
+            raise InvalidSetting(f"hyper.aggregator: mean is not Byzantine-robust; it needs f = 0, got f = {f}")
+        self.params = params
+        try:
+            self.rule = build_aggregator(name, **({"f": f} if name != "mean" else {}), max_norm=max_norm, **params)
+        except InvalidSetting as exc:
+            raise InvalidSetting(f"hyper.aggregator: {exc}") from exc
+        self.received: list[torch.Tensor] = []
+        """The flat pseudo-gradients of the last round's neighbours (what a Byzantine learner sees)."""
+
+    def subset_of(self, params: Mapping[str, torch.Tensor], *, round: int | None = None) -> Params:
+        """The parameters the W2 mix covers (in ``round``: all of them in an exact round)."""
+        return {name: tensor for name, tensor in params.items() if self._plan.covers(name, round=round)}
+
+    def aggregate(self, d: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
+                  index_of: Callable[[str], int], silent: Mapping[str, str], round: int | None = None) -> W2Outcome:
+        """The mixed pseudo-gradient of ``d`` (this learner's, index ``me`` of ``weights``) with
+        the neighbours' that ``arrived``; ``silent``: the neighbours that sent nothing usable in
+        time (sender -> why: timed out, or refused when it came)."""
+        own = self.subset_of(d, round=round)
+        self.received = [flatten(params) for _, params in sorted(arrived.items())]
+        if self.name == "mean":
+            mixed, report = mix(me, {me: own, **{index_of(s): v for s, v in arrived.items()}}, weights)
+            return W2Outcome({**d, **mixed}, used=tuple(sorted(s for s in arrived if index_of(s) in report.used)))
+        contributions = [Contribution(sender=sender, vector=flatten(params))
+                         for sender, params in {**arrived, self._me: own}.items()]
+        failures = [Failure(sender, why) for sender, why in silent.items() if sender not in arrived]
+        try:
+            result, note = aggregate_or_degrade(self.rule, contributions, failures, f=self.f, max_norm=self._max_norm)
+        except (InvalidSetting, NotEnoughUpdates) as exc:
+            note = f"aggregation fell back to the own pseudo-gradient: {exc}"
+            return W2Outcome(d, refused=dict.fromkeys(arrived, note), note=note)  # accounted, not used
+        refused = {failure.sender: failure.reason for failure in result.rejected if failure.sender not in silent}
+        used = tuple(sorted(s for s in result.used if s != self._me))
+        return W2Outcome({**d, **unflatten(result.value, own)}, used=used, refused=refused, note=note)
 
 
 CLASSIC = ("sign_flip", "gaussian", "random_direction", "nan_update", "inf_update")
@@ -133,15 +130,15 @@ class OutgoingAttack:
         if name == "sleeper":
             round_text, _, spec = arg.partition(":")
             if not round_text.isdigit() or not spec or spec.startswith("sleeper"):
-                raise ConfigError(f"--attack {name}:{arg!r}: expected sleeper:ROUND:ATTACK")
+                raise InvalidSetting(f"--attack {name}:{arg!r}: expected sleeper:ROUND:ATTACK")
             self.wake_round, (name, _, arg) = int(round_text), spec.partition(":")
         if name not in (*CLASSIC, *ADAPTIVE, "withhold") or (arg and name not in ("sign_flip", "gaussian",
                                                                                     "random_direction")):
-            raise ConfigError(f"--attack {spec!r}: one of {ATTACK_USAGE}")
+            raise InvalidSetting(f"--attack {spec!r}: one of {ATTACK_USAGE}")
         try:
             self.scale = float(arg) if arg else 1.0
         except ValueError as exc:
-            raise ConfigError(f"--attack {spec!r}: {arg!r} is not a number") from exc
+            raise InvalidSetting(f"--attack {spec!r}: {arg!r} is not a number") from exc
         self.name, self.aggregator, self.round = name, aggregator, -1
         self.generator = torch.Generator().manual_seed(1234)
         self.mimic_index: int | None = None
@@ -192,5 +189,5 @@ class OutgoingAttack:
 
 
 def parse_attack(spec: str, aggregator: PseudoGradientAggregator) -> OutgoingAttack:
-    """The ``--attack`` option: see ``OutgoingAttack``."""
+    """The ``--attack`` option: see ``OutgoingAttack``; InvalidSetting naming ``--attack`` otherwise."""
     return OutgoingAttack(spec, aggregator)
