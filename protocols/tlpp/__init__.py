@@ -1,18 +1,8 @@
-"""Protocol ``tlpp``: TL++ traversal learning on private data.
-
-Data owners run ``node`` peers: their samples never leave them, and they run the model's layers
-below the cut. The run owner's ``tlpp-server`` holds the layers above the cut and the optimizer
-and drives virtual batches drawn across the nodes; in secure mode the cut tensors travel as
-additive secret shares to it and to an independent ``helper`` (``gossamer helper``). Modules:
-``settings``, ``names``, ``data`` (where a node's samples come from), ``server`` (+ ``steps``;
-``scheduling``: who it trains with; ``pacing``: how long it waits for the nodes, which are
-fail-slow), ``node``, ``helper``, ``secure`` (each party's share
-arithmetic), ``wire`` (what they say), ``ledger`` (what one virtual batch did) and ``commands``;
-for tests and chaos scripts only, ``fault_runs`` (runs with faults by peer, step and phase),
-``fault_checks`` (what such a run must show) and ``recheck`` (each step against the protocol).
-
-Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
-"""
+"""Protocol ``tlpp``: TL++ traversal learning on private data (``protocols/tlpp/README.md``).
+Roles: ``node`` (a data owner), ``orchestrator`` (the run owner's trainer: ``steps`` runs a virtual
+batch, ``timing`` times its requests, ``ledger`` records it) and secure mode's ``helper``; ``wire``
+is what they say, ``settings`` the run config, ``data`` where samples come from, ``names`` the role
+names, ``commands`` ``gossamer helper`` and ``gossamer node``; ``core`` is the pure part."""
 
 from __future__ import annotations
 
@@ -79,18 +69,18 @@ def settings() -> type:
 def roles() -> dict[str, Any]:
     from gossamer.protocols.tlpp.helper import TlppHelperRole
     from gossamer.protocols.tlpp.node import TlppNodeRole
-    from gossamer.protocols.tlpp.server import TlppServerRole
+    from gossamer.protocols.tlpp.orchestrator import TlppOrchestratorRole
 
-    return {names.SERVER: TlppServerRole, names.NODE: TlppNodeRole, names.HELPER: TlppHelperRole}
+    return {names.ORCHESTRATOR: TlppOrchestratorRole, names.NODE: TlppNodeRole, names.HELPER: TlppHelperRole}
 
 
 PLUGIN = ProtocolPlugin(
     name=names.PROTOCOL,
     summary="TL++ traversal learning: private data stays on its nodes; secure mode secret-shares the cut",
     settings=settings,
-    roles=(names.SERVER, names.NODE, names.HELPER,),
+    roles=(names.ORCHESTRATOR, names.NODE, names.HELPER,),
     load_roles=roles,
-    owner_roles=(names.SERVER,),
+    owner_roles=(names.ORCHESTRATOR,),
     swarm_roles=(names.NODE,),
     commands=(HELPER, NODE),
     events=EVENTS,

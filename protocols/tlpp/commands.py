@@ -1,5 +1,5 @@
 """The TL++ commands: ``gossamer helper``, a daemon with the helper role (secure mode's second
-server), and ``gossamer node --helper PEER_ID``, a data node that trusts that helper only."""
+party), and ``gossamer node --helper PEER_ID``, a data node that trusts that helper only."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _node(args: argparse.Namespace, kit: CommandKit) -> int:
     return kit.run_daemon(kit.peer_config(args, roles=[names.NODE]), role_options={names.NODE: {"helper": args.helper}})
 
 
-HELPER = Command(name="helper", help="host the second server of a TL++ secure-mode run (a peer with role helper)",
+HELPER = Command(name="helper", help="host the second party of a TL++ secure-mode run (a peer with role helper)",
                  add_arguments=_helper_arguments, run=_helper)
 NODE = Command(name="node", help="a TL++ data node of a secure-mode run, pinned to the helper its owner trusts",
                add_arguments=_node_arguments, run=_node)

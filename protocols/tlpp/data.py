@@ -1,30 +1,7 @@
-"""Where a TL++ data node's samples come from, and the held-out split the orchestrator keeps.
-
-Sources (``--data`` of a node, ``data.test`` of the run)::
-
-    builtin:NAME                the whole training split of a built-in dataset
-    builtin:NAME:shard=K/N      every N-th training sample from the K-th (K in [0, N))
-    builtin:NAME:class=3        the training samples of class 3 (``class=3,4`` for several)
-    builtin:NAME:test           the held-out test split (the orchestrator's, for evaluation)
-    PATH.npz                    a local file with arrays ``x`` (float or integer samples) and
-                                ``y`` ([N], integer labels in [0, model.num_classes))
-
-``x`` must fit the run's ``model.input_shape``: [N, C, H, W] for images (or [N, H, W] when
-C = 1), [N, F] for tabular data; anything else is refused in one line that names the shape the
-run expects, so a node whose data does not fit refuses to start. Values are taken as they are
-(the run's ``data.normalize`` scales them).
-
-Built-in datasets (nothing is downloaded)::
-
-    digits          sklearn's bundled 8x8 digits (1,797 images, [1, 8, 8], pixels scaled to [0, 1]),
-                    split into train and test with a stratified split of ``test_fraction`` under
-                    ``split_seed`` (sklearn's ``train_test_split``), so every host that reads the
-                    same manifest cuts the same split and the test images never reach a node
-    fashion-mnist   Fashion-MNIST (70,000 28x28 grey images, [1, 28, 28], pixels scaled to
-                    [0, 1], 10 classes) from Debian's ``dataset-fashion-mnist`` package
-                    (``/usr/share/datasets/fashion-mnist``); its own 60,000 / 10,000 train / test
-                    files are the split
-"""
+"""Where a TL++ data node's samples come from (``--data``: ``builtin:NAME[:shard=K/N|:class=C]`` or
+a local ``.npz`` with ``x`` and ``y``) and the held-out split the orchestrator keeps (``data.test``).
+A source that does not fit the run's ``model.input_shape`` and classes is refused naming the shape
+the run expects. The sources are listed in ``protocols/tlpp/README.md``, "Data"."""
 
 from __future__ import annotations
 
@@ -80,7 +57,7 @@ class Split:
 
 def load_data(source: str, *, input_shape: tuple[int, ...], num_classes: int, test_fraction: float = 0.2,
               split_seed: int = 0, fashion_dir: Path | str = FASHION_MNIST_DIR) -> NodeData:
-    """Read ``source`` (see the module docstring) and check it against the run's model input
+    """Read ``source`` (``builtin:...`` or a ``.npz``) and check it against the run's model input
     shape and classes; DataSourceError names what is wrong (and the shape the run expects)."""
     if not isinstance(source, str) or not source:
         raise DataSourceError("data source is empty; pass e.g. --data builtin:digits:shard=0/4 or --data FILE.npz")

@@ -1,39 +1,7 @@
-"""Role ``helper``: the second, independent server of TL++ secure mode (party 1).
-
-The helper never talks to anyone's data and never sees a plaintext activation, gradient, label,
-logit or loss. It takes from the data nodes of the run their share 1 of each tensor (``share``:
-the cut activations of a step, then the step's gradients), and answers the orchestrator (the
-manifest owner) with what is computed share-wise on them:
-
-- ``logits`` {nodes, sizes} + the server weight W, once per step: its share of A W^T over the
-  named nodes' activation shares, concatenated in sorted node order
-  (``peer.tlpp_secure.server_logit_share``; the bias is party 0's to add). It waits up to
-  ``helper_wait_s`` for shares still on their way and answers which nodes it used, leaving out a
-  node whose share never came or does not match the size the orchestrator holds. A second
-  ``logits`` for one step is refused: each would show the orchestrator the activations through
-  another W.
-- ``sum`` {nodes}, once per step: the sum of its flat gradient shares over the named nodes
-  (``server_sum``), waiting likewise and answering which nodes it summed (a node whose push failed
-  is left out); only the orchestrator can add its own summed share and reconstruct the sum, never a
-  single node's part. The named nodes must be among those the step's ``logits`` used, at least
-  ``min_sum_nodes`` (k) of them; when it holds the shares of fewer than k, or of fewer than
-  ``min_batch`` samples, it answers which it holds and no share (``logits`` likewise).
-- ``ping`` {nodes}: which of the named nodes the helper sees as live data nodes of the run,
-  waiting up to ``helper_wait_s`` for those it does not see yet. The orchestrator asks before a
-  node's first step with this helper: a node the helper cannot see could not push it a share.
-
-It runs only as the helper the manifest pins (``hyper.helper``). It accepts share 1 (``party`` =
-1) only, from live peers with the ``node`` role, each tensor once per step, at most ``batch_size``
-activation rows, and only for steps in the window ``announced .. announced + SHARE_WINDOW``
-(``announced``: the step of the orchestrator's latest request): a node can hold at most
-``SHARE_WINDOW + 1`` steps of its own shares and never fill anyone else's place. Shares of
-steps before the announced one are refused and dropped. With ``--share_log`` it logs one line per
-share tensor it accepts (``protocols.tlpp.wire``).
-
-Fault points (``RoleContext.fault_point``, where a test may crash or stall it): ``logits`` of a
-step (nothing of the step answered), ``sum`` (its logit share answered, not the sum) and
-``aggregate`` (its shares summed, not answered).
-"""
+"""Role ``helper``: secure mode's second, independent party (party 1), run by another operator.
+It takes the data nodes' share 1 of each tensor and answers the orchestrator with what is computed
+share-wise on them (``logits``, ``sum``, ``ping``); it never sees a plaintext activation, gradient,
+label, logit or loss. Its requests and checks are in ``protocols/tlpp/README.md``."""
 
 from __future__ import annotations
 
@@ -50,14 +18,14 @@ from gossamer.peer.kit.conditions import wait_until
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkServer
 from gossamer.peer.role import ProtocolRole, RoleContext, RoleHealth, TcpGate, TcpMethod
 from gossamer.protocols.tlpp import names
-from gossamer.protocols.tlpp.core import TraversalError, affine_server
+from gossamer.protocols.tlpp.core import TraversalError, affine_layer
 from gossamer.protocols.tlpp.core.secure import (
     HELPER,
     PartyShare,
     gradient_layout,
     layout_numel,
-    server_logit_share,
-    server_sum,
+    party_logit_share,
+    party_sum,
 )
 from gossamer.protocols.tlpp.node import run_over
 from gossamer.protocols.tlpp.settings import TlppSettings, check_secure_admission
@@ -150,7 +118,7 @@ class ShareStore:
 
 
 class TlppHelperRole(ProtocolRole[TlppSettings]):
-    """The TL++ helper (see the module docstring)."""
+    """The TL++ helper (``protocols/tlpp/README.md``, "Roles")."""
 
     name = names.HELPER
 
@@ -165,15 +133,15 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
                               f"this identity is {ctx.identity.peer_id[:16]}...: a helper runs only as the one the "
                               "run names")
         model = self.settings.build_model("cpu")
-        node_side, server_side = self.settings.split(model)
+        node_side, orchestrator_side = self.settings.split(model)
         try:
-            served = affine_server(server_side)
+            served = affine_layer(orchestrator_side)
         except TraversalError as exc:
             raise ConfigError(f"secure mode: {exc}") from exc
         parameter_names = {id(p): name for name, p in model.named_parameters()}
         self.weight_name = parameter_names[id(served.weight)]
         self._linear = nn.Linear(served.in_features, served.out_features, bias=False)
-        self._grads = flat_grads(layout_numel(gradient_layout(node_side, server_side)))
+        self._grads = flat_grads(layout_numel(gradient_layout(node_side, orchestrator_side)))
         self.store = ShareStore()
         self.share_log = ShareLog(ctx.config.share_log or None)
         self._server = SecureLinkServer(identity=ctx.identity, run_id=ctx.manifest.run_id, method=HELPER_METHOD,
@@ -265,7 +233,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         if not isinstance(sizes, dict) or set(sizes) != set(nodes) or not all(
                 isinstance(v, int) and not isinstance(v, bool) for v in sizes.values()):
             raise RequestRefused("logits: sizes must give each named node's row count", code="malformed")
-        check_tensors(message.tensors, {"weight": self._linear.weight}, what="logits: server weight")
+        check_tensors(message.tensors, {"weight": self._linear.weight}, what="logits: the affine layer's weight")
         self._check_enough(nodes, sizes, what="logits")
         self.store.open_logits(message.step)
         shares = await self.store.collect(message.step, nodes, "act", timeout_s=self.settings.helper_wait_s)
@@ -277,7 +245,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         with torch.no_grad():
             self._linear.weight.copy_(message.tensors["weight"])
         try:
-            share = await asyncio.to_thread(server_logit_share, {n: PartyShare(HELPER, shares[n][ACT]) for n in used},
+            share = await asyncio.to_thread(party_logit_share, {n: PartyShare(HELPER, shares[n][ACT]) for n in used},
                                             self._linear, max_abs=self.settings.max_abs,
                                             max_failure=self.settings.max_failure)
         except SharingError as exc:
@@ -306,7 +274,7 @@ class TlppHelperRole(ProtocolRole[TlppSettings]):
         short = self.settings.too_few(used, rows) if used else ""
         if not used or short:  # which nodes it holds, but no share
             return LinkMessage(SUM, message.step, {"nodes": used, **({"note": short} if short else {})})
-        summed = server_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])
+        summed = party_sum([PartyShare(HELPER, shares[n][GRADS]) for n in used])
         await self.ctx.fault_point("aggregate", message.step)  # a test's crash: summed, never answered
         self.sums_served += 1
         return LinkMessage(SUM, message.step, {"nodes": used}, {GRADS: summed.ring})

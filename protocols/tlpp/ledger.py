@@ -16,7 +16,7 @@ class StepLedger(Exchange):
     ``rejected`` those dropped, with ``phase: reason``; plus the loss and accuracy over the
     forwarded samples, whether a gradient was applied, and the bytes and time it took; the
     deadline of each phase's requests to the nodes (``deadline_s``: the ceiling with fixed pacing)
-    and the nodes flagged fail-slow when it ended (``slow``; ``protocols.tlpp.pacing``)."""
+    and the nodes flagged fail-slow when it ended (``slow``; ``core.pacing``)."""
 
     step: int
     epoch: int

@@ -2,6 +2,6 @@
 
 PROTOCOL = "tlpp"
 
-SERVER = "tlpp-server"  # the run owner's: the model above the cut, the optimizer, the virtual batches
+ORCHESTRATOR = "tlpp-orchestrator"  # the run owner's trainer: the layers above the cut, the optimizer, the batches
 NODE = "node"  # a data owner: private samples and the layers below the cut
-HELPER = "helper"  # secure mode's second, independent server (``gossamer helper``)
+HELPER = "helper"  # secure mode's second, independent party (``gossamer helper``)

@@ -1,49 +1,7 @@
-"""Role ``node``: a TL++ data node. Its samples never leave it; it runs the layers below the cut.
-
-The node checks its samples against the run's model input shape and classes when it starts (a
-node whose data does not fit refuses to start, naming the shape the run expects), publishes how
-many samples it holds (``assignment.tlpp_samples`` in its signed record; with ``data.normalize =
-"nodes"`` also ``tlpp_stats``, its per-channel count, sums and sums of squares,
-``protocols.tlpp.core.normalize``: never a sample) and answers only the run's orchestrator (the manifest owner's key), over ``peer.kit.secure_link``:
-
-- ``forward`` {step, indices, version, mode, helper}: load the weights sent with it (the
-  orchestrator sends them when the node's cached version is stale; a node asked to run a version
-  it does not hold refuses with code "stale"), run the node side on the named samples and answer
-  the cut activations and labels. Secure mode: check |A| <= max_abs, split A into two additive
-  shares (``peer.tlpp_secure.node_share_activations``), start pushing share 1 to its pinned
-  helper and answer share 0 to the orchestrator at once. A node that does not see its helper live
-  (waiting up to ``helper_wait_s``) refuses with code "helper" instead of answering a share it
-  could not complete.
-- ``backward`` {step}: for the step of the last forward, recompute the forward and
-  backpropagate. Base mode: the cut-gradient slice in, the node-side gradients out. Secure mode:
-  its own logit-gradient slice g_i in; the node-side and server-weight gradients, scaled by the
-  public grad_scale, flattened into one vector and shared (``node_gradient_shares``); share 1
-  pushed to the helper, share 0 answered at once.
-
-**Secure mode's own checks** (SECURITY.md, "TL++ secure mode: threat model"). The data owner pins
-the one helper it trusts (``gossamer node --helper PEER_ID``, the role option ``helper``): the node
-refuses to start without it, when the manifest's ``hyper.helper`` names another, in base mode
-(the pin says the owner expects shares) or under ``admission.policy = "open"``; it refuses any
-request naming another helper and pushes only to its own, for the whole run. It answers at most
-one forward per step, steps strictly increasing, of at most ``batch_size`` samples (each forward
-shows the orchestrator logits of the node's samples: the number of such queries is bounded). It
-recomputes its own g_i = (softmax(A_i W^T + b) - onehot(y_i)) / grad_scale from the weights and
-labels it holds and refuses (code "gradient") a slice that differs by more than the fixed-point
-slack, so the orchestrator cannot zero or forge the others' slices to isolate one node's gradient
-in the sum; and it refuses a grad_scale below ``min_batch``.
-
-**Pushes run beside the answer.** The helper waits (bounded, ``helper_wait_s``) for the shares an
-orchestrator request names and answers which nodes it used, so the push need not finish before
-the answer: a node whose push fails (the helper is not a live helper of the run, cannot be
-reached or refuses) is simply absent from the helper's answer and the orchestrator leaves it out
-of that phase. The failure is logged here; a helper that is really gone fails the orchestrator's
-own request to it. Pushes to the helper go in order over one link; requests are handled one at a
-time.
-
-Fault points (``RoleContext.fault_point``, where a test may crash or stall it): ``forward`` of a
-step (nothing of it sent) and ``backward`` (its gradients computed, and in secure mode share 1 on
-its way to the helper, before the answer).
-"""
+"""Role ``node``: a TL++ data node. Its samples never leave it; it runs the layers below the cut
+for the run's orchestrator only (the manifest owner's key) and publishes how many samples it holds
+(and, with ``data.normalize = "nodes"``, its per-channel sums) in its signed record. Its requests
+and secure mode's own checks are in ``protocols/tlpp/README.md``."""
 
 from __future__ import annotations
 
@@ -91,15 +49,15 @@ LOGIT_GRAD_SLACK = 1e-3  # |g_i - own g_i| * grad_scale allowed for the fixed-po
 
 
 def run_over(role: ProtocolRole, health: RoleHealth) -> RoleHealth:
-    """``health``, or finished once the run's tlpp-server says training is finished (its record's
+    """``health``, or finished once the run's orchestrator says training is finished (its record's
     ``assignment.tlpp_finished``): a node's or the helper's work ends with the run."""
-    if health.state != FAILED and any(p.record.assignment.get("tlpp_finished") for p in role.peers_with(names.SERVER)):
+    if health.state != FAILED and any(p.record.assignment.get("tlpp_finished") for p in role.peers_with(names.ORCHESTRATOR)):
         return RoleHealth(FINISHED, "the run's training is finished")
     return health
 
 
 class TlppNodeRole(ProtocolRole[TlppSettings]):
-    """A TL++ data node (see the module docstring)."""
+    """A TL++ data node (``protocols/tlpp/README.md``, "Roles")."""
 
     name = names.NODE
     private_status = frozenset({"data"})  # where the owner's data lives is the owner's business
@@ -113,8 +71,9 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
         if self.settings.normalize == "nodes":
             self._assignment["tlpp_stats"] = channel_stats(self.data.x).to_json()
         self.model = self.settings.build_model(ctx.device)
-        self.node_side, self.server_side = self.settings.split(self.model)
-        self._weights = {**self.node_side.state_dict(), **(self.server_side.state_dict() if self.settings.secure else {})}
+        self.node_side, self.orchestrator_side = self.settings.split(self.model)
+        above = self.orchestrator_side.state_dict() if self.settings.secure else {}
+        self._weights = {**self.node_side.state_dict(), **above}
         self._masks = MaskStream()
         self._links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
         self._server = SecureLinkServer(identity=ctx.identity, run_id=ctx.manifest.run_id, method=NODE_METHOD,
@@ -130,7 +89,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                  self.settings.cut)
 
     def _pinned(self, helper: str) -> str:
-        """The helper this data owner trusts (see the module docstring); ConfigError when it does not fit the run."""
+        """The helper this data owner trusts (``gossamer node --helper``); ConfigError when it does not fit the run."""
         settings = self.settings
         if not settings.secure:
             if helper:
@@ -290,7 +249,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                                  f"{scale!r}", code="malformed")
         await asyncio.to_thread(self._check_logit_grad, x, y, logit_grad, float(scale))
         to_orchestrator, to_helper = await asyncio.to_thread(
-            node_gradient_shares, self.node_side, self.server_side, x, logit_grad.to(self.ctx.device),
+            node_gradient_shares, self.node_side, self.orchestrator_side, x, logit_grad.to(self.ctx.device),
             masks=self._masks, grad_scale=float(scale))
         self._push(helper, message.step, "grad", {GRADS: to_helper.ring})
         return LinkMessage(BACKWARD, message.step, {"party": 0}, {GRADS: to_orchestrator.ring})
@@ -303,7 +262,7 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
             raise RequestRefused(f"logit_grad: shape {tuple(logit_grad.shape)}, but this node forwarded {rows[0]} "
                                  f"samples: expected {rows}", code="gradient")
         with torch.no_grad():
-            logits = self.server_side(self.node_side(x)).double()
+            logits = self.orchestrator_side(self.node_side(x)).double()
         _, own, _ = logit_gradient(logits, y.to(logits.device))
         own = own * logits.shape[0] / scale
         worst = float((logit_grad.to(own) - own).abs().max())
@@ -313,7 +272,8 @@ class TlppNodeRole(ProtocolRole[TlppSettings]):
                                  code="gradient")
 
     def _push(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:
-        """Start pushing share 1 to ``helper`` beside the answer (see the module docstring)."""
+        """Start pushing share 1 to ``helper`` beside the answer: a push that fails leaves this node out of
+        the helper's answer, and so out of that phase (logged here)."""
         self.spawn(self._push_or_note(helper, step, kind, tensors), name=f"push {kind} {step}")
 
     async def _push_or_note(self, helper: str, step: int, kind: str, tensors: dict[str, torch.Tensor]) -> None:

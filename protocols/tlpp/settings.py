@@ -1,52 +1,7 @@
-"""A TL++ run's settings, read from its signed manifest (``run.protocol = "tlpp"``).
-
-Manifest layout (run config TOML)::
-
-    [model]   name (a built-in: "digits_cnn", "rgb_cnn", "tabular_mlp", "resnet_small";
-              ``protocols.tlpp.core.builtins``; the default is digits_cnn) OR stages (a declared stack:
-              a list of stages, each a list of layer specs such as "conv 16", "relu",
-              "maxpool 2", "flatten", "linear 64"; ``protocols.tlpp.core.stages``), input_shape (one
-              sample: [C, H, W] for images, [F] for tabular data; default [1, 8, 8]),
-              num_classes (default 10), cut (stages [0, cut) run on the data nodes, the rest on
-              the servers; 0, the default: below the last stage), channels and hidden (a
-              built-in's conv widths and hidden width; empty / 0: its defaults)
-    [data]    test (the held-out split the orchestrator evaluates on; default
-              "builtin:digits:test"), test_fraction and split_seed (the stratified train/test
-              split of the built-in digits, the same on every host), num_shards (a node started
-              without ``--data`` takes shard ``peer id mod num_shards`` of the training split),
-              normalize = "none" | "nodes" | "fixed" (per-channel input normalisation: "nodes"
-              pools the counts and sums each node publishes in its signed record, at the start
-              of training; "fixed" takes mean and std, one value per channel, from this table)
-    [hyper]   mode = "base" | "secure" (secure: cut activations and gradients travel as additive
-              shares to the orchestrator and the helper; everything above the cut must be one
-              linear layer, an affine map on shares),
-              batch_size (virtual batch), optimizer = "adam" | "sgd", lr, momentum (sgd),
-              weight_decay, steps (optimizer steps; 0: ``epochs`` passes over the nodes' data),
-              epochs, seed (model initialisation and the epochs' shuffles), drop_last,
-              max_abs (secure: the bound on |cut activation| a node enforces before sharing,
-              the premise of the truncation guard), max_failure (secure: the truncation failure
-              bound per virtual batch the guard allows), min_nodes (training starts once this
-              many nodes are live), node_timeout_s (deadline of one request to a node; with
-              adaptive pacing the ceiling), pacing = "fixed" | "adaptive" (``pacing``: every
-              node's forward and backward times are measured and a node persistently slower than
-              the others, its median step time over 1.3x theirs and 0.5 s more in 3 steps in a
-              row, is flagged fail-slow either way, in ``/status`` and each step's ledger;
-              "fixed", the default, waits up to node_timeout_s for every node; "adaptive" drops
-              the nodes still outstanding at a phase's adaptive deadline, once another node has
-              answered: a high quantile of the unflagged nodes' last times times a margin,
-              node_timeout_s its ceiling, node_floor_s its floor), node_floor_s (the adaptive
-              deadline's floor; generous, so that a node merely slowed by a busy host is not
-              dropped; default 5 s), helper_timeout_s (deadline of one request to the helper;
-              fixed: there is one helper, nothing to measure it against), helper_wait_s (how
-              long the helper waits for the nodes' shares a request names, and how long the
-              helper and a node wait to see each other live before a step), eval_every (steps between evaluations on the
-              held-out split; 0: only at the end);
-              secure mode only (SECURITY.md, "TL++ secure mode: threat model"): helper (the peer id of
-              the one helper of the run; required), min_sum_nodes (k: the fewest nodes whose
-              gradients are ever summed and revealed; default and minimum 2), min_batch (the fewest
-              samples a revealed gradient sum may cover; 0: 2 x num_classes, and never less: a
-              shorter tail or a batch shrunk by drop-outs is not applied)
-"""
+"""A TL++ run's settings, read from its signed manifest (``run.protocol = "tlpp"``): ``[model]``,
+``[data]`` and ``[hyper]`` keys, each field's bounds and help declared with ``setting``, and the
+checks that relate several fields (the model against its cut, normalisation, secure mode). The
+table of settings is generated into ``protocols/tlpp/README.md``."""
 
 from __future__ import annotations
 
@@ -58,7 +13,7 @@ import torch
 from torch import nn
 
 from gossamer.peer.errors import ConfigError
-from gossamer.protocols.core.settings import setting
+from gossamer.protocols.core.settings import check, setting
 from gossamer.protocols.tlpp.core import (
     BUILTINS,
     Declaration,
@@ -97,46 +52,71 @@ def check_secure_admission(settings: TlppSettings, policy: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class TlppSettings:
-    """Everything the TL++ roles need from the manifest (see the module docstring for each field)."""
+    """Everything the TL++ roles need from the manifest."""
 
-    model: str = setting("", table="model", key="name")
-    stages: tuple[tuple[str, ...], ...] = setting((), table="model")
-    input_shape: tuple[int, ...] = setting((1, 8, 8), table="model")
-    num_classes: int = setting(10, table="model", low=2)
-    cut: int = setting(0, table="model", low=0)
-    channels: tuple[int, ...] = setting((), table="model")
-    hidden: int = setting(0, table="model", low=0)
-    test: str = setting("builtin:digits:test", table="data")
-    test_fraction: float = setting(0.2, table="data", above=0.0, below=1.0)
-    split_seed: int = setting(0, table="data", low=0)
-    num_shards: int = setting(4, table="data", low=1)
-    normalize: str = setting("none", table="data", choices=NORMALIZE)
-    mean: tuple[float, ...] = setting((), table="data")
-    std: tuple[float, ...] = setting((), table="data")
-    mode: str = setting("base", table="hyper", choices=MODES)
-    batch_size: int = setting(50, table="hyper", low=1)
-    optimizer: str = setting("adam", table="hyper", choices=OPTIMIZERS)
-    lr: float = setting(3e-3, table="hyper", above=0.0)
-    momentum: float = setting(0.0, table="hyper", low=0.0)
-    weight_decay: float = setting(0.0, table="hyper", low=0.0)
-    steps: int = setting(0, table="hyper", low=0)
-    epochs: int = setting(1, table="hyper", low=0)
-    seed: int = setting(0, table="hyper", low=0)
-    drop_last: bool = setting(False, table="hyper")
-    max_abs: float = setting(48.0, table="hyper", above=0.0)
-    max_failure: float = setting(2e-4, table="hyper", above=0.0, high=1.0)
-    min_nodes: int = setting(1, table="hyper", low=1)
-    node_timeout_s: float = setting(20.0, table="hyper", above=0.0)
-    pacing: str = setting("fixed", table="hyper", choices=PACING)
-    node_floor_s: float = setting(5.0, table="hyper", above=0.0)
-    helper_timeout_s: float = setting(20.0, table="hyper", above=0.0)
-    helper_wait_s: float = setting(5.0, table="hyper", above=0.0)
-    eval_every: int = setting(10, table="hyper", low=0)
-    helper: str = setting("", table="hyper")
-    min_sum_nodes: int = setting(2, table="hyper", low=2)
-    min_batch: int = setting(0, table="hyper", low=0)
+    model: str = setting("", table="model", key="name",
+                         doc=f"a built-in model ({', '.join(MODELS)}); none named and no stages: {DEFAULT_MODEL}")
+    stages: tuple[tuple[str, ...], ...] = setting(
+        (), table="model", doc='a declared model: a list of stages, each a list of layer specs ("conv 16", "relu")')
+    input_shape: tuple[int, ...] = setting((1, 8, 8), table="model",
+                                           doc="one sample: [C, H, W] for images, [F] for tabular data")
+    num_classes: int = setting(10, table="model", low=2, doc="the classes the model tells apart")
+    cut: int = setting(0, table="model", low=0,
+                       doc="stages [0, cut) run on the data nodes, the rest on the orchestrator; 0: below the last stage")
+    channels: tuple[int, ...] = setting((), table="model", doc="a built-in's conv widths; empty: its defaults")
+    hidden: int = setting(0, table="model", low=0, doc="a built-in's hidden width; 0: its default")
+    test: str = setting("builtin:digits:test", table="data",
+                        doc="the held-out split the orchestrator evaluates on (a source as a node's --data)")
+    test_fraction: float = setting(0.2, table="data", above=0.0, below=1.0,
+                                   doc="the built-in digits' stratified test split, the same on every host")
+    split_seed: int = setting(0, table="data", low=0, doc="the seed of the built-in digits' train/test split")
+    num_shards: int = setting(4, table="data", low=1,
+                              doc="a node without --data takes shard (peer id mod num_shards) of the digits")
+    normalize: str = setting("none", table="data", choices=NORMALIZE,
+                             doc='per-channel input normalisation: "nodes" pools the counts and sums the nodes '
+                                 'publish at the start; "fixed" takes mean and std from here')
+    mean: tuple[float, ...] = setting((), table="data", doc='normalize = "fixed": one mean per channel')
+    std: tuple[float, ...] = setting((), table="data", doc='normalize = "fixed": one std (> 0) per channel')
+    mode: str = setting("base", table="hyper", choices=MODES,
+                        doc='"secure": the cut activations and gradients travel as additive shares to the '
+                            "orchestrator and the helper")
+    batch_size: int = setting(50, table="hyper", low=1, doc="samples per virtual batch, drawn across the nodes")
+    optimizer: str = setting("adam", table="hyper", choices=OPTIMIZERS,
+                             doc='the orchestrator\'s optimizer (secure mode refuses "sgd")')
+    lr: float = setting(3e-3, table="hyper", above=0.0, doc="learning rate")
+    momentum: float = setting(0.0, table="hyper", low=0.0, doc='momentum (optimizer = "sgd")')
+    weight_decay: float = setting(0.0, table="hyper", low=0.0, doc="weight decay")
+    steps: int = setting(0, table="hyper", low=0, doc="optimizer steps; 0: `epochs` passes over the nodes' data")
+    epochs: int = setting(1, table="hyper", low=0, doc="passes over the nodes' data when `steps` is 0")
+    seed: int = setting(0, table="hyper", low=0, doc="the model's initial weights and each epoch's shuffle")
+    drop_last: bool = setting(False, table="hyper", doc="drop an epoch's short tail batch")
+    max_abs: float = setting(48.0, table="hyper", above=0.0,
+                             doc="secure: the bound on |cut activation| a node enforces before sharing")
+    max_failure: float = setting(2e-4, table="hyper", above=0.0, high=1.0,
+                                 doc="secure: the truncation failure probability per virtual batch the guard allows")
+    min_nodes: int = setting(1, table="hyper", low=1, doc="training starts once this many nodes are live")
+    node_timeout_s: float = setting(20.0, table="hyper", above=0.0,
+                                    doc="deadline of one request to a node; with adaptive pacing its ceiling")
+    pacing: str = setting("fixed", table="hyper", choices=PACING,
+                          doc='"fixed" waits up to node_timeout_s for every node; "adaptive" drops the nodes '
+                              "still outstanding at a phase's measured deadline once another answered")
+    node_floor_s: float = setting(5.0, table="hyper", above=0.0,
+                                  doc="adaptive pacing: the deadline's floor, so a node on a busy host is not dropped")
+    helper_timeout_s: float = setting(20.0, table="hyper", above=0.0,
+                                      doc="deadline of one request to the helper (fixed: one helper per run)")
+    helper_wait_s: float = setting(5.0, table="hyper", above=0.0,
+                                   doc="how long the helper waits for the shares a request names, and the helper "
+                                       "and a node wait to see each other live")
+    eval_every: int = setting(10, table="hyper", low=0,
+                              doc="steps between evaluations on the held-out split; 0: only at the end")
+    helper: str = setting("", table="hyper", doc="secure: the peer id of the run's one helper (required)")
+    min_sum_nodes: int = setting(2, table="hyper", low=2,
+                                 doc="secure: k, the fewest nodes whose gradients are ever summed and revealed")
+    min_batch: int = setting(0, table="hyper", low=0,
+                             doc="secure: the fewest samples a revealed gradient sum covers; 0: 2 x num_classes")
 
     def __post_init__(self) -> None:
+        check(self)
         self._check_model()
         self._check_normalization()
         self._check_secure()
@@ -182,9 +162,9 @@ class TlppSettings:
                               f"hex digits; its operator prints it with `gossamer identity show`), got "
                               f"{self.helper[:80]!r}")
         if self.optimizer == "sgd":
-            raise ConfigError("hyper.mode = \"secure\" refuses hyper.optimizer = \"sgd\": the helper receives the server "
-                              "weights every step, and with SGD their difference is lr times the summed gradient, "
-                              "exactly (SECURITY.md); use \"adam\"")
+            raise ConfigError("hyper.mode = \"secure\" refuses hyper.optimizer = \"sgd\": the helper receives the "
+                              "orchestrator-side weights every step, and with SGD their difference is lr times the "
+                              "summed gradient, exactly (SECURITY.md); use \"adam\"")
         floor = 2 * self.num_classes
         if self.min_batch and self.min_batch < floor:
             raise ConfigError(f"hyper.min_batch = {self.min_batch}: secure mode needs at least 2 x num_classes = "
@@ -256,12 +236,19 @@ class TlppSettings:
         return build_stages(self.declaration, input_shape=self.input_shape, num_classes=self.num_classes,
                             seed=self.seed, device=device, first=first)
 
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The orchestrator's optimizer over ``model`` (``hyper.optimizer``, ``lr``, ...)."""
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum,
+                                   weight_decay=self.weight_decay)
+        return torch.optim.Adam(model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
     def normalization(self, model: nn.Sequential) -> Normalize | None:
         """The model's input normalisation layer, if the run normalises."""
         return model[0][0] if self.normalize != "none" else None
 
     def split(self, model: nn.Sequential) -> tuple[nn.Sequential, nn.Sequential]:
-        """(node side, server side) of ``model`` at the cut; ConfigError if the split cannot work."""
+        """(node side, orchestrator side) of ``model`` at the cut; ConfigError if the split cannot work."""
         try:
             return split_model(model, self.cut)
         except TraversalError as exc:

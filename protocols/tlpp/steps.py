@@ -1,60 +1,7 @@
-"""One TL++ virtual batch, driven by the orchestrator over encrypted links to the nodes and the helper.
-
-Base mode (the traversal-learning step of ``protocols.tlpp.core``):
-
-1. ``forward`` to every node of the batch (concurrently; node weights go along when the node's
-   cached version is stale): each answers its cut activations A_i and labels y_i;
-2. the server side on the concatenation (``server_step``): loss over the whole batch and each
-   node's cut-gradient slice;
-3. ``backward`` to every node that answered: each answers its node-side gradients;
-4. the SUM of the node gradients plus the server gradients is the step's gradient.
-
-Secure mode (``protocols.tlpp.core.secure``; the helper is party 1):
-
-0. ``ping`` to the helper with the batch's nodes it has not yet confirmed: it answers which of
-   them it sees live (waiting, bounded, for the others); a node it does not see could not push
-   it a share and is dropped before its forward. Confirmed nodes are remembered per helper, so
-   this costs one round trip when a node is new to the helper, not one per step; a ``ping`` also
-   announces the step, and is sent for that alone when the helper last heard of a step before the
-   previous one (it takes shares only in a small window after the announced step);
-1. ``forward``: each node pushes share 1 of A_i to the helper and, without waiting for that
-   push, answers share 0 and y_i;
-2. ``logits`` to the helper with W: its logit share over the nodes that answered whose share it
-   holds (it waits, bounded, for pushes on their way, and says which nodes it used; the others
-   are dropped); the orchestrator adds its own (bias on party 0), reconstructs the logits, the
-   loss and g;
-3. ``backward`` with each node's own g_i: each pushes share 1 of its gradients (node side and
-   W, b, as one flat vector) to the helper and answers share 0;
-4. ``sum`` to the helper: its summed share over the nodes that completed whose gradient share it
-   holds, and which those are (a node whose push failed is dropped); the orchestrator sums its own
-   shares of the same nodes and reconstructs only the sum.
-
-**Dropped nodes.** A node that fails or times out in step 1 is left out of the batch: the loss
-and gradients are those of the samples of the nodes that answered (the mean over them). A node
-that fails in step 3, after the loss was taken over its samples too, is left out of the
-gradient: the summed gradients of the nodes that completed (each slice carrying 1/n_F of the
-batch mean, n_F = samples forwarded) are multiplied by n_F / n_K (n_K = samples of the nodes that
-completed), and in base mode the server gradients are recomputed over those nodes' samples. Every
-sample of the server side depends only on its own activation row, so this is exactly the gradient
-of the mean loss over the completed nodes' samples: a smaller batch, never a biased one. In
-secure mode a node whose share the helper does not hold counts as failed in that phase (step 2:
-left out of the batch; step 4: left out of the gradient, normalised the same way). A step with no
-completed node applies nothing. The ledger lists who answered, who was dropped in which
-phase and why.
-
-**k and the minimum batch** (secure mode, SECURITY.md). The orchestrator never reconstructs
-anything over fewer than ``min_sum_nodes`` (k) nodes or ``min_batch`` samples: a plan, a logits
-answer or a sum below either applies nothing and the ledger's note says why (the helper refuses
-them too, and the nodes refuse a grad_scale below ``min_batch``).
-
-**Pacing** (``pacing``). The requests to the nodes in steps 1 and 3 are measured; with
-``hyper.pacing = "adaptive"`` a phase's nodes still outstanding at its adaptive deadline, once
-another node has answered, are dropped as late, as a node that timed out is (above).
-
-**The helper.** Any failure of a request to the helper (unreachable, timeout, refusal) raises
-``HelperFailed``: secure training stops with that error rather than going on without the
-second server. Every remote await has the timeout of the settings (``pacing.request``).
-"""
+"""One TL++ virtual batch, driven by the orchestrator over encrypted links to the nodes and the
+helper (``StepDriver``): a node that fails is dropped from the step and the gradient is exactly that
+of the nodes that completed; a helper that fails stops training (``HelperFailed``). The step in
+base and secure mode is in ``protocols/tlpp/README.md``, "A step"."""
 
 from __future__ import annotations
 
@@ -68,7 +15,8 @@ from torch import Tensor, nn
 from gossamer.crypto.sharing import SharingError
 from gossamer.peer.errors import PeerError
 from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLinkError, SecureLinks
-from gossamer.protocols.tlpp.core import VirtualBatch, affine_server, server_step, sum_grads
+from gossamer.protocols.tlpp.core import VirtualBatch, affine_layer, orchestrator_step, sum_grads
+from gossamer.protocols.tlpp.core.pacing import NodePacing
 from gossamer.protocols.tlpp.core.secure import (
     HELPER,
     ORCHESTRATOR,
@@ -78,12 +26,12 @@ from gossamer.protocols.tlpp.core.secure import (
     logit_bound,
     orchestrator_gradients,
     orchestrator_logit_gradients,
-    server_logit_share,
-    server_sum,
+    party_logit_share,
+    party_sum,
 )
 from gossamer.protocols.tlpp.ledger import StepLedger
-from gossamer.protocols.tlpp.pacing import NodePacing, request, run_phase
 from gossamer.protocols.tlpp.settings import TlppSettings
+from gossamer.protocols.tlpp.timing import request, run_phase
 from gossamer.protocols.tlpp.wire import (
     ACT,
     BACKWARD,
@@ -120,14 +68,14 @@ class _Forwarded:
 
 
 class StepDriver:
-    """Runs virtual batches for the orchestrator (see the module docstring); holds which weight
-    version each node has cached."""
+    """Runs virtual batches for the orchestrator; holds which weight version each node has cached,
+    which nodes the helper confirmed, and the node pacing (``core.pacing.NodePacing``)."""
 
-    def __init__(self, *, settings: TlppSettings, model: nn.Sequential, node_side: nn.Module, server_side: nn.Module,
+    def __init__(self, *, settings: TlppSettings, model: nn.Sequential, node_side: nn.Module, orchestrator_side: nn.Module,
                  links: SecureLinks, share_log: ShareLog, device: torch.device, fault_point: FaultPoint) -> None:
         self.settings = settings
         self.fault_point = fault_point  # ``RoleContext.fault_point``: "backward", before its requests go out
-        self.model, self.node_side, self.server_side = model, node_side, server_side
+        self.model, self.node_side, self.orchestrator_side = model, node_side, orchestrator_side
         self.links, self.share_log, self.device = links, share_log, device
         self.pacing = NodePacing(ceiling_s=settings.node_timeout_s, floor_s=settings.node_floor_s,
                                  adaptive=settings.pacing == "adaptive")
@@ -143,9 +91,9 @@ class StepDriver:
         with torch.no_grad():
             self.cut_shape = tuple(node_side(torch.zeros(1, *settings.input_shape, device=device)).shape[1:])
         if settings.secure:
-            linear = affine_server(server_side)
-            self._server_weight = linear.weight
-            self._layout = gradient_layout(node_side, server_side)
+            linear = affine_layer(orchestrator_side)
+            self._affine_weight = linear.weight
+            self._layout = gradient_layout(node_side, orchestrator_side)
             self._grads = flat_grads(layout_numel(self._layout))
 
     async def run(self, batch: VirtualBatch, ledger: StepLedger, helper: str | None) -> dict[str, Tensor] | None:
@@ -214,10 +162,10 @@ class StepDriver:
     # -- phase 1 --------------------------------------------------------------------------------
 
     def weights(self) -> dict[str, Tensor]:
-        """The weights a node needs at the current version (node side; plus the server side in
-        secure mode, for the server-weight gradients), on the CPU."""
+        """The weights a node needs at the current version (node side; plus the orchestrator side in
+        secure mode, for the affine layer's gradients), on the CPU."""
         if self._weights is None or self._weights[0] != self.version:
-            modules = [self.node_side, self.server_side] if self.settings.secure else [self.node_side]
+            modules = [self.node_side, self.orchestrator_side] if self.settings.secure else [self.node_side]
             state = {k: v.detach().cpu().clone() for m in modules for k, v in m.state_dict().items()}
             self._weights = (self.version, state)
         return self._weights[1]
@@ -271,22 +219,22 @@ class StepDriver:
     async def _base(self, ledger: StepLedger, forwarded: dict[str, _Forwarded]) -> dict[str, Tensor] | None:
         acts = {n: f.act.to(self.device) for n, f in forwarded.items()}
         labels = {n: f.labels.to(self.device) for n, f in forwarded.items()}
-        server = await asyncio.to_thread(server_step, self.server_side, acts, labels)
-        ledger.loss, ledger.accuracy = server.loss, server.correct / server.count
-        messages = {n: LinkMessage(BACKWARD, ledger.step, {}, {"cut_grad": server.cut_grads[n]}) for n in forwarded}
+        top = await asyncio.to_thread(orchestrator_step, self.orchestrator_side, acts, labels)
+        ledger.loss, ledger.accuracy = top.loss, top.correct / top.count
+        messages = {n: LinkMessage(BACKWARD, ledger.step, {}, {"cut_grad": top.cut_grads[n]}) for n in forwarded}
         await self.fault_point("backward", ledger.step)
         grads = await self._backward_all(ledger, messages, self._check_base_grads)
         if not grads:
             ledger.note = "no node completed the backward pass"
             return None
         node_sum = sum_grads([grads[n] for n in sorted(grads)])
-        server_grads, scale = server.server_grads, 1.0
+        orchestrator_grads, scale = top.orchestrator_grads, 1.0
         if len(grads) < len(forwarded):
             kept = sorted(grads)
-            sub = await asyncio.to_thread(server_step, self.server_side, {n: acts[n] for n in kept},
+            sub = await asyncio.to_thread(orchestrator_step, self.orchestrator_side, {n: acts[n] for n in kept},
                                           {n: labels[n] for n in kept})
-            server_grads, scale = sub.server_grads, server.count / sub.count
-        return {**{k: v.to(self.device) * scale for k, v in node_sum.items()}, **server_grads}
+            orchestrator_grads, scale = sub.orchestrator_grads, top.count / sub.count
+        return {**{k: v.to(self.device) * scale for k, v in node_sum.items()}, **orchestrator_grads}
 
     def _check_base_grads(self, step: int, node: str, reply: LinkMessage) -> dict[str, Tensor]:
         check_tensors(reply.tensors, self._node_params, what=f"gradients of node {node[:12]}", dtype=torch.float32)
@@ -296,7 +244,7 @@ class StepDriver:
 
     async def _secure(self, ledger: StepLedger, forwarded: dict[str, _Forwarded],
                       helper: str) -> dict[str, Tensor] | None:
-        settings, weight = self.settings, self._server_weight
+        settings, weight = self.settings, self._affine_weight
         sizes = {n: f.act.shape[0] for n, f in forwarded.items()}
         short = self.settings.too_few(forwarded, sizes)
         if short:
@@ -316,7 +264,7 @@ class StepDriver:
         check_tensors(reply.tensors, {"logits": torch.empty(rows, settings.num_classes, dtype=torch.int64)},
                       what="the helper's logit share")
         try:
-            own = server_logit_share({n: PartyShare(ORCHESTRATOR, forwarded[n].act) for n in used}, self.server_side,
+            own = party_logit_share({n: PartyShare(ORCHESTRATOR, forwarded[n].act) for n in used}, self.orchestrator_side,
                                      max_abs=settings.max_abs, max_failure=settings.max_failure)
         except SharingError as exc:
             raise TrainingStopped(f"secure mode: the truncation guard refuses hyper.max_abs = {settings.max_abs} "
@@ -324,7 +272,7 @@ class StepDriver:
         try:
             logit_step = orchestrator_logit_gradients(own, PartyShare(HELPER, reply.tensors["logits"]),
                                                       {n: forwarded[n].labels for n in used},
-                                                      bound=logit_bound(self.server_side, max_abs=settings.max_abs))
+                                                      bound=logit_bound(self.orchestrator_side, max_abs=settings.max_abs))
         except SharingError as exc:
             return self._give_up(ledger, f"step refused: {exc}")
         ledger.loss, ledger.accuracy = logit_step.loss, logit_step.correct / logit_step.count
@@ -351,7 +299,7 @@ class StepDriver:
         ledger.use(summed)
         ledger.samples = sum(ledger.planned.get(n, 0) for n in summed)
         check_tensors(helper_sum.tensors, self._grads, what="the helper's summed share")
-        own_sum = server_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in summed])
+        own_sum = party_sum([PartyShare(ORCHESTRATOR, shares[n][GRADS]) for n in summed])
         grads = orchestrator_gradients(own_sum, PartyShare(HELPER, helper_sum.tensors[GRADS]), layout=self._layout,
                                        grad_scale=scale)
         completed = sum(forwarded[n].act.shape[0] for n in summed)

@@ -1,29 +1,7 @@
-"""What the TL++ roles say to each other over ``peer.kit.secure_link``, and the checks on what arrives.
-
-Methods (TCP) and ops, by who serves them::
-
-    data node  (``tlpp-node``)    forward   {indices, version, mode, helper} + weights when stale
-                                            -> base: {act, labels}; secure: {act: share 0, labels}
-                                  backward  base: {cut_grad} -> node-side gradients
-                                            secure: {logit_grad}, grad_scale -> {grads: share 0}
-    helper     (``tlpp-helper``)  share     from a node: {act} or {grads}, share 1 (party 1), for
-                                            a step in the window the orchestrator announced
-                                  logits    from the orchestrator, once per step: {weight}, nodes,
-                                            sizes -> its logit share over those nodes, and which it used
-                                  sum       from the orchestrator, once per step: nodes (of that
-                                            step's logits, at least k) -> {grads: its summed share}
-                                            over the nodes whose shares it holds, and which
-                                  ping      from the orchestrator: which nodes the helper sees; also
-                                            announces the orchestrator's step
-
-Every share carries ``party`` in its fields; the orchestrator accepts only party 0 and the helper
-only party 1, so neither server ever takes both shares of a tensor. A node's gradients travel
-as ONE flat int64 vector ``grads`` (``peer.tlpp_secure.gradient_layout`` order, whose length both
-servers know from the model): one tensor to encode and check per message, not one per parameter.
-With ``--share_log PATH`` (``PeerConfig.share_log``), each server appends one JSON line per share
-tensor it accepts, ``{"step", "node", "tensor", "share_index"}`` (a debugging and audit aid; the
-end-to-end test reads it to check that no server ever held both shares of anything).
-"""
+"""What the TL++ roles say to each other over ``peer.kit.secure_link`` (methods, ops, their
+names) and the checks on what arrives. Every share carries its ``party`` (the orchestrator takes
+only party 0, the helper only party 1); a node's gradients travel as one flat int64 vector. The
+table of messages is in ``protocols/tlpp/README.md``, "Messages on the wire"."""
 
 from __future__ import annotations
 
@@ -85,7 +63,7 @@ def flat_grads(numel: int) -> dict[str, torch.Tensor]:
 def check_party(fields: Mapping[str, object], party: int, *, what: str) -> None:
     """RequestRefused unless the message says it carries shares of ``party``."""
     if fields.get("party") != party:
-        raise RequestRefused(f"{what}: carries shares of party {fields.get('party')!r}; this server takes only "
+        raise RequestRefused(f"{what}: carries shares of party {fields.get('party')!r}; this party takes only "
                              f"party {party}'s", code="party")
 
 

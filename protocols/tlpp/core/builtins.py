@@ -1,25 +1,7 @@
-"""The built-in models, as declarations in the ``stages`` vocabulary (so a built-in is checked and
-built exactly like a declared stack, and a run owner can copy one into a run config to change it).
-
-Each takes the run's input shape and number of classes, and optional ``channels`` (conv widths)
-and ``hidden`` (width of the hidden linear layers); empty / 0 means the built-in's defaults:
-
-    digits_cnn    4 stages: three blocks conv C + relu + maxpool 2, the third then flatten,
-                  linear H, relu; the output layer. Images [C, H, W] with H, W >= 8 (sklearn's
-                  8x8 digits: 8 -> 4 -> 2 -> 1; Fashion-MNIST's 28x28: 28 -> 14 -> 7 -> 3).
-                  channels (16, 32, 32), hidden 64.
-    rgb_cnn       4 stages for 32x32 colour images: two blocks of two 3x3 convs + relu and a
-                  maxpool 2 (32 -> 16 -> 8); flatten, linear H, relu; the output layer.
-                  channels (32, 64), hidden 256.
-    tabular_mlp   3 stages for feature vectors [F]: linear H + relu twice; the output layer.
-                  hidden 64.
-    resnet_small  4 stages of norm-free residual blocks: conv C1 + relu + residual C1;
-                  residual C2 stride 2; residual C3 stride 2 + globalpool; the output layer.
-                  channels (16, 32, 64).
-
-In every built-in the last stage is the single output ``linear``: the cut below it (the
-default) is the one secure mode can run.
-"""
+"""The built-in models (``BUILTINS``) as declarations in the ``stages`` vocabulary, so a built-in is
+checked and built exactly like a declared stack. In each the last stage is the single output
+``linear``: the default cut, below it, is the one secure mode can run. The list of built-ins and
+their sizes is in ``protocols/tlpp/README.md``, "Models"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The model and its split at the cut: ``digits_cnn``, the node-side checks, ``split_model``, and
-the affine server side secure mode needs.
-
-``split_model`` slices an ``nn.Sequential`` of stages, and slicing keeps the keys, so the node
-side's and server side's parameter names are the full model's names (``"0.0.weight"``). The two
-sides SHARE their modules with the model (no copies): the orchestrator's optimizer over the master
-model sees every update; a data node works on its own copy, loaded from the node side's
-``state_dict`` that the orchestrator sends each step.
-"""
+"""The model and its split at the cut: ``digits_cnn``, the node-side checks, ``split_model`` (both
+sides share their modules with the model and keep its parameter names, ``"0.0.weight"``), and the
+affine layer secure mode needs above the cut."""
 
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ def digits_cnn(*, channels: tuple[int, int, int] = (16, 32, 32), hidden: int = 6
     digits), input [N, 1, 8, 8].
 
     Stages 1-3: conv 3x3 (padding 1) + ReLU + 2x2 max-pool (8 -> 4 -> 2 -> 1); stage 3 then flattens
-    and adds Linear(hidden) + ReLU; stage 4 is Linear(num_classes), the affine server side of cut 3.
+    and adds Linear(hidden) + ReLU; stage 4 is Linear(num_classes), the affine orchestrator side of cut 3.
     No BatchNorm, so every cut is exact. Weights are drawn from a generator seeded with ``seed``
     (``stages.init_weights``), never from the global RNG.
     """
@@ -57,26 +51,26 @@ def check_node_side(node_side: nn.Module) -> None:
 
 
 def split_model(model: nn.Sequential, cut: int) -> tuple[nn.Sequential, nn.Sequential]:
-    """(node side, server side) = (stages [0, cut), stages [cut, end)). Both share their modules with
+    """(node side, orchestrator side) = (stages [0, cut), stages [cut, end)). Both share their modules with
     ``model`` and keep its parameter names; the node side passes ``check_node_side``."""
     if not isinstance(model, nn.Sequential):
         raise TraversalError(f"model: need an nn.Sequential of stages, got {type(model).__name__}")
     if isinstance(cut, bool) or not isinstance(cut, int) or not 1 <= cut < len(model):
         raise TraversalError(f"cut: must be an int in [1, {len(model) - 1}] for {len(model)} stages, "
                              f"got {cut!r}")
-    node_side, server_side = model[:cut], model[cut:]
+    node_side, orchestrator_side = model[:cut], model[cut:]
     check_node_side(node_side)
-    return node_side, server_side
+    return node_side, orchestrator_side
 
 
-def affine_server(server_side: nn.Module) -> nn.Linear:
-    """The server side's single ``nn.Linear`` (secure mode computes on shares only through an affine
+def affine_layer(orchestrator_side: nn.Module) -> nn.Linear:
+    """The orchestrator side's single ``nn.Linear`` (secure mode computes on shares only through an affine
     map). Anything else is refused: a non-linearity on shares would need an approximation or a
     protocol gossamer does not run, and silently approximating is not an option."""
-    leaves = [(name, m) for name, m in server_side.named_modules()
+    leaves = [(name, m) for name, m in orchestrator_side.named_modules()
               if not list(m.children()) and not isinstance(m, nn.Identity)]
     if len(leaves) == 1 and isinstance(leaves[0][1], nn.Linear):
         return leaves[0][1]
     found = ", ".join(f"{name}: {type(m).__name__}" for name, m in leaves) or "no layers"
-    raise TraversalError(f"secure mode needs the server side to be one nn.Linear (an affine map on shares); "
+    raise TraversalError(f"secure mode needs the orchestrator side (above the cut) to be one nn.Linear (an affine map on shares); "
                          f"found {found}; move the cut up to the last Linear")

@@ -1,13 +1,7 @@
-"""Input normalisation without pooling raw data: each node reduces its samples to per-channel
-counts and sums (``channel_stats``), the orchestrator pools them (``pool_stats``) into a mean and
-standard deviation per channel (per feature for tabular data), and the model's first layer
-(``Normalize``, fixed buffers, no parameters) applies them on every host: its buffers travel
-with the node-side weights, so a node never has to be told the statistics separately.
-
-The pooled statistics are exactly those of the union of the nodes' samples (up to float64
-round-off): mean = sum S_i / M, variance = sum Q_i / M - mean^2, with M the number of values per
-channel over all nodes (samples x H x W).
-"""
+"""Input normalisation without pooling raw data: each node's per-channel counts and sums
+(``channel_stats``), pooled into a mean and std per channel (``pool_stats``: exactly those of the
+union of the nodes' samples, up to float64 round-off), applied on every host by the model's first
+layer (``Normalize``: buffers only, which travel with the node-side weights)."""
 
 from __future__ import annotations
 

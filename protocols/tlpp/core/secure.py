@@ -1,59 +1,8 @@
-"""TL++ secure mode: what each party computes on its own host, as pure functions (no I/O).
-
-Composes ``crypto.sharing`` (additive shares in Z_2^64, 16 fractional bits) with
-``protocols.tlpp.core`` (the cut, the affine server side, the closed-form logit gradient). The
-server side must be one ``nn.Linear`` y = A W^T + b (``affine_server``); the cut is the layer below.
-Party 0 is the **orchestrator**, party 1 the **helper**, run by an independent operator. One
-virtual batch, the "clean arrangement" of DESIGN.md:
-
-1. orchestrator -> each node i of the batch: node-side weights and the server weights (W, b);
-   orchestrator -> helper: W, b.
-2. node i: A_i = node side(x_i); refuses unless |A_i| <= max_abs (the premise of the truncation
-   guard); shares A_i into s0 (-> orchestrator) + s1 (-> helper); labels y_i -> orchestrator.
-   (``node_share_activations``)
-3. each server: its share of the logits A W^T + b over the concatenated batch, bias on party 0
-   only, truncated locally under the magnitude guard (``server_logit_share``); helper -> its share.
-4. orchestrator: reconstructs the logits, loss and g = dL/dlogits over the WHOLE batch, and
-   sends each node its own slice g_i (``orchestrator_logit_gradients``). A reconstructed logit
-   beyond the guard's bound can only be a failed truncation: the step is refused, not applied.
-5. node i: dW_i = g_i^T A_i, db_i = sum of g_i's rows, node-side gradients by backpropagating
-   dA_i = g_i W; flattens all of them into one vector (``gradient_layout`` order: sorted names,
-   known to every party from the model) and shares it (scaled by a public ``grad_scale``, the
-   batch size, for fixed-point precision) to both servers (``node_gradient_shares``).
-6. each server sums the flat shares it holds over the nodes (``server_sum``); helper -> its summed
-   share; orchestrator reconstructs ONLY the sum and unflattens it (``orchestrator_gradients``).
-
-Who knows what (semi-honest, non-colluding orchestrator and helper; SECURITY.md, "TL++ secure
-mode: threat model", states it in full, with the checks the roles add against parties that cheat):
-
-- **Helper**: W, b (every step: with SGD their difference would be the summed gradient, so secure
-  mode trains with Adam, whose first update still shows the sign of the first summed gradient),
-  and shares that are uniformly random and independent of the data (its share of every tensor a
-  node sends is that node's fresh CSPRNG mask). It never sees labels, logits, g, any activation or
-  any gradient in plaintext, and its logit share is a function of its masks and W only. It
-  learns the batch composition (how many samples each node sends).
-- **Orchestrator**: labels, logits, loss and g (it computes them), the weights, and the SUM over
-  the batch's nodes of every gradient. It never holds a share pair of a cut activation A_i or a
-  per-node gradient, but it learns about A_i: the logits A_i W^T + b (num_classes measurements
-  per sample), and from dW = g^T A with g known, for each activation feature, the projection of
-  its values over the batch onto the column space of g (at most num_classes - 1 of B dimensions:
-  below num_classes samples that pins A down exactly, hence the roles' minimum batch). Since the
-  server side is affine and it knows g and W, it can always derive the cut gradient g W. Labels
-  and logits are inherent to computing the loss at the orchestrator.
-- **A virtual batch drawn from a single node** would reveal that node's gradient (the "sum" has
-  one term): the roles never reveal a sum over fewer than ``min_sum_nodes`` nodes. Secure
-  aggregation hides only what the sum mixes.
-- **Node i**: its own data, the weights, and its own g_i (hence the model's outputs on its own
-  samples), which it can also recompute.
-
-Neither server function accepts both shares of a tensor: every share travels as a ``PartyShare``
-stamped with its party, and ``server_logit_share`` / ``server_sum`` refuse inputs from two
-parties. Only the orchestrator's two reconstruct functions take the helper's share of what is
-revealed by design (the logits, the gradient sums).
-
-Truncation can fail (garbage, not noise) with probability bounded per virtual batch by
-``max_failure``; the guard refuses settings where the bound is exceeded (``SharingError``).
-"""
+"""TL++ secure mode: what each party computes on its own host (party 0 the orchestrator, party 1
+the helper), as pure functions over additive shares (``crypto.sharing``). Every share is a
+``PartyShare`` stamped with its party; a party's functions refuse shares of two parties, and only
+the orchestrator's two reconstructions take the helper's share of what is revealed by design (the
+logits, the gradient sums). The steps 1-6 are in ``protocols/tlpp/README.md``, "Secure mode"."""
 
 from __future__ import annotations
 
@@ -75,7 +24,7 @@ from gossamer.crypto.sharing import (
     share_float,
     sum_shares,
 )
-from gossamer.protocols.tlpp.core import affine_server, logit_gradient
+from gossamer.protocols.tlpp.core import affine_layer, logit_gradient
 
 ORCHESTRATOR, HELPER = 0, 1
 GradLayout = tuple[tuple[str, torch.Size], ...]
@@ -94,7 +43,7 @@ def _one_party(shares: Sequence[PartyShare], what: str) -> int:
         raise SharingError(f"{what}: no shares")
     parties = {s.party for s in shares}
     if len(parties) != 1:
-        raise SharingError(f"{what}: shares from parties {sorted(parties)}; a server only ever holds its own")
+        raise SharingError(f"{what}: shares from parties {sorted(parties)}; a party only ever holds its own")
     return parties.pop()
 
 
@@ -121,12 +70,12 @@ def node_share_activations(node_side: nn.Module, x: Tensor, *, max_abs: float,
     return PartyShare(ORCHESTRATOR, s0), PartyShare(HELPER, s1)
 
 
-def gradient_layout(node_side: nn.Module, server_side: nn.Module) -> GradLayout:
+def gradient_layout(node_side: nn.Module, orchestrator_side: nn.Module) -> GradLayout:
     """Names (the full model's) and shapes of every gradient a node shares, sorted by name: its
-    trainable node-side parameters and the affine server's weight (and bias). Every party derives
+    trainable node-side parameters and the affine layer's weight (and bias). Every party derives
     it from the model, so the gradient shares travel as ONE flat vector in this order."""
-    linear = affine_server(server_side)
-    names = {id(p): name for name, p in server_side.named_parameters()}
+    linear = affine_layer(orchestrator_side)
+    names = {id(p): name for name, p in orchestrator_side.named_parameters()}
     named = [(n, p.shape) for n, p in node_side.named_parameters() if p.requires_grad]
     named += [(names[id(p)], p.shape) for p in (linear.weight, linear.bias) if p is not None]
     return tuple(sorted(named))
@@ -157,14 +106,14 @@ def unflatten_grads(vector: Tensor, layout: GradLayout) -> dict[str, Tensor]:
     return {name: part.reshape(shape) for (name, shape), part in zip(layout, parts, strict=True)}
 
 
-def node_gradient_shares(node_side: nn.Module, server_side: nn.Module, x: Tensor, logit_grad: Tensor, *,
+def node_gradient_shares(node_side: nn.Module, orchestrator_side: nn.Module, x: Tensor, logit_grad: Tensor, *,
                          masks: MaskStream, grad_scale: float = 1.0) -> tuple[PartyShare, PartyShare]:
-    """Step 5 on node i: from its own g_i, A_i and W, the server-weight gradients (g_i^T A_i,
+    """Step 5 on node i: from its own g_i, A_i and W, the affine layer's gradients (g_i^T A_i,
     sum g_i) and its node-side gradients (backprop of g_i W), all times ``grad_scale``, flattened
-    in ``gradient_layout`` order and shared with one ``share_float`` call (one message per server,
+    in ``gradient_layout`` order and shared with one ``share_float`` call (one message per party,
     one keystream draw). Returns (to the orchestrator, to the helper)."""
-    linear = affine_server(server_side)
-    names = {id(p): name for name, p in server_side.named_parameters()}
+    linear = affine_layer(orchestrator_side)
+    names = {id(p): name for name, p in orchestrator_side.named_parameters()}
     node_named = [(n, p) for n, p in node_side.named_parameters() if p.requires_grad]
     with torch.enable_grad():
         a = node_side(x)
@@ -179,32 +128,32 @@ def node_gradient_shares(node_side: nn.Module, server_side: nn.Module, x: Tensor
     grads[names[id(linear.weight)]] = g.T @ a.detach()
     if linear.bias is not None:
         grads[names[id(linear.bias)]] = g.sum(dim=0)
-    flat = flatten_grads(grads, gradient_layout(node_side, server_side))
+    flat = flatten_grads(grads, gradient_layout(node_side, orchestrator_side))
     s0, s1 = share_float(flat * grad_scale, masks)
     return PartyShare(ORCHESTRATOR, s0), PartyShare(HELPER, s1)
 
 
-# --- servers --------------------------------------------------------------------------------------------
+# --- each party -----------------------------------------------------------------------------------------
 
 
-def server_logit_share(shares: Mapping[str, PartyShare], server_side: nn.Module, *, max_abs: float,
+def party_logit_share(shares: Mapping[str, PartyShare], orchestrator_side: nn.Module, *, max_abs: float,
                        max_failure: float) -> PartyShare:
-    """Step 3 on one server: its share of the logits for the batch (nodes concatenated in sorted
+    """Step 3 on one party: its share of the logits for the batch (nodes concatenated in sorted
     order) from ITS shares of every node's activations; refuses shares of two parties."""
-    linear = affine_server(server_side)
+    linear = affine_layer(orchestrator_side)
     nodes = sorted(shares)
-    party = _one_party([shares[n] for n in nodes], "server_logit_share")
+    party = _one_party([shares[n] for n in nodes], "party_logit_share")
     stacked = torch.cat([shares[n].ring for n in nodes])
     out = affine_share(stacked, linear.weight.detach(), None if linear.bias is None else linear.bias.detach(),
                        party=party, max_abs=max_abs, max_failure=max_failure)
     return PartyShare(party, out)
 
 
-def server_sum(shares: Sequence[PartyShare]) -> PartyShare:
-    """Step 6 on one server: the sum over nodes of its own flat gradient shares."""
+def party_sum(shares: Sequence[PartyShare]) -> PartyShare:
+    """Step 6 on one party: the sum over nodes of its own flat gradient shares."""
     if not shares:
-        raise SharingError("server_sum: no node's shares")
-    party = _one_party(shares, "server_sum")
+        raise SharingError("party_sum: no node's shares")
+    party = _one_party(shares, "party_sum")
     return PartyShare(party, sum_shares([s.ring for s in shares]))
 
 
@@ -222,10 +171,10 @@ class LogitStep:
     logit_grads: dict[str, Tensor]
 
 
-def logit_bound(server_side: nn.Module, *, max_abs: float) -> float:
+def logit_bound(orchestrator_side: nn.Module, *, max_abs: float) -> float:
     """The largest |logit| a correct truncation can produce for |A| <= max_abs (guard premise plus
     fixed-point slack); anything larger is a failed truncation."""
-    linear = affine_server(server_side)
+    linear = affine_layer(orchestrator_side)
     row_l1 = float(encode(linear.weight.detach()).abs().to(torch.float64).sum(dim=1).max()) / 2 ** FRAC_BITS
     bias = 0.0 if linear.bias is None else float(linear.bias.detach().abs().max())
     return (max_abs + 2.0 ** -(FRAC_BITS + 1)) * row_l1 + bias + 2.0 ** -(FRAC_BITS - 2)
@@ -251,7 +200,7 @@ def orchestrator_logit_gradients(own: PartyShare, helper: PartyShare, labels: Ma
 
 def orchestrator_gradients(own: PartyShare, helper: PartyShare, *, layout: GradLayout,
                            grad_scale: float = 1.0) -> dict[str, Tensor]:
-    """Step 6's end: the summed gradients, reconstructed from the two servers' summed flat shares
+    """Step 6's end: the summed gradients, reconstructed from the two parties' summed flat shares
     and unflattened by name with ``layout`` (``gradient_layout``)."""
     _pair(own, helper, "orchestrator_gradients")
     return unflatten_grads(reconstruct_float(own.ring, helper.ring) / grad_scale, layout)
@@ -300,33 +249,33 @@ def _ring(share: PartyShare, ledger: ByteLedger, sender: str, receiver: str) -> 
     return PartyShare(share.party, ledger.send(sender, receiver, share.ring))
 
 
-def secure_step(node_side: nn.Module, server_side: nn.Module, xs: Mapping[str, Tensor],
+def secure_step(node_side: nn.Module, orchestrator_side: nn.Module, xs: Mapping[str, Tensor],
                 labels: Mapping[str, Tensor], *, max_abs: float, max_failure: float = 1e-6,
                 masks: Mapping[str, MaskStream] | None = None) -> SecureStep:
     """Run one virtual batch through steps 1-6, each party on its own copies of what it received.
     ``masks`` gives each node's stream (default: freshly keyed from os.urandom). Nothing of the
     model is changed: the caller applies ``grads``."""
-    affine_server(server_side)  # refuse a non-affine server side before anything is shared
+    affine_layer(orchestrator_side)  # refuse a non-affine orchestrator side before anything is shared
     nodes = sorted(xs)
     if not nodes or set(labels) != set(nodes):
         raise SharingError(f"secure_step: nodes with data {nodes} and with labels {sorted(labels)} "
                            "must match")
     masks = {n: MaskStream() for n in nodes} if masks is None else masks
     ledger = ByteLedger()
-    helper_server = copy.deepcopy(server_side)
-    helper_server.load_state_dict(ledger.send("orchestrator", "helper", server_side.state_dict()))
+    helper_side = copy.deepcopy(orchestrator_side)
+    helper_side.load_state_dict(ledger.send("orchestrator", "helper", orchestrator_side.state_dict()))
     local, to_orch, to_help, ys = {}, {}, {}, {}
     for n in nodes:
-        local[n] = (copy.deepcopy(node_side), copy.deepcopy(server_side))
+        local[n] = (copy.deepcopy(node_side), copy.deepcopy(orchestrator_side))
         local[n][0].load_state_dict(ledger.send("orchestrator", n, node_side.state_dict()))
-        local[n][1].load_state_dict(ledger.send("orchestrator", n, server_side.state_dict()))
+        local[n][1].load_state_dict(ledger.send("orchestrator", n, orchestrator_side.state_dict()))
         s0, s1 = node_share_activations(local[n][0], xs[n], max_abs=max_abs, masks=masks[n])
         to_orch[n], to_help[n] = _ring(s0, ledger, n, "orchestrator"), _ring(s1, ledger, n, "helper")
         ys[n] = ledger.send(n, "orchestrator", labels[n])
-    own = server_logit_share(to_orch, server_side, max_abs=max_abs, max_failure=max_failure)
-    theirs = _ring(server_logit_share(to_help, helper_server, max_abs=max_abs, max_failure=max_failure),
+    own = party_logit_share(to_orch, orchestrator_side, max_abs=max_abs, max_failure=max_failure)
+    theirs = _ring(party_logit_share(to_help, helper_side, max_abs=max_abs, max_failure=max_failure),
                    ledger, "helper", "orchestrator")
-    step = orchestrator_logit_gradients(own, theirs, ys, bound=logit_bound(server_side, max_abs=max_abs))
+    step = orchestrator_logit_gradients(own, theirs, ys, bound=logit_bound(orchestrator_side, max_abs=max_abs))
     grad_scale = float(step.count)
     orch_shares, help_shares = [], []
     for n in nodes:
@@ -334,9 +283,9 @@ def secure_step(node_side: nn.Module, server_side: nn.Module, xs: Mapping[str, T
         s0, s1 = node_gradient_shares(*local[n], xs[n], g, masks=masks[n], grad_scale=grad_scale)
         orch_shares.append(_ring(s0, ledger, n, "orchestrator"))
         help_shares.append(_ring(s1, ledger, n, "helper"))
-    helper_sum = _ring(server_sum(help_shares), ledger, "helper", "orchestrator")
-    grads = orchestrator_gradients(server_sum(orch_shares), helper_sum,
-                                   layout=gradient_layout(node_side, server_side), grad_scale=grad_scale)
+    helper_sum = _ring(party_sum(help_shares), ledger, "helper", "orchestrator")
+    grads = orchestrator_gradients(party_sum(orch_shares), helper_sum,
+                                   layout=gradient_layout(node_side, orchestrator_side), grad_scale=grad_scale)
     dtype = next(node_side.parameters()).dtype
     return SecureStep(loss=step.loss, correct=step.correct, count=step.count, logits=step.logits,
                       grads={k: v.to(dtype) for k, v in grads.items()}, ledger=ledger)

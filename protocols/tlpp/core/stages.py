@@ -1,28 +1,8 @@
-"""Declared models: a stack of stages written as layer specs, checked and built the same on every host.
-
-A run owner declares the model as stages (``nn.Sequential``s; the cut falls between two stages),
-each a list of layer specs, one short string per layer: an operation, its sizes, and
-``key=value`` options::
-
-    conv C [K] [stride=S] [pad=P]   Conv2d to C channels, kernel K (3), stride S (1), padding P (K // 2)
-    maxpool K, avgpool K            2-D pooling, kernel and stride K
-    globalpool                      the mean over height and width: [C, H, W] -> [C]
-    residual C [stride=S]           a norm-free residual block: relu(skip(x) + conv(relu(conv(x)))),
-                                    3x3 convolutions, the second initialised to zero (the block starts
-                                    as the identity, so a deep stack trains without normalisation);
-                                    skip is the identity, or a 1x1 conv when C or S changes the shape
-    flatten                         [C, H, W] -> [C*H*W]
-    linear N                        Linear to N features (its input must be flat: [F])
-    relu, gelu, tanh, silu          activations
-
-``infer_shapes`` checks a declaration against the input shape without building anything (every
-refusal names the layer as ``stages[i][j] 'spec'``); ``build_stages`` builds it with weights drawn
-from a generator seeded with the run seed (uniform +-1/sqrt(fan_in), PyTorch's default bound), so
-every host that reads the same manifest builds the same model and no code travels. Nothing in the
-vocabulary couples the samples of a batch (no BatchNorm) or draws randomness in the forward pass
-(no dropout), so every cut is exact (``split_model``). ``check_secure`` is secure mode's rule:
-everything above the cut must be one ``linear`` layer, the only map computed on shares.
-"""
+"""Declared models: a stack of stages, each a list of layer specs (``"conv 16"``, ``"linear 64"``),
+checked against the input shape without building anything (``infer_shapes``; every refusal names
+the layer) and built from the run seed the same on every host (``build_stages``). Nothing in the
+vocabulary couples a batch's samples or draws randomness in the forward pass, so every cut is
+exact. The vocabulary is in ``protocols/tlpp/README.md``, "Models"."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One step's math on each side of the cut: the node's forward and backward, the orchestrator's
-server step on the whole virtual batch, the summed node gradients, and the closed-form logit
+step on the whole virtual batch, the summed node gradients, and the closed-form logit
 gradient of the secure path. Every input a peer sends is checked, and refused naming the node.
 """
 
@@ -26,15 +26,15 @@ def _named_trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 @dataclass
-class ServerStep:
+class OrchestratorStep:
     """The orchestrator's result for one virtual batch: mean loss over the whole batch, correct
-    predictions, batch size, each node's cut-gradient slice and the server-side gradients."""
+    predictions, batch size, each node's cut-gradient slice and the orchestrator-side gradients."""
 
     loss: float
     correct: int
     count: int
     cut_grads: dict[str, Tensor]
-    server_grads: dict[str, Tensor]
+    orchestrator_grads: dict[str, Tensor]
 
 
 def _check_labels(node: str, labels: object, rows: int) -> Tensor:
@@ -72,28 +72,28 @@ def _check_classes(labels: Tensor, num_classes: int) -> None:
                              f"{int(labels.max())}]")
 
 
-def server_step(server_side: nn.Module, activations: Mapping[str, Tensor],
-                labels: Mapping[str, Tensor]) -> ServerStep:
-    """Run the server side on the concatenated cut activations (nodes sorted), take the mean
+def orchestrator_step(orchestrator_side: nn.Module, activations: Mapping[str, Tensor],
+                labels: Mapping[str, Tensor]) -> OrchestratorStep:
+    """Run the orchestrator side on the concatenated cut activations (nodes sorted), take the mean
     cross-entropy over the whole virtual batch and return every node's cut-gradient slice and the
-    server-side parameter gradients (by name; ``.grad`` fields are left untouched)."""
+    orchestrator-side parameter gradients (by name; ``.grad`` fields are left untouched)."""
     nodes = _check_batch(activations, labels)
     cut = torch.cat([activations[n].detach() for n in nodes]).requires_grad_(True)
     y = torch.cat([labels[n] for n in nodes]).to(cut.device)
-    logits = server_side(cut)
+    logits = orchestrator_side(cut)
     if logits.dim() != 2:
-        raise TraversalError(f"server side: logits must be [rows, classes], got {tuple(logits.shape)}")
+        raise TraversalError(f"orchestrator side: logits must be [rows, classes], got {tuple(logits.shape)}")
     _check_classes(y, logits.shape[1])
     loss = F.cross_entropy(logits, y)
-    named = _named_trainable(server_side)
+    named = _named_trainable(orchestrator_side)
     grads = torch.autograd.grad(loss, [cut] + [p for _, p in named])
     slices = torch.split(grads[0], [activations[n].shape[0] for n in nodes])
-    return ServerStep(
+    return OrchestratorStep(
         loss=float(loss.detach()),
         correct=int((logits.detach().argmax(dim=1) == y).sum()),
         count=int(y.shape[0]),
         cut_grads=dict(zip(nodes, slices, strict=True)),
-        server_grads={name: g for (name, _), g in zip(named, grads[1:], strict=True)},
+        orchestrator_grads={name: g for (name, _), g in zip(named, grads[1:], strict=True)},
     )
 
 

@@ -24,18 +24,18 @@ def tlpp_step_bytes(*, batch_size: int, cut_numel: int, node_numel: int, active_
 
 
 def tlpp_secure_step_bytes(*, batch_size: int, cut_numel: int, num_classes: int, node_numel: int,
-                           server_numel: int, active_nodes: int, buffer_numel: int = 0,
+                           orchestrator_numel: int, active_nodes: int, buffer_numel: int = 0,
                            dtype: torch.dtype = torch.float32, label_dtype: torch.dtype = torch.int64) -> int:
     """Bytes of one secure-mode TL++ step (cut 3 arrangement of ``protocols.tlpp.core.secure``), r = ring
-    element bytes, K = classes, P_s = server-side parameters, e, l and S_n as in ``tlpp_step_bytes``:
-    2*B*a*r (activation shares to both servers) + B*l (labels) + B*K*r (helper's logit share)
-    + B*K*e (logit-gradient slices down) + n_a*(P_n + S_n + P_s)*e (node and server weights down)
-    + P_s*e (server weights to the helper) + 2*n_a*(P_n + P_s)*r (gradient shares to both servers)
+    element bytes, K = classes, P_s = orchestrator-side parameters, e, l and S_n as in ``tlpp_step_bytes``:
+    2*B*a*r (activation shares to both parties) + B*l (labels) + B*K*r (helper's logit share)
+    + B*K*e (logit-gradient slices down) + n_a*(P_n + S_n + P_s)*e (node and orchestrator-side weights down)
+    + P_s*e (orchestrator-side weights to the helper) + 2*n_a*(P_n + P_s)*r (gradient shares to both parties)
     + (P_n + P_s)*r (helper's summed gradient share to the orchestrator)."""
     e, label_bytes, r = dtype.itemsize, label_dtype.itemsize, RING_BYTES
-    params = node_numel + server_numel
+    params = node_numel + orchestrator_numel
     return (2 * batch_size * cut_numel * r + batch_size * label_bytes + batch_size * num_classes * (r + e)
-            + active_nodes * (params + buffer_numel) * e + server_numel * e + 2 * active_nodes * params * r
+            + active_nodes * (params + buffer_numel) * e + orchestrator_numel * e + 2 * active_nodes * params * r
             + params * r)
 
 

@@ -1,28 +1,8 @@
-"""What a TL++ fault case must show (``fault_runs``; the fault test and the chaos script).
-
-Pass, for every case:
-
-- the run finishes its steps; every life of the orchestrator that did not finish was killed by an
-  injected crash of the orchestrator, or stopped with ``HelperFailed`` after a fault of the helper
-  (no other stop), with nothing of the step it was in applied, and the next life resumed from
-  exactly the state after its last step (``fault_runs``);
-- every ledger of every life balances (each expected node used, rejected with its reason, or timed
-  out; no duplicates), the stopped steps' ledgers too; together they hold every step, and no step
-  was applied twice;
-- every step that applied a gradient is within the tolerance of the protocol's result over exactly
-  the nodes its ledger says it used (``recheck``: float32 1e-5 in base mode; secure mode's fixed
-  point, 16 fractional bits summed over the nodes, ``SECURE_TOLERANCE``), and a step that applied
-  nothing left the model and optimizer bit-identical;
-- a node with a crash or a hang in step s is never used in step s, and once dead never planned
-  or used after it (its crash may never fire: a secure step the nodes refuse to replay never
-  reaches it; a hung one may come back once its stall is over); a slow one is used;
-  every applied step after the last node fault used every node it planned (the survivors; a
-  hung node scheduled again once its record was renewed may still be stalled);
-- no step waited past its deadline: its wall time, less the orchestrator's own injected stall, is
-  under one deadline per hung peer in it (at least one) plus ``SLACK_S``;
-- in base mode, a case that lost no node ends bit-identical to the run without faults (the
-  orchestrator's replay of a step it crashed in is the same computation).
-"""
+"""What a TL++ fault case must show (``fault_runs``; the fault test and the chaos script): the run
+finishes; each stop is one an injected fault explains, with nothing half-applied; every ledger
+balances and every applied step is within tolerance of the protocol's result over the nodes it
+used (``recheck``); dead nodes are never used again; no step waited past its deadline. The list is
+in ``protocols/tlpp/README.md``, "Faults"."""
 
 from __future__ import annotations
 
@@ -39,6 +19,7 @@ SLACK_S = 3.0  # the event loop's own latency past a deadline, on a loaded host
 
 
 def check(case: Case, reference: Kept | None) -> dict[str, Any]:
+    """The verdict on one case as it ran: its stops, gaps, waits and problems; ``passed`` when none."""
     problems = list(case.problems)
     final = case.lives[-1] if case.lives else None
     if final is None or not final.finished or final.step != case.shape.steps:

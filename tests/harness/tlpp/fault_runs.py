@@ -1,36 +1,8 @@
-"""TL++ runs with faults injected by (peer, step, phase), recovered as an operator would, and
-checked (the fault test and ``scripts/chaos/tlpp_faults.py``; nothing in a daemon uses it).
-
-A run is the real roles on a ``LocalNet``: data nodes ``node0..`` (digits shards), in secure mode
-the pinned helper, and the orchestrator writing its state after every step (``checkpoint_every =
-1``). A fault ``(kind, peer, step)`` is a crash (the peer is killed there, its record gone at
-once), a stall of ``slow_s`` (inside every deadline) or a hang (a stall longer than any deadline:
-a stopped process whose record stays live), at the phase each role marks
-(``RoleContext.fault_point``):
-
-=================  ==========================  ===========================  ===========================
-kind               node                        orchestrator                 helper (secure mode)
-=================  ==========================  ===========================  ===========================
-crash_before       ``forward``: nothing sent   ``step``: nothing sent       ``logits``: nothing answered
-crash_mid_send     ``backward``: activations   ``backward``: forwards       ``sum``: its logit share
-                   sent, gradients not         answered, no backward sent   answered, not its sum
-crash_mid_aggregate   (a node aggregates        ``aggregate``: gradient      ``aggregate``: its shares
-                   nothing)                    summed, not applied          summed, not answered
-slow, hang         ``forward``                 ``backward``                 ``logits``
-=================  ==========================  ===========================  ===========================
-
-The orchestrator and the helper are single points by design (SECURITY.md: the helper is the one
-the manifest pins). What the run promises when either goes, and what ``check`` asserts: an
-orchestrator crash leaves its model as after its last step (nothing of the step it was in
-applied); a helper that fails or does not answer within ``helper_timeout_s`` stops secure
-training with one typed error (``tlpp.error``, kind ``HelperFailed``), the stopped step's ledger
-rejecting every node with why and nothing applied. Recovery is the operator's: the orchestrator
-(and, after a helper failure, the helper) restarted with the same identity and checkpoint folder
-(a restarted peer is a new net peer, ``orchestrator~1``: a fault hits the process it was declared
-for). The resumed orchestrator starts from exactly the state of its last step and goes on; in
-secure mode the nodes refuse a step they answered before it stopped (at most one forward per
-step), so such a step applies nothing.
-"""
+"""TL++ runs on a ``LocalNet`` with faults injected by (kind, peer, step) at the phase each role
+marks (``RoleContext.fault_point``), recovered as an operator would (the orchestrator, and after a
+helper failure the helper, restarted with the same identity and checkpoint folder) and checked
+(``fault_checks``); for the fault test and ``scripts/chaos/tlpp_faults.py``. The table of faults
+and phases is in ``protocols/tlpp/README.md``, "Faults"."""
 
 from __future__ import annotations
 
@@ -44,7 +16,7 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.conditions import wait_until
 from gossamer.peer.plugin import PluginRegistry
 from gossamer.protocols.tlpp import names
-from gossamer.protocols.tlpp.server import TlppServerRole
+from gossamer.protocols.tlpp.orchestrator import TlppOrchestratorRole
 from gossamer_harness.localnet import LocalNet
 from gossamer_harness.tlpp.fault_checks import check
 from gossamer_harness.tlpp.recheck import Kept, StepStates
@@ -99,7 +71,7 @@ class Case:
     faults: list[Fault]
     net: LocalNet
     states: StepStates
-    lives: list[TlppServerRole] = field(default_factory=list)
+    lives: list[TlppOrchestratorRole] = field(default_factory=list)
     stops: list[dict[str, Any]] = field(default_factory=list)  # one per life that did not finish
     errors: list[dict[str, Any]] = field(default_factory=list)  # tlpp.error events
     problems: list[str] = field(default_factory=list)
@@ -131,15 +103,15 @@ async def build(shape: RunShape, ids: dict[str, Identity], workdir: Path, plugin
     return net
 
 
-async def _add_orchestrator(net: LocalNet, name: str, identity: Identity) -> TlppServerRole:
-    peer = await net.add(name, ("orchestrator", names.SERVER), identity=identity, checkpoint_every=1,
+async def _add_orchestrator(net: LocalNet, name: str, identity: Identity) -> TlppOrchestratorRole:
+    peer = await net.add(name, ("orchestrator", names.ORCHESTRATOR), identity=identity, checkpoint_every=1,
                          checkpoint_dir=net.workdir / "checkpoints" / "orchestrator")
-    return peer.role_named(names.SERVER)  # type: ignore[return-value]
+    return peer.role_named(names.ORCHESTRATOR)  # type: ignore[return-value]
 
 
-def server_of(net: LocalNet, name: str) -> TlppServerRole | None:
+def orchestrator_of(net: LocalNet, name: str) -> TlppOrchestratorRole | None:
     peer = net.peers.get(name)
-    return next((r for r in peer.roles if isinstance(r, TlppServerRole)), None) if peer is not None else None
+    return next((r for r in peer.roles if isinstance(r, TlppOrchestratorRole)), None) if peer is not None else None
 
 
 def inject(net: LocalNet, shape: RunShape, fault: Fault) -> None:
@@ -175,9 +147,9 @@ async def play(faults: list[Fault], *, shape: RunShape, ids: dict[str, Identity]
                plugins: PluginRegistry, timeout_s: float) -> Case:
     """The case run to its end (or ``timeout_s``), its net closed; ``plugins``: the build's registry."""
     net = await build(shape, ids, workdir, plugins)
-    first = server_of(net, "orchestrator")
+    first = orchestrator_of(net, "orchestrator")
     assert first is not None
-    case = Case(shape=shape, faults=faults, net=net, states=StepStates(lambda name: server_of(net, name), first))
+    case = Case(shape=shape, faults=faults, net=net, states=StepStates(lambda name: orchestrator_of(net, name), first))
     net.watchers.append(case.states)
     net.watchers.append(lambda peer, event, fields: case.errors.append(dict(fields)) if event == "tlpp.error" else None)
     for fault in faults:
@@ -201,14 +173,14 @@ async def _lives(case: Case, ids: dict[str, Identity]) -> None:
     net, name = case.net, "orchestrator"
     await net.start(*case.shape.peers())
     for life in range(LIVES):
-        role = server_of(net, name)
+        role = orchestrator_of(net, name)
         assert role is not None
         if life:
             resumed = Kept.of(role)
             last = case.states.after.get(role.step - 1)
             if last is None or not resumed.same(last):
                 case.problems.append(f"life {life} resumed at step {role.step} from a state other than that step's")
-        await role.start()  # its tlpp-server only: the run's manifest is the net's already
+        await role.start()  # its tlpp-orchestrator role only: the run's manifest is the net's already
         await role.done.wait()
         case.lives.append(role)
         if role.finished:
@@ -222,7 +194,7 @@ async def _lives(case: Case, ids: dict[str, Identity]) -> None:
     case.problems.append(f"the run did not finish in {LIVES} lives of the orchestrator")
 
 
-def _stopped(case: Case, role: TlppServerRole, name: str, life: int) -> dict[str, Any]:
+def _stopped(case: Case, role: TlppOrchestratorRole, name: str, life: int) -> dict[str, Any]:
     """How a life ended that did not finish: killed, or with which error; and whether its model is
     exactly as after its last step (nothing of the step it was in applied)."""
     last = case.states.after.get(role.step - 1)

@@ -1,22 +1,8 @@
-"""A TL++ orchestrator's steps checked against the protocol's result (fault tests and chaos
-scripts; nothing in a daemon uses it).
-
-``StepStates`` is a ``LocalNet`` watcher: at each ``tlpp.step`` event of an orchestrator (of any
-of its lives: a resumed one too) it keeps the model's parameters and the optimizer's state after
-the step, the step's virtual batch (each node's local indices) and its ledger; made before
-training starts, it keeps the starting state as step -1's.
-
-``recheck`` recomputes step s from the state after step s - 1 alone: the gradient of the mean
-cross-entropy of the whole model over the samples of exactly the nodes the ledger says the step
-used (the protocol's result over them: the split step reproduces this centralized gradient, and
-a node dropped after the loss was taken is renormalised out, ``protocols.tlpp.steps``), read
-from those nodes' own data at the batch's indices. It returns how far the applied step is from it:
-with SGD, the parameters the run's optimizer gives from that gradient against those applied
-(max abs); with Adam, whose update amplifies tiny gradient differences, the gradient the step
-applied (read back exactly from Adam's first moment, m_t = b1 m_(t-1) + (1 - b1) g) against the
-recomputed one. A step that applied nothing must have left parameters and moments bit-identical
-(its gap is then 0, else inf).
-"""
+"""A TL++ orchestrator's steps checked against the protocol's result (fault tests, chaos scripts):
+``StepStates`` keeps, at each ``tlpp.step`` of any life of the orchestrator, the model and optimizer
+state, the virtual batch and the ledger; ``recheck`` recomputes a step from the state before it as
+the centralized gradient over exactly the nodes its ledger used, and says how far the applied step
+is from it (``protocols/tlpp/README.md``, "Faults")."""
 
 from __future__ import annotations
 
@@ -30,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gossamer.protocols.tlpp.ledger import StepLedger
-from gossamer.protocols.tlpp.server import TlppServerRole, _optimizer
+from gossamer.protocols.tlpp.orchestrator import TlppOrchestratorRole
 from gossamer.protocols.tlpp.settings import TlppSettings
 
 
@@ -42,7 +28,7 @@ class Kept:
     optimizer: dict[str, Any]
 
     @classmethod
-    def of(cls, role: TlppServerRole) -> Kept:
+    def of(cls, role: TlppOrchestratorRole) -> Kept:
         return cls({k: v.detach().clone() for k, v in role.model.state_dict().items()},
                    copy.deepcopy(role.optimizer.state_dict()))
 
@@ -53,17 +39,19 @@ class Kept:
 
 
 class StepStates:
-    """What each step of the watched orchestrator applied (see the module docstring);
-    ``server(name)`` is the net peer's ``tlpp-server`` role, None for another peer."""
+    """What each step of the watched orchestrator applied (a ``LocalNet`` watcher; made before
+    training starts, it keeps the starting state as step -1's). ``orchestrator(name)`` is the net
+    peer's ``tlpp-orchestrator`` role, None for another peer."""
 
-    def __init__(self, server: Callable[[str], TlppServerRole | None], first: TlppServerRole) -> None:
-        self.server = server
+    def __init__(self, orchestrator: Callable[[str], TlppOrchestratorRole | None],
+                 first: TlppOrchestratorRole) -> None:
+        self.orchestrator = orchestrator
         self.after: dict[int, Kept] = {first.step - 1: Kept.of(first)}
         self.batches: dict[int, dict[str, list[int]]] = {}
         self.ledgers: dict[int, StepLedger] = {}
 
     def __call__(self, name: str, event: str, fields: Mapping[str, Any]) -> None:
-        role = self.server(name) if event == "tlpp.step" else None
+        role = self.orchestrator(name) if event == "tlpp.step" else None
         if role is None:
             return
         step = int(fields["step"])
@@ -76,9 +64,11 @@ class StepStates:
 
 
 def recheck(step: int, *, states: StepStates, settings: TlppSettings, data: Mapping[str, Any]) -> float:
-    """How far the applied ``step`` is from the protocol's result over the nodes it used (see the
-    module docstring); ``data``: peer id -> the node's data (``x``, ``y``). KeyError when the step
-    or the state before it was not kept."""
+    """How far the applied ``step`` is from the protocol's result over the nodes it used: with SGD,
+    the parameters the optimizer gives from the recomputed gradient against those applied (max
+    abs); with Adam, the gradient read back from its first moment against the recomputed one. A
+    step that applied nothing must have left everything bit-identical (0, else inf). ``data``: peer
+    id -> the node's data (``x``, ``y``); KeyError when the step or the state before it was not kept."""
     ledger, before, after = states.ledgers[step], states.after[step - 1], states.after[step]
     if not ledger.applied:
         return 0.0 if before.same(after) else float("inf")
@@ -90,7 +80,7 @@ def recheck(step: int, *, states: StepStates, settings: TlppSettings, data: Mapp
     model.load_state_dict(before.params)
     names = [name for name, _ in model.named_parameters()]
     grads = dict(zip(names, torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters())), strict=True))
-    optimizer = _optimizer(model, settings)
+    optimizer = settings.build_optimizer(model)
     optimizer.load_state_dict(copy.deepcopy(before.optimizer))
     if settings.optimizer == "adam":
         return _adam_gap(grads, names, before, after, settings)

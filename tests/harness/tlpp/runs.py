@@ -1,7 +1,6 @@
 """The secure-mode set-up of a TL++ run started as local processes (end-to-end tests, benchmarks,
-soaks): identities made for the helper and the data nodes before the run, as their operators
-would with ``gossamer identity new``; the run config's helper pin and allowlist; and the
-``gossamer node`` command that pins the same helper. Base mode needs none of it."""
+soaks): the helper's and the data nodes' identities made before the run, the run config's helper
+pin and allowlist, and the ``gossamer node`` command that pins the same helper."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The in-process TL++ network the role tests use: ``peer.testing.localnet`` with the real
-orchestrator (``tlpp-server``, not started: tests drive its steps), data nodes ``node0..`` and,
+orchestrator (``tlpp-orchestrator``, not started: tests drive its steps), data nodes ``node0..`` and,
 in secure mode, a helper (pinned in the manifest and by every node; the run admits only the
 listed keys), each behind its own servers on 127.0.0.1; and ``digits_28``, the .npz
 files of 28x28 images the declared-model tests give their nodes."""
@@ -18,7 +18,7 @@ from gossamer.protocols.registry import PLUGINS
 from gossamer.protocols.tlpp.core import VirtualBatchScheduler
 from gossamer.protocols.tlpp.data import load_data
 from gossamer.protocols.tlpp.ledger import StepLedger
-from gossamer.protocols.tlpp.server import TlppServerRole
+from gossamer.protocols.tlpp.orchestrator import TlppOrchestratorRole
 from gossamer_harness.localnet import LocalNet
 
 
@@ -48,12 +48,12 @@ class Tlpp(LocalNet):
             await net.add(f"node{i}", ("node",), identity=identities[f"node{i}"], data=source, role_options=pin)
         if helper:
             await net.add("helper", ("helper",), identity=identities["helper"])
-        await net.add("orchestrator", ("orchestrator", "tlpp-server"), identity=identities["orchestrator"])
+        await net.add("orchestrator", ("orchestrator", "tlpp-orchestrator"), identity=identities["orchestrator"])
         return net
 
     @property
-    def orchestrator(self) -> TlppServerRole:
-        return self.peers["orchestrator"].role_named("tlpp-server")  # type: ignore[return-value]
+    def orchestrator(self) -> TlppOrchestratorRole:
+        return self.peers["orchestrator"].role_named("tlpp-orchestrator")  # type: ignore[return-value]
 
     def id_of(self, name: str) -> str:
         return self.peers[name].peer_id

@@ -42,7 +42,7 @@ async def test_the_nodes_and_the_helper_exit_when_the_run_is_finished_and_the_or
         "run": {"name": "finish", "protocol": "tlpp", "heartbeat_s": 1.0},
         "hyper": {**HYPER, "helper": helper.peer_id},
         "admission": {"policy": "allowlist", "allow": [i.public_key.hex() for i in (helper, *nodes)]}})
-    owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator", "tlpp-server")),
+    owner = await Daemon.create(config(tmp_path, "owner", new_swarm=True, roles=("orchestrator", "tlpp-orchestrator")),
                                 run_config=run, plugins=PLUGINS)
     daemons = [owner]
     try:
@@ -57,9 +57,9 @@ async def test_the_nodes_and_the_helper_exit_when_the_run_is_finished_and_the_or
         codes = await asyncio.wait_for(asyncio.gather(*(supervise(d, stop) for d in daemons[1:])), timeout=150)
 
         assert codes == [0, 0, 0]
-        server = next(role for role in owner.roles if role.name == "tlpp-server")
-        assert server.finished and not server.error and server.step == HYPER["steps"]  # type: ignore[attr-defined]
-        assert server.status()["assignment"] == {"tlpp_finished": True}
+        trainer = next(role for role in owner.roles if role.name == "tlpp-orchestrator")
+        assert trainer.finished and not trainer.error and trainer.step == HYPER["steps"]  # type: ignore[attr-defined]
+        assert trainer.status()["assignment"] == {"tlpp_finished": True}
         for daemon in daemons[1:]:
             body = await asyncio.to_thread(healthz, daemon)
             assert body["state"] == "finished" and body["ok"], body

@@ -1,10 +1,7 @@
-"""Who the TL++ orchestrator schedules after a failure, with the roles in one process over real
-loopback TCP (``tlpp_harness``): a node that failed a step is taken out at once and scheduled again
-from a later step of the same epoch once its signed record is renewed (a node that was slow once
-is not lost for the rest of the epoch); one that fails again before a step uses it stays out
-for longer than a heartbeat, so a node that keeps failing costs few steps. A node whose record
-says ``private`` (behind NAT with no relay: the orchestrator could not dial it) is never
-scheduled until its record says it can be reached."""
+"""Who the TL++ orchestrator schedules after a failure (roles in one process over loopback TCP): a
+node that failed a step comes back within the epoch once its record is renewed, one that keeps
+failing stays out longer, and a ``private`` node is never scheduled until its record says it can
+be reached."""
 
 from __future__ import annotations
 

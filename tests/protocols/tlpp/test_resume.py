@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gossamer.crypto.identity import Identity
-from gossamer.protocols.tlpp.server import TlppServerRole
+from gossamer.protocols.tlpp.orchestrator import TlppOrchestratorRole
 from tests.protocols.tlpp.harness import Tlpp
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,25 +29,25 @@ def identities() -> dict[str, Identity]:
     return {name: Identity.generate() for name in ["node0", "node1", "node2", "orchestrator"]}
 
 
-async def train_to_the_end(role: TlppServerRole) -> None:
+async def train_to_the_end(role: TlppOrchestratorRole) -> None:
     await role.start()
     await asyncio.wait_for(role.done.wait(), timeout=120)
     assert role.finished and not role.error and role.step == STEPS
 
 
-def saved_step(role: TlppServerRole) -> str | None:
+def saved_step(role: TlppOrchestratorRole) -> str | None:
     """The ``step`` of the state file the orchestrator wrote last (None: none yet)."""
     found = role.checkpoints.read(role._state_name(), kind="state")
     return None if found is None else found[1]["step"]
 
 
-async def restart_orchestrator(net: Tlpp, **config: Any) -> TlppServerRole:
+async def restart_orchestrator(net: Tlpp, **config: Any) -> TlppOrchestratorRole:
     """The orchestrator's process again: same identity, same checkpoint folder, new servers
     (``config``: its PeerConfig fields)."""
     await net.kill("orchestrator")  # already stopped, or never started
     net.forget("orchestrator")
     del net.peers["orchestrator"]
-    await net.add("orchestrator", ("orchestrator", "tlpp-server"), identity=net.identities["orchestrator"], **config)
+    await net.add("orchestrator", ("orchestrator", "tlpp-orchestrator"), identity=net.identities["orchestrator"], **config)
     return net.orchestrator
 
 
@@ -72,10 +72,10 @@ async def test_a_stopped_orchestrator_resumes_from_its_step_and_ends_where_an_un
         written = await net.stop("orchestrator")
         stopped_at = first_life.step
         assert not first_life.finished and 2 <= stopped_at < STEPS, stopped_at
-        assert written["tlpp-server"].endswith("-tlpp-state.safetensors")
+        assert written["tlpp-orchestrator"].endswith("-tlpp-state.safetensors")
 
         second_life = await restart_orchestrator(net)
-        assert second_life.resumed_from == written["tlpp-server"]
+        assert second_life.resumed_from == written["tlpp-orchestrator"]
         assert (second_life.step, second_life.position) == (stopped_at, (0, stopped_at))
         assert second_life.driver.version == first_life.driver.version
         await train_to_the_end(second_life)

@@ -1,9 +1,7 @@
-"""The TL++ roles together, in one process over real loopback TCP and encrypted links
-(``tlpp_harness``): base mode reproduces centralized training on the same virtual batches, secure
-mode reproduces base mode to fixed-point precision, a node failing in either phase is dropped
-with its gradient normalised as documented and training goes on, a dead helper stops secure
-training with a clear error, each server only ever accepts its own share, and a node whose
-push of share 1 to the helper failed is not counted as contributing."""
+"""The TL++ roles together over loopback TCP and encrypted links (``harness``): base mode is
+centralized training, secure mode is base mode to fixed-point precision, a node failing in either
+phase is dropped and renormalised out, a dead helper stops secure training with a clear error, each
+party accepts only its own share, and a node whose push to the helper failed does not count."""
 
 from __future__ import annotations
 
@@ -138,7 +136,7 @@ async def test_a_node_failing_mid_batch_is_dropped_and_the_gradient_is_that_of_t
         await net.aclose()
 
 
-async def test_secure_mode_survives_nodes_failing_in_either_phase_and_no_server_holds_both_shares(
+async def test_secure_mode_survives_nodes_failing_in_either_phase_and_no_party_holds_both_shares(
         tmp_path: Path) -> None:
     """node1 fails its backward at step 1: the step applies the sum over node0 and node2 and node1
     leaves the schedule. node2 fails its forward at step 2: one node is left, fewer than k = 2, so
@@ -191,7 +189,7 @@ async def test_a_dead_helper_stops_secure_training_with_a_clear_error(tmp_path: 
     assert await asyncio.to_thread(Path(checkpoint).is_file)
 
 
-async def test_each_server_takes_only_its_own_share_and_only_the_orchestrator_drives_nodes(tmp_path: Path) -> None:
+async def test_each_party_takes_only_its_own_share_and_only_the_orchestrator_drives_nodes(tmp_path: Path) -> None:
     net = await Tlpp.create(tmp_path, hyper=SECURE, sources=SOURCES, helper=True)
     as_node = SecureLinks(identity=net.identities["node0"], run_id=net.manifest.run_id, view=net.view)
     as_owner = SecureLinks(identity=net.owner, run_id=net.manifest.run_id, view=net.view)

@@ -1,9 +1,7 @@
-"""TL++ secure mode against a party that cheats (issue 21), each attack performed with the live
-roles on ``tlpp_harness`` or the project's own share arithmetic: a helper that sorts first, a
-node that parks far-future shares, an orchestrator that asks for sums over one node, forges the
-other nodes' logit gradients or reconstructs a batch too small to hide its activations, and a
-helper reading the gradient off the weights. SECURITY.md, "TL++ secure mode: threat model",
-states what each check guarantees and what is left."""
+"""TL++ secure mode against a party that cheats (issue 21), with the live roles or the share
+arithmetic: a helper that sorts first, a node that parks far-future shares, an orchestrator that
+asks for sums over one node, forges logit gradients or reconstructs too small a batch, and a helper
+reading the gradient off the weights (SECURITY.md, "TL++ secure mode: threat model")."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from gossamer.protocols.tlpp.core import (
 )
 from gossamer.protocols.tlpp.core.secure import gradient_layout, layout_numel, secure_step
 from gossamer.protocols.tlpp.ledger import StepLedger
-from gossamer.protocols.tlpp.server import _optimizer
 from gossamer.protocols.tlpp.settings import TlppSettings
 from gossamer.protocols.tlpp.wire import ACT, FORWARD, GRADS, HELPER_METHOD, LOGITS, NODE_METHOD, SHARE, SUM
 from gossamer_harness.localnet import LocalNet
@@ -108,7 +105,7 @@ async def test_a_secure_run_that_admits_anyone_is_refused(tmp_path: Path) -> Non
            "admission": {"policy": "open"}}
     net = await LocalNet.create(doc, plugins=PLUGINS, workdir=tmp_path)
     try:
-        for name, roles in (("orchestrator", ("orchestrator", "tlpp-server")), ("helper", ("helper",))):
+        for name, roles in (("orchestrator", ("orchestrator", "tlpp-orchestrator")), ("helper", ("helper",))):
             with pytest.raises(ConfigError, match=re.escape('refuses admission.policy = "open"')):
                 await net.add(name, roles, identity=net.owner if name == "orchestrator" else helper)
     finally:
@@ -261,11 +258,11 @@ async def test_the_orchestrator_reconstructs_nothing_over_one_node(tmp_path: Pat
 def test_the_summed_gradient_of_a_batch_below_num_classes_gives_the_orchestrator_the_activations() -> None:
     """Why secure mode has a minimum batch: the orchestrator knows G = dL/dlogits and learns
     dW = G^T A; with B <= num_classes - 1 samples G^T has full column rank and A = pinv(G^T) dW."""
-    node_side, server_side = split_model(digits_cnn(seed=0), 3)
+    node_side, orchestrator_side = split_model(digits_cnn(seed=0), 3)
     g = torch.Generator().manual_seed(1)
     xs = {"a": torch.rand(3, 1, 8, 8, generator=g), "b": torch.rand(3, 1, 8, 8, generator=g)}
     ys = {"a": torch.tensor([0, 1, 2]), "b": torch.tensor([3, 4, 5])}  # distinct labels: G^T well conditioned
-    step = secure_step(node_side, server_side, xs, ys, max_abs=48.0, max_failure=1e-4)
+    step = secure_step(node_side, orchestrator_side, xs, ys, max_abs=48.0, max_failure=1e-4)
     _, grad, _ = logit_gradient(step.logits, torch.cat([ys["a"], ys["b"]]))
     solved = torch.linalg.pinv(grad.T.double()) @ step.grads["3.0.weight"].double()
     with torch.no_grad():
@@ -307,7 +304,7 @@ async def test_a_batch_below_min_batch_is_never_revealed_whether_planned_or_shru
 
 
 def test_sgd_would_show_the_helper_the_gradient_so_secure_mode_refuses_it_and_adam_shows_its_first_sign() -> None:
-    """The helper receives W every step. With SGD, (W_t - W_t+1) / lr is the summed server-layer
+    """The helper receives W every step. With SGD, (W_t - W_t+1) / lr is the summed affine-layer
     gradient, exactly; secure mode refuses SGD. With Adam, the first update is about -lr * sign(g):
     the sign of each coordinate of the first summed gradient (the leak SECURITY.md states)."""
     xs = {"a": torch.rand(12, 1, 8, 8), "b": torch.rand(12, 1, 8, 8)}
@@ -315,14 +312,14 @@ def test_sgd_would_show_the_helper_the_gradient_so_secure_mode_refuses_it_and_ad
     for optimizer in ("sgd", "adam"):
         settings = TlppSettings(optimizer=optimizer, lr=0.01)
         model = settings.build_model("cpu")
-        node_side, server_side = settings.split(model)
-        step = secure_step(node_side, server_side, xs, ys, max_abs=48.0, max_failure=1e-4)
-        before = server_side[0][0].weight.detach().clone()
-        opt = _optimizer(model, settings)
+        node_side, orchestrator_side = settings.split(model)
+        step = secure_step(node_side, orchestrator_side, xs, ys, max_abs=48.0, max_failure=1e-4)
+        before = orchestrator_side[0][0].weight.detach().clone()
+        opt = settings.build_optimizer(model)
         for name, param in model.named_parameters():
             param.grad = step.grads[name].to(param.dtype)
         opt.step()
-        seen = (before - server_side[0][0].weight.detach()) / settings.lr  # what the helper can compute
+        seen = (before - orchestrator_side[0][0].weight.detach()) / settings.lr  # what the helper can compute
         true = step.grads["3.0.weight"]
         if optimizer == "sgd":
             torch.testing.assert_close(seen, true, rtol=1e-3, atol=1e-6)

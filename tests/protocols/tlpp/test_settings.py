@@ -12,6 +12,8 @@ import torch
 from gossamer.peer.cli.swarm import SwarmOptions, load_swarm_config
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.run.manifest import RunConfig, run_config_from_dict
+from gossamer.protocols.core.errors import InvalidSetting
+from gossamer.protocols.core.settings import describe
 from gossamer.protocols.registry import PLUGINS
 from gossamer.protocols.tlpp.core import Normalize
 from gossamer.protocols.tlpp.settings import TlppSettings
@@ -36,8 +38,8 @@ def test_defaults_and_overrides() -> None:
     assert tlpp_settings(config()) == TlppSettings()
     assert TlppSettings().cut == 3 and TlppSettings().model == "" and TlppSettings().num_stages == 4
     model = settings.build_model("cpu")
-    node_side, server_side = settings.split(model)
-    assert len(node_side) == 2 and len(server_side) == 2
+    node_side, orchestrator_side = settings.split(model)
+    assert len(node_side) == 2 and len(orchestrator_side) == 2
 
 
 DECLARED = """
@@ -69,8 +71,8 @@ def test_a_declared_model_from_a_run_config_is_built_the_same_on_every_host() ->
     assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
     assert settings.normalization(a) is a[0][0] and isinstance(a[0][0], Normalize)
     assert {"0.0.mean", "0.0.std", "0.1.weight", "2.0.conv1.weight", "2.0.skip.weight", "3.0.weight"} <= set(a.state_dict())
-    node_side, server_side = settings.split(a)
-    assert node_side(torch.rand(3, 1, 28, 28)).shape == (3, 64) and len(server_side) == 1
+    node_side, orchestrator_side = settings.split(a)
+    assert node_side(torch.rand(3, 1, 28, 28)).shape == (3, 64) and len(orchestrator_side) == 1
 
 
 @pytest.mark.parametrize(("name", "input_shape", "cut"), [
@@ -171,3 +173,25 @@ def test_the_swarm_preset_is_a_valid_tlpp_run() -> None:
     settings = tlpp_settings(run_config_from_dict(tomllib.loads(text)))
 
     assert settings.mode == "base" and settings.min_nodes == swarm["peers"] and swarm["roles"] == ["node"]
+
+
+def test_pacing_settings_default_to_fixed_and_a_floor_above_the_ceiling_is_refused() -> None:
+    default = tlpp_settings(config())
+    adaptive = tlpp_settings(config(hyper={"pacing": "adaptive", "node_floor_s": 2.0}))
+
+    assert (default.pacing, default.node_floor_s, adaptive.pacing, adaptive.node_floor_s) == ("fixed", 5.0,
+                                                                                             "adaptive", 2.0)
+    with pytest.raises(ConfigError, match=r"hyper\.node_floor_s"):
+        tlpp_settings(config(hyper={"pacing": "adaptive", "node_timeout_s": 3.0}))
+    with pytest.raises(ConfigError, match=r"hyper\.pacing"):
+        tlpp_settings(config(hyper={"pacing": "eager"}))
+
+
+def test_settings_built_in_code_are_checked_like_a_manifest_and_every_one_has_its_help() -> None:
+    assert TlppSettings(input_shape=[1, 8, 8], lr=1).input_shape == (1, 8, 8)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSetting, match="batch_size must be >= 1"):
+        TlppSettings(batch_size=0)
+    with pytest.raises(InvalidSetting, match="mode 'plain' is not one of base, secure"):
+        TlppSettings(mode="plain")
+
+    assert [row.where for row in describe(TlppSettings) if not row.doc] == []

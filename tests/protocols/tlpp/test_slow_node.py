@@ -1,11 +1,7 @@
-"""A persistently slow TL++ data node (``LocalNet.slow``: node2 stalls in every forward), the real
-roles over loopback TCP and encrypted links (``harness``). Either pacing flags node2 fail-slow
-from the fifth step on (3 samples, then 3 checks in a row) and never flags node0 or node1. With
-adaptive pacing the forward deadline then follows node0 and node1 (at its floor, far below node2's
-stall), so node2 is not waited for: it is dropped from the next step as late, and that step
-applies exactly the gradient of the other two (``recheck``; base and secure mode); with fixed
-pacing it is used in every step. Every ledger balances. Assertions are on the ledgers (who was used, dropped and why, the deadlines the steps
-had); nothing sleeps to synchronise and nothing is timed."""
+"""A persistently slow TL++ data node (node2 stalls in every forward; real roles over loopback TCP):
+either pacing flags it from the fifth step and no other; adaptive pacing then drops it as late and
+the step applies exactly the other two's gradient (``recheck``), fixed pacing uses it every step.
+Assertions are on the ledgers; nothing sleeps to synchronise and nothing is timed."""
 
 from __future__ import annotations
 

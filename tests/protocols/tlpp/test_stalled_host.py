@@ -1,10 +1,7 @@
-"""A TL++ host whose whole process stops mid-request (SIGSTOP, a suspended VM), emulated in one
-process by blocking the event loop (``time.sleep``) past the request's deadline while the peer's
-answer is on its way. The orchestrator's timer then fires before the answer is read; without
-``pacing.within`` it took that as the peer's timeout: a helper request stopped secure training
-with ``HelperFailed``, a node request dropped the node. Now a deadline the process slept through
-is given once more, and the run goes on with every node in every step. ``tests/e2e/test_tlpp_hang.py``
-stops real processes."""
+"""A TL++ host whose whole process stops mid-request (SIGSTOP, a suspended VM), emulated by blocking
+the event loop past the request's deadline while the answer is on its way: ``timing.within`` gives
+a deadline the process slept through once more, so no helper request stops training and no node is
+dropped for it. ``tests/e2e/test_tlpp_hang.py`` stops real processes."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gossamer.protocols.tlpp.pacing import STALL_S, within
+from gossamer.protocols.tlpp.timing import STALL_S, within
 from tests.protocols.tlpp.harness import Tlpp
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""The TL++ model and its split: no BatchNorm or dropout below the cut, the affine server side,
+"""The TL++ model and its split: no BatchNorm or dropout below the cut, the affine orchestrator side,
 bad cuts refused, a seeded digits_cnn."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch import nn
 from gossamer.protocols.core.errors import ProtocolError
 from gossamer.protocols.tlpp.core import (
     TraversalError,
-    affine_server,
+    affine_layer,
     check_node_side,
     digits_cnn,
     split_model,
@@ -25,20 +25,20 @@ def test_batchnorm_and_dropout_below_cut_refused() -> None:
         check_node_side(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1)))
     check_node_side(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.0), nn.LayerNorm(2)))
     above = nn.Sequential(nn.Sequential(nn.Linear(2, 2)), nn.Sequential(nn.BatchNorm1d(2)))
-    split_model(above, 1)  # BatchNorm on the server side sees the whole batch: fine
+    split_model(above, 1)  # BatchNorm on the orchestrator side sees the whole batch: fine
 
 
 @pytest.mark.parametrize(("cut", "found"), [(1, "Conv2d"), (2, "ReLU")])
-def test_affine_server_refuses_non_affine(cut: int, found: str) -> None:
-    _, server_side = split_model(digits_cnn(), cut)
+def test_affine_layer_refuses_non_affine(cut: int, found: str) -> None:
+    _, orchestrator_side = split_model(digits_cnn(), cut)
     with pytest.raises(TraversalError, match=f"one nn.Linear.*{found}"):
-        affine_server(server_side)
+        affine_layer(orchestrator_side)
 
 
-def test_affine_server_returns_the_linear() -> None:
+def test_affine_layer_returns_the_linear() -> None:
     model = digits_cnn()
-    _, server_side = split_model(model, 3)
-    assert affine_server(server_side) is model[3][0]
+    _, orchestrator_side = split_model(model, 3)
+    assert affine_layer(orchestrator_side) is model[3][0]
 
 
 @pytest.mark.parametrize("cut", [0, 4, 1.0, True])

@@ -22,7 +22,7 @@ from gossamer.protocols.tlpp.core import (
     infer_shapes,
     node_backward,
     node_forward,
-    server_step,
+    orchestrator_step,
     split_model,
     sum_grads,
 )
@@ -123,7 +123,7 @@ def test_tlpp_base_on_a_declared_28x28_stack_is_centralized_training_in_float64(
     ys = {n: torch.full((6,), k) for k, n in enumerate(xs)}  # one class per node
     reference = build_stages(stages, input_shape=(1, 28, 28), num_classes=10, seed=3, dtype=torch.float64)
     model = copy.deepcopy(reference)
-    node_side, server_side = split_model(model, 2)
+    node_side, orchestrator_side = split_model(model, 2)
     local = {n: copy.deepcopy(node_side) for n in xs}
     opt, ref_opt = torch.optim.Adam(model.parameters(), lr=1e-2), torch.optim.Adam(reference.parameters(), lr=1e-2)
     scheduler = VirtualBatchScheduler({n: 6 for n in xs}, batch_size=5, seed=0, drop_last=True)
@@ -132,8 +132,8 @@ def test_tlpp_base_on_a_declared_28x28_stack_is_centralized_training_in_float64(
         bx, by = {n: xs[n][i] for n, i in by_node.items()}, {n: ys[n][i] for n, i in by_node.items()}
         for n in bx:
             local[n].load_state_dict(node_side.state_dict())
-        step = server_step(server_side, {n: node_forward(local[n], bx[n]) for n in bx}, by)
-        grads = sum_grads(node_backward(local[n], bx[n], step.cut_grads[n]) for n in bx) | step.server_grads
+        step = orchestrator_step(orchestrator_side, {n: node_forward(local[n], bx[n]) for n in bx}, by)
+        grads = sum_grads(node_backward(local[n], bx[n], step.cut_grads[n]) for n in bx) | step.orchestrator_grads
         for name, p in model.named_parameters():
             p.grad = grads[name]
         opt.step()

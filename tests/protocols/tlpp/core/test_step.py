@@ -16,7 +16,7 @@ from gossamer.protocols.tlpp.core import (
     logit_gradient,
     node_backward,
     node_forward,
-    server_step,
+    orchestrator_step,
     split_model,
     sum_grads,
 )
@@ -40,26 +40,26 @@ def test_split_gradients_equal_centralized_autograd(cut: int) -> None:
     loss.backward()
     expected = {name: p.grad for name, p in reference.named_parameters()}
 
-    node_side, server_side = split_model(model, cut)
+    node_side, orchestrator_side = split_model(model, cut)
     nodes_copies = {n: copy.deepcopy(node_side) for n in nodes}  # each data node works on its own copy
-    step = server_step(server_side, {n: node_forward(nodes_copies[n], xs[n]) for n in nodes}, ys)
+    step = orchestrator_step(orchestrator_side, {n: node_forward(nodes_copies[n], xs[n]) for n in nodes}, ys)
     node_grads = sum_grads(node_backward(nodes_copies[n], xs[n], step.cut_grads[n]) for n in nodes)
 
-    assert set(node_grads) | set(step.server_grads) == set(expected)
-    assert not set(node_grads) & set(step.server_grads)
-    for name, grad in (node_grads | step.server_grads).items():
+    assert set(node_grads) | set(step.orchestrator_grads) == set(expected)
+    assert not set(node_grads) & set(step.orchestrator_grads)
+    for name, grad in (node_grads | step.orchestrator_grads).items():
         torch.testing.assert_close(grad, expected[name], rtol=0, atol=1e-10)
     assert step.loss == pytest.approx(float(loss.detach()), abs=1e-12)
     assert step.count == 12 and all(p.grad is None for p in model.parameters())
 
 
-def test_server_step_reports_correct_and_slices_in_node_order() -> None:
-    server = nn.Sequential(nn.Identity())
+def test_orchestrator_step_reports_correct_and_slices_in_node_order() -> None:
+    top = nn.Sequential(nn.Identity())
     acts = {"b": torch.tensor([[0.0, 5.0]]), "a": torch.tensor([[5.0, 0.0], [5.0, 0.0]])}
-    step = server_step(server, acts, {"a": torch.tensor([0, 1]), "b": torch.tensor([1])})
+    step = orchestrator_step(top, acts, {"a": torch.tensor([0, 1]), "b": torch.tensor([1])})
     assert step.correct == 2 and step.count == 3
     assert [tuple(step.cut_grads[n].shape) for n in ("a", "b")] == [(2, 2), (1, 2)]
-    assert step.server_grads == {}
+    assert step.orchestrator_grads == {}
 
 
 def test_logit_gradient_matches_autograd() -> None:
@@ -74,10 +74,10 @@ def test_logit_gradient_matches_autograd() -> None:
     assert correct == int((logits.argmax(1) == labels).sum())
 
 
-def _server_inputs() -> tuple[nn.Module, dict, dict]:
-    _, server = split_model(digits_cnn(), 3)
+def _orchestrator_inputs() -> tuple[nn.Module, dict, dict]:
+    _, top = split_model(digits_cnn(), 3)
     acts = {"a": torch.rand(2, 64), "b": torch.rand(3, 64)}
-    return server, acts, {"a": torch.tensor([1, 2]), "b": torch.tensor([0, 0, 9])}
+    return top, acts, {"a": torch.tensor([1, 2]), "b": torch.tensor([0, 0, 9])}
 
 
 @pytest.mark.parametrize(("mutate", "match"), [
@@ -91,11 +91,11 @@ def _server_inputs() -> tuple[nn.Module, dict, dict]:
     (lambda a, y: (a, {**y, "a": torch.tensor([1.0, 2.0])}), r"labels\['a'\]: need"),
     (lambda a, y: (a, {**y, "a": torch.tensor([1, 10])}), r"\[0, 10\)"),
 ])
-def test_server_step_refuses_bad_batches(mutate, match: str) -> None:
-    server, acts, labels = _server_inputs()
+def test_orchestrator_step_refuses_bad_batches(mutate, match: str) -> None:
+    top, acts, labels = _orchestrator_inputs()
     acts, labels = mutate(acts, labels)
     with pytest.raises(TraversalError, match=match):
-        server_step(server, acts, labels)
+        orchestrator_step(top, acts, labels)
 
 
 def test_node_backward_refuses_wrong_gradient_shape() -> None:

@@ -1,60 +1,13 @@
-"""Role ``tlpp-server``: the server side of a TL++ run, taken by the orchestrator (the run owner).
-
-It holds the master model and its optimizer and drives the virtual batches
-(``protocols.tlpp.steps``): it waits until ``min_nodes`` data nodes (and, in secure mode, a
-helper) are live, builds the schedule from the sample counts the nodes publish in their signed
-records (``VirtualBatchScheduler``, shuffled per epoch with the run seed), with ``data.normalize =
-"nodes"`` pools the per-channel counts and sums those nodes publish into the model's input
-normalisation (once, before the first step; a ``tlpp.normalized`` event; a node whose record
-holds no valid statistics is not scheduled; a resumed server keeps its saved model's), and runs one virtual
-batch after another until ``steps`` (or ``epochs`` passes) are done. ``min_nodes`` gates the
-start only: a run whose nodes leave goes on with those that are left (a resumed server waits for
-as few as a step needs, not for ``min_nodes`` again). After each step it applies
-the summed gradients with its optimizer, writes the step's ledger, emits a ``tlpp.step`` event
-(its ledger: loss, accuracy, nodes used and dropped, bytes) and every ``eval_every`` steps a ``tlpp.eval`` on the
-held-out split it keeps (labels and loss are visible to the orchestrator by design; the test
-images never leave it). Each node's request times are measured (``pacing``): ``/status``
-(``pacing``: each phase's next deadline, the nodes flagged fail-slow, each node's time over the
-others') and each step's ledger (``deadline_s``, ``slow``) say what the waits were and who is
-slow; with ``hyper.pacing = "adaptive"`` a node late past a phase's adaptive deadline is dropped
-from the step as one that timed out. At the end: a final evaluation, a checkpoint (safetensors, written
-atomically) and ``tlpp.finished``.
-
-Membership: a node that failed in a step is taken out of the schedule at once (the rest of the
-epoch follows the reduced schedule from the same position, so in that epoch a few samples may be
-seen twice or not at all); a live node the schedule lacks is scheduled again from the next step
-once its record was renewed after it failed (a node that was slow once is back within a
-heartbeat; one that keeps failing waits longer each time: ``scheduling``), and at each epoch
-boundary the schedule is rebuilt from the live nodes, so nodes that left the view are no longer
-scheduled. A
-node that left the view mid-epoch stays scheduled until it fails a request (records can lag a
-loaded host by a heartbeat; a node that still answers is still a node). With no node left, it
-waits. A secure node that refuses a forward as a step it answered already (this orchestrator,
-resumed from a checkpoint, replays the steps after it) stays scheduled: those steps go on without it.
-
-Secure mode (SECURITY.md, "TL++ secure mode: threat model"): the helper is the one the manifest
-pins (``hyper.helper``), never another live peer with the role; the run must not admit anyone
-(``admission.policy = "open"`` is refused); the schedule drops an epoch's tail batch shorter than
-``min_batch``, and a schedule shrunk by failures to fewer than ``min_sum_nodes`` nodes (or
-``min_batch`` samples) is rebuilt from the live nodes instead of running steps that could
-reveal nothing.
-
-A helper failure (``HelperFailed``), or a setting the truncation guard refuses, stops training
-with one clear error: logged, in ``/status``, a ``tlpp.error`` event, and a checkpoint of the
-model so far; the step it stopped in applies nothing and its ledger stays in the history, every
-node of it rejected with why; the role is failed (``/healthz`` answers 503) and ``gossamer orchestrator`` exits
-non-zero. When training is finished the record says so (``assignment.tlpp_finished``), so the
-nodes and the helper know the run is over.
-
-Fault points (``RoleContext.fault_point``, where a test may crash or stall it; ``fault_runs``):
-``step`` of s (nothing of step s sent), ``backward`` of s (``steps``: the forwards answered, no
-backward request sent) and ``aggregate`` of s (the step's gradient summed, not applied).
-"""
+"""Role ``tlpp-orchestrator``: the run owner's TL++ trainer. It holds the master model (the layers
+above the cut are its own), the optimizer and the virtual-batch schedule over the live data nodes,
+drives one step after another (``steps.StepDriver``), evaluates on its held-out split and writes
+checkpoints. Who it schedules, resuming and stopping: ``protocols/tlpp/README.md``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from typing import Any
@@ -73,22 +26,28 @@ from gossamer.protocols.tlpp.core import (
     ChannelStats,
     TraversalError,
     VirtualBatch,
-    affine_server,
+    VirtualBatchScheduler,
+    affine_layer,
+    pool_stats,
+    read_stats,
 )
 from gossamer.protocols.tlpp.data import DataSourceError, load_run_data
 from gossamer.protocols.tlpp.ledger import StepLedger
-from gossamer.protocols.tlpp.scheduling import Scheduling
 from gossamer.protocols.tlpp.settings import TlppSettings, check_secure_admission
 from gossamer.protocols.tlpp.steps import StepDriver, TrainingStopped, grads_finite
 from gossamer.protocols.tlpp.wire import ShareLog
 
 log = logging.getLogger(__name__)
+WAIT_POLL_S = 10.0
+"""How long one wait for the view (nodes, the helper) lasts before it is logged again."""
+MAX_LEFT_OUT_S = 60.0
+"""The most a node that keeps failing waits, past its record's time when it was taken out, to come back."""
 
 
-class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
-    """The TL++ orchestrator's server side (see the module docstring)."""
+class TlppOrchestratorRole(ProtocolRole[TlppSettings]):
+    """The TL++ orchestrator: the run owner's trainer (``protocols/tlpp/README.md``, "Roles")."""
 
-    name = names.SERVER
+    name = names.ORCHESTRATOR
     # per-step loss, accuracy and batch makeup: only the peer's owner reads them (/status, /metrics)
     private_status = frozenset({"ledgers", "series", "evaluation", "tlpp_train_loss", "tlpp_test_loss",
                                 "tlpp_test_accuracy"})
@@ -98,21 +57,22 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
         self.require_run_owner()
         settings = self.settings
         self.model = settings.build_model(ctx.device)
-        node_side, server_side = settings.split(self.model)
+        node_side, orchestrator_side = settings.split(self.model)
         if settings.secure:
             check_secure_admission(settings, ctx.manifest.config.policy)
             try:
-                affine_server(server_side)
+                affine_layer(orchestrator_side)
             except TraversalError as exc:
                 raise ConfigError(f"secure mode: {exc}") from exc
         try:
             self.test = load_run_data(settings.test, settings)
         except DataSourceError as exc:
             raise DataSourceError(f"data.test: {exc}") from exc
-        self.optimizer = _optimizer(self.model, settings)
+        self.optimizer = settings.build_optimizer(self.model)
         self.links = SecureLinks(identity=ctx.identity, run_id=ctx.manifest.run_id, view=ctx.view, traffic=ctx.traffic)
-        self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side, server_side=server_side,
-                                 links=self.links, share_log=ShareLog(ctx.config.share_log or None), device=ctx.device,
+        self.driver = StepDriver(settings=settings, model=self.model, node_side=node_side,
+                                 orchestrator_side=orchestrator_side, links=self.links,
+                                 share_log=ShareLog(ctx.config.share_log or None), device=ctx.device,
                                  fault_point=ctx.fault_point)
         self.history: History[int, StepLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/tlpp")
@@ -152,8 +112,8 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
         return health
 
     def status(self) -> dict[str, Any]:
-        return {"assignment": {"tlpp_finished": True} if self.finished else {}, "mode": self.settings.mode, "step": self.step, "weights_version": self.driver.version,
-                "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
+        return {"assignment": {"tlpp_finished": True} if self.finished else {}, "mode": self.settings.mode,
+                "step": self.step, "weights_version": self.driver.version, "finished": self.finished, "error": self.error, "checkpoint": self.checkpoint_path,
                 "evaluation": self.last_eval, "ledgers": self.history.last(3), "series": self.series,
                 "pacing": self.driver.pacing.status()}
 
@@ -190,7 +150,7 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
             self._normalize()
         total = self.settings.steps or self.settings.epochs * scheduler.steps_per_epoch
         self.total_steps = total
-        epoch, start = self.position  # (0, 0), or where an earlier life of this server stopped
+        epoch, start = self.position  # (0, 0), or where an earlier life of this orchestrator stopped
         while self.step < total:
             batches, index, start = scheduler.epoch(epoch), start, 0
             while index < len(batches) and self.step < total:
@@ -267,6 +227,139 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
             accuracy = float((logits.argmax(dim=1) == labels).float().mean())
         return {"loss": loss, "accuracy": accuracy, "samples": len(self.test)}
 
+    # -- who it trains with ---------------------------------------------------------------------
+
+    @property
+    def _fewest(self) -> int:
+        """The fewest nodes a schedule needs: secure mode's k (``min_sum_nodes``), else one."""
+        return self.settings.min_sum_nodes if self.settings.secure else 1
+
+    def _live(self, role: str) -> list[str]:
+        return [p.record.peer_id for p in self.peers_with(role)]
+
+    def _node_counts(self) -> dict[str, int]:
+        return {peer: samples for peer, (samples, _) in self._nodes().items()}
+
+    def _nodes(self) -> dict[str, tuple[int, ChannelStats | None]]:
+        """The live data nodes with a valid sample count in their records, and their per-channel
+        statistics (with ``data.normalize = "nodes"``; a node without valid ones is left out). A
+        node whose record says ``private`` (behind NAT, no relay) is left out until it says otherwise."""
+        nodes = {}
+        for peer in self.ctx.view.live(now=self.ctx.now()):
+            assignment = peer.record.assignment
+            samples = assignment.get("tlpp_samples")
+            if names.NODE not in peer.record.roles or isinstance(samples, bool) or not isinstance(samples, int) \
+                    or samples < 1 or not peer.record.reachable:  # private, no relay: nobody can ask it anything
+                continue
+            stats = None
+            if self.settings.normalize == "nodes":
+                try:
+                    stats = read_stats(assignment.get("tlpp_stats"), channels=self.settings.input_shape[0],
+                                       count=samples)
+                except TraversalError:
+                    continue
+            nodes[peer.record.peer_id] = (samples, stats)
+        return nodes
+
+    def _normalize(self) -> None:
+        """Pool the per-channel statistics of the nodes training starts with into the model's input
+        normalisation (its buffers go to the nodes with the node-side weights)."""
+        used = sorted(self._scheduled)
+        stats = [s for _, s in (self._scheduled[n] for n in used) if s is not None]
+        mean, std = pool_stats(stats, positions=math.prod(self.settings.input_shape[1:]))
+        layer = self.settings.normalization(self.model)
+        assert layer is not None  # data.normalize = "nodes" builds it
+        layer.set(mean, std)
+        self.emit("normalized", nodes=used, samples=sum(s.count for s in stats), mean=list(mean), std=list(std))
+        log.info("input normalisation pooled from %d node(s): mean %s, std %s", len(used),
+                 [round(m, 4) for m in mean[:8]], [round(v, 4) for v in std[:8]])
+
+    async def _schedule(self, wanted: int) -> VirtualBatchScheduler:
+        """A schedule over the live nodes, once ``wanted`` of them (and a helper, in secure mode) are
+        live: ``min_nodes`` before the first step, then one (``min_nodes`` gates the start only; a
+        run whose nodes leave goes on with those that are left)."""
+        least = self.settings.smallest_batch if self.settings.secure else 1
+
+        def ready() -> bool:
+            counts = self._node_counts()
+            return len(counts) >= wanted and sum(counts.values()) >= least and (
+                not self.settings.secure or self._helper_live())
+
+        while not ready():
+            nodes, helpers = len(self._node_counts()), int(self._helper_live())
+            log.info("waiting for TL++ nodes: %d of %d live%s", nodes, wanted,
+                     f", {helpers} helper(s)" if self.settings.secure else "")
+            self.emit("waiting", nodes=nodes, wanted=wanted, helpers=helpers, helper_sees=None)
+            await self.ctx.until_view(ready, timeout_s=WAIT_POLL_S)
+        self._scheduled = self._nodes()
+        return VirtualBatchScheduler({n: samples for n, (samples, _) in self._scheduled.items()},
+                                     batch_size=self.settings.batch_size, seed=self.settings.seed,
+                                     drop_last=self.settings.drop_last, min_size=least)
+
+    async def _until_helper_sees(self, scheduler: VirtualBatchScheduler, wanted: int) -> VirtualBatchScheduler:
+        """Secure mode, before the first step: a schedule of which the helper sees at least
+        ``wanted`` nodes live, so that step 0 does not race the helper's view of the nodes (a
+        node it cannot see could not push it a share)."""
+        while True:
+            helper = await self._helper()
+            seen = await self.driver.confirm(helper, scheduler.counts, step=self.step)
+            if len(seen) >= wanted:
+                return scheduler
+            log.info("waiting for the helper to see the TL++ nodes: %d of %d", len(seen), wanted)
+            self.emit("waiting", nodes=len(scheduler.counts), wanted=wanted, helpers=1, helper_sees=len(seen))
+            scheduler = await self._schedule(wanted)
+
+    async def _until_nodes_change(self, failed: set[str]) -> None:
+        """Every scheduled node failed: give their records up to a TTL to expire (or others to
+        come) instead of spending steps on nodes that are gone."""
+        await self.ctx.until_view(lambda: set(self._node_counts()) != failed, timeout_s=self.ctx.manifest.ttl_s)
+
+    def _helper_live(self) -> bool:
+        return self.settings.helper in self._live(names.HELPER)
+
+    async def _helper(self) -> str:
+        """The helper the manifest pins, once it is live (never another peer with the role)."""
+        while not self._helper_live():
+            self.emit("waiting", nodes=len(self._node_counts()), wanted=1, helpers=0, helper_sees=None)
+            await self.ctx.until_view(self._helper_live, timeout_s=WAIT_POLL_S)
+        return self.settings.helper
+
+    def _reduced(self, scheduler: VirtualBatchScheduler, ledger: StepLedger) -> VirtualBatchScheduler | None:
+        """The schedule without the nodes that failed this step; None if none is left."""
+        for node in ledger.used:
+            self._strikes.pop(node, None)
+        leaving = {n for n in scheduler.counts if n in ledger.rejected and n not in self.driver.kept}
+        if not leaving:
+            return scheduler
+        heartbeat_s = self.ctx.manifest.config.heartbeat_s
+        for node in leaving:  # measured on the node's own record clock: no skew between the hosts
+            live = self.ctx.view.get(node)
+            self._strikes[node] += 1
+            self._left_out[node] = (live.record.timestamp if live is not None else self.ctx.now()) + min(
+                MAX_LEFT_OUT_S, heartbeat_s * (2 ** (self._strikes[node] - 1) - 1))
+        self.driver.forget(leaving)
+        left = {n: c for n, c in scheduler.counts.items() if n not in leaving}
+        if len(left) < self._fewest or (self.settings.secure and sum(left.values()) < self.settings.smallest_batch):
+            return None
+        log.info("taking %d node(s) out of the schedule: %s", len(leaving), sorted(n[:12] for n in leaving))
+        return scheduler.without(leaving)
+
+    def _regrown(self, scheduler: VirtualBatchScheduler) -> VirtualBatchScheduler:
+        """The schedule with the live nodes it lacks whose records were renewed since they were
+        taken out (a dead node never renews it; one that failed again waits 1, 3, 7, ... heartbeats
+        more, at most ``MAX_LEFT_OUT_S``); ``scheduler`` itself when there are none."""
+        counts = self._node_counts()
+        back = [peer.record.peer_id for peer in self.ctx.view.live(now=self.ctx.now())
+                if peer.record.peer_id in counts and peer.record.peer_id not in scheduler.counts
+                and peer.record.timestamp > self._left_out.get(peer.record.peer_id, -math.inf)]
+        if not back:
+            return scheduler
+        log.info("scheduling %d node(s) again: %s", len(back), sorted(n[:12] for n in back))
+        for node in back:
+            self._left_out.pop(node, None)
+        self._scheduled.update({n: v for n, v in self._nodes().items() if n in back})
+        return scheduler.joined({n: counts[n] for n in back})
+
     # -- the end --------------------------------------------------------------------------------
 
     async def _finish(self) -> None:
@@ -291,7 +384,6 @@ class TlppServerRole(Scheduling, ProtocolRole[TlppSettings]):
         path = await self.checkpoints.write_async(f"{self.ctx.manifest.config.name}-tlpp", params, step=str(self.step),
                                                   cut=str(self.settings.cut), mode=self.settings.mode)
         return str(path)
-
 
     # -- resuming --------------------------------------------------------------------------------
 
@@ -322,13 +414,6 @@ def _add_point(points: list[list[float]], x: int, y: float, *, keep: int = 2000)
     if y == y:  # not NaN (a step whose loss was not computed)
         points.append([x, y])
         del points[:-keep]
-
-
-def _optimizer(model: torch.nn.Module, settings: TlppSettings) -> torch.optim.Optimizer:
-    if settings.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                               weight_decay=settings.weight_decay)
-    return torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
 
 def _tlpp_bytes(counts: dict[str, int]) -> int:

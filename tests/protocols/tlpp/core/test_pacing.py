@@ -1,21 +1,15 @@
-"""The TL++ orchestrator's pacing (``protocols.tlpp.pacing``), pure: +-5% jitter flags and cuts
-nobody; a node persistently slower than the others is flagged after exactly the persistence
-count, still waited for inside the margin and cut past it; a deadline at its floor grows back
-at once when every node slows; fixed pacing always waits the ceiling; and ``paced`` cuts the
-calls still running at the cutoff only when another one answered."""
+"""The TL++ node pacing (``protocols.tlpp.core.pacing``), pure: +-5% jitter flags and cuts nobody; a
+node persistently slower than the others is flagged after exactly the persistence count, still
+waited for inside the margin and cut past it; a deadline at its floor grows back at once when every
+node slows; fixed pacing always waits the ceiling."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import pytest
 
-from gossamer.peer.errors import ConfigError
-from gossamer.peer.kit.secure_link import RequestRefused, SecureLinkError
-from gossamer.peer.run.manifest import RunConfig
-from gossamer.protocols.registry import PLUGINS
-from gossamer.protocols.tlpp.pacing import NodePacing, Paced, paced
+from gossamer.protocols.tlpp.core.pacing import NodePacing
 
 FORWARD_S, BACKWARD_S = 2.0, 1.0
 CEILING_S, FLOOR_S = 30.0, 1.0
@@ -103,7 +97,7 @@ def test_a_cut_node_stays_flagged_but_its_lower_bound_never_moves_the_deadline()
         for node in "abc":
             pace.observe("forward", node, 1.0)
             pace.observe("backward", node, 1.0)
-        pace.record("forward", Paced(results={"d": SecureLinkError("late")}, cut_s={"d": 5.0}))
+        pace.record("forward", answered={}, cut={"d": 5.0})
         flags.append(pace.settle())
 
     assert flags[4] == flags[5] == ["d"] and pace.deadline_s("forward") == pytest.approx(1.5)
@@ -129,78 +123,3 @@ def test_a_node_that_left_is_forgotten() -> None:
 
     assert pace.flagged() == frozenset() and set(pace.status()["node_time_ratio"]) == {"a", "b"}
     assert pace.deadline_s("forward") == pytest.approx(1.5)
-
-
-# -- paced: the phase's calls and the cutoff -------------------------------------------------------
-
-async def never(entered: asyncio.Event | None = None) -> str:
-    if entered is not None:
-        entered.set()
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
-
-
-async def at_once(value: str) -> str:
-    return value
-
-
-async def work(seconds: float, value: str) -> str:
-    await asyncio.sleep(seconds)  # the simulated work itself: the outcome does not depend on it
-    return value
-
-
-async def test_the_calls_still_running_at_the_cutoff_are_cut_once_another_answered() -> None:
-    outcome = await paced({"fast": at_once("a"), "hung": never()}, 0.01)
-
-    assert outcome.results["fast"] == "a" and set(outcome.took_s) == {"fast"} and set(outcome.cut_s) == {"hung"}
-    assert isinstance(outcome.results["hung"], SecureLinkError) and "late" in str(outcome.results["hung"])
-
-
-async def test_nobody_is_cut_when_nobody_answered_by_the_cutoff_or_there_is_none() -> None:
-    slow_for_all = await paced({"a": work(0.05, "a"), "b": work(0.1, "b")}, 0.01)
-    fixed = await paced({"a": at_once("a"), "b": work(0.05, "b")}, None)
-
-    assert slow_for_all.results == {"a": "a", "b": "b"} and slow_for_all.cut_s == {}
-    assert fixed.results == {"a": "a", "b": "b"} and fixed.cut_s == {}
-
-
-async def test_a_call_that_failed_is_no_answer_and_cuts_nobody() -> None:
-    async def refused() -> str:
-        raise RequestRefused("no", code="stale")
-
-    async def times_out() -> str:
-        async with asyncio.timeout(0.05):  # the request's own timeout
-            return await never()
-
-    outcome = await paced({"refused": refused(), "slow": times_out()}, 0.01)
-
-    assert outcome.cut_s == {} and isinstance(outcome.results["refused"], RequestRefused)
-    assert isinstance(outcome.results["slow"], TimeoutError)
-
-
-async def test_cancelling_a_phase_cancels_its_calls() -> None:
-    entered, calls = asyncio.Event(), {}
-    calls["hung"] = never(entered)
-    phase = asyncio.create_task(paced(calls, None))
-    await entered.wait()
-
-    phase.cancel()
-
-    with pytest.raises(asyncio.CancelledError):
-        await phase
-    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-
-
-# -- settings --------------------------------------------------------------------------------------
-
-def test_pacing_settings_default_to_fixed_and_a_floor_above_the_ceiling_is_refused() -> None:
-    read = PLUGINS.plugin("tlpp").read_settings
-    default = read(RunConfig(name="t", protocol="tlpp"))
-    adaptive = read(RunConfig(name="t", protocol="tlpp", hyper={"pacing": "adaptive", "node_floor_s": 2.0}))
-
-    assert (default.pacing, default.node_floor_s, adaptive.pacing, adaptive.node_floor_s) == ("fixed", 5.0,
-                                                                                             "adaptive", 2.0)
-    with pytest.raises(ConfigError, match=r"hyper\.node_floor_s"):
-        read(RunConfig(name="t", protocol="tlpp", hyper={"pacing": "adaptive", "node_timeout_s": 3.0}))
-    with pytest.raises(ConfigError, match=r"hyper\.pacing"):
-        read(RunConfig(name="t", protocol="tlpp", hyper={"pacing": "eager"}))
