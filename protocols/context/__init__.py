@@ -1,20 +1,8 @@
-"""Protocol ``context``: compressed context parallelism over WAN links.
-
-``cp-shard`` peers form a ring from the live view (ordered by peer id, the lowest leads); each
-holds one chunk of every training sequence and the whole model, runs ring attention whose keys
-and values cross the wire as subspace coefficients (``protocols.context.core``), and the ring sums
-its members' gradient shares into one update each step. A shard that dies aborts the step
-within its deadline, and the survivors go on with a shorter context; a joiner downloads the
-state and is placed at the next step boundary.
-
-Modules: ``names`` (the role and TCP method names), ``settings`` (the manifest), ``shard`` (the
-role: the ring, its leader, plans, joining), ``stepping`` (one attempt's compute, reduction and
-update), ``traffic`` (every frame's checks, and sending), ``wire`` (the frames and how a sender
-is verified), ``attempt`` (one attempt's state and deadline), ``ledger`` (its ledger),
-``replica`` (the model, optimizer, version, state and data), ``keeping`` (downloading the ring's
-state, and the checkpoint a restart resumes from).
-
-Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
+"""Protocol ``context``: compressed context parallelism, a ring of cp-shards (``README.md``). ``names`` the role and
+TCP method; ``settings`` the manifest; ``shard`` the role (the step loop); ``membership`` the ``Ring`` (members,
+leader, suspects); ``links`` signed frames in and out; ``runner`` the ``AttemptRunner``; ``attempt`` one attempt's
+state and deadline; ``state`` the ``StateKeeper`` (downloads, checkpoints); ``wire`` the frames; ``ledger`` a
+step's ledger; ``replica`` the model, optimizer and data; ``core`` the pure math (sans-I/O).
 """
 
 from __future__ import annotations

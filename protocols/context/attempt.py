@@ -1,12 +1,7 @@
-"""One attempt of one step, as a shard runs it: the accepted plan, its ring member, what has
-arrived for it, its sends, its deadline, and how it ended.
-
-An attempt ends applied or aborted. Anything may abort it: a send that fails (the target is
-suspected), a message or update that does not come by the step's deadline (whoever should have
-sent it is suspected), a refusal, or another member's abort notice. Every wait of the attempt
-goes through ``wait``, which gives up at the abort or at the deadline, whichever comes first, so
-an attempt never outlives ``step_timeout_s`` (plus one unit of compute already under way).
-Nothing of an aborted attempt reaches the model: its ring member is dropped.
+"""``Attempt``: one attempt of one step as a shard runs it (the accepted plan, its ring member, what
+arrived, its sends, its deadline, how it ended). Every wait goes through ``wait``, which gives up
+at the abort or the deadline, so an attempt never outlives ``step_timeout_s``; nothing of an
+aborted attempt reaches the model.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ class StepAborted(PeerError):
 
 
 class Attempt:
-    """See the module docstring. Built when a plan is accepted (the leader: when it proposes)."""
+    """One attempt of one step; built when a plan is accepted (the leader: when it proposes)."""
 
     def __init__(self, plan: Plan, *, me: str, spec: MessageSpec, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()

@@ -1,11 +1,6 @@
-"""A cp-shard's step ledger: one per attempt of a step, whether it was applied or aborted.
-
-``coefficients`` is the ring exchange as this shard saw it: the peers it expected coefficient
-messages from (its predecessor's kv, the dkv of every later member), which arrived and were
-used, which were refused and why, and which never came. ``reduce`` is the gradient reduction:
-on the leader, the members' shares (and, in ``send_failures``, members the update did not
-reach); on a member, the leader's update. An aborted attempt says why and whom it suspects; what
-had arrived for it is rejected as discarded, so every ledger balances.
+"""``StepLedger``: one per attempt of a step, applied or aborted: the coefficient exchange and the
+gradient reduction as this shard saw them (each a balanced ``kit.ledger.Exchange``), the loss,
+bytes and seconds, and for an aborted attempt why and whom it suspects.
 """
 
 from __future__ import annotations

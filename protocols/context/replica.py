@@ -1,17 +1,6 @@
-"""A shard's copy of the run's model: parameters, optimizer, version, state for joiners, and data.
-
-Every shard holds the whole model and applies every step's update itself: the leader sends the
-summed gradient (added on the CPU, in member order, so it is bitwise the same wherever it is
-computed) and its bases after its own update. A shard runs the same optimizer step on that
-gradient, then takes the leader's bases: AdamW and the QR retraction may round differently on
-another device, and a basis that differs by one bit would make every coefficient message after
-it a basis mismatch. The other parameters agree bitwise between shards on one kind of device and
-within rounding across kinds (the wire checks only the bases).
-
-The **version** is the number of updates applied; a step starts from one version and ends at the
-next. The state a joiner downloads (``model_state``) is a snapshot taken after each update:
-every parameter (``model.<name>``) and the optimizer's moments (``adamw.<name>.exp_avg``,
-``.exp_avg_sq``, ``.step``), so a joiner's next updates are the others'.
+"""A shard's copy of the run's model: parameters, AdamW, the version (updates applied), the state
+joiners download (a snapshot after each update), and the run's data. Every shard applies every
+update itself and then takes the leader's bases, so bases agree bitwise on every device.
 """
 
 from __future__ import annotations
@@ -79,7 +68,7 @@ def build_optimizer(model: torch.nn.Module, settings: ContextSettings) -> torch.
 
 
 class Replica:
-    """The model, its optimizer and its version (see the module docstring)."""
+    """The model, its optimizer and its version; ``model_state`` is the snapshot joiners download."""
 
     def __init__(self, settings: ContextSettings, device: torch.device) -> None:
         self.settings = settings

@@ -1,68 +1,61 @@
-"""A context-parallel run's settings, read from its signed manifest (``run.protocol = "context"``).
-
-Manifest layout (run config TOML)::
-
-    [model]            ModelConfig keys (d_model, n_layers, n_heads, context, ...); dropout must
-                       be 0 (ring members recompute attention blocks in the backward)
-    [model.subspace]   rank (r coefficients per head per token for the keys, again for the
-                       values; absent: dense keys and values), mixtures (M subspaces per head)
-    [data]             source = "builtin:pydoc" | PATH (every shard must read the same text: a
-                       plan carries its digest), heldout_fraction
-    [hyper]            chunk_tokens (T: the tokens each shard holds of every sequence; a ring of
-                       P shards trains on sequences of P x T tokens, so a ring that lost a shard
-                       goes on with a shorter context), batch_size (sequences per step),
-                       min_shards (the smallest ring that trains), steps (0: until stopped), lr,
-                       weight_decay, grad_clip, seed (model initialisation and every step's batch),
-                       step_timeout_s (deadline of one step, from its plan to its update: a shard
-                       that dies makes the step abort within it), plan_timeout_s (deadline of a
-                       plan's answer, a joiner's state download included), eval_batches (held-out
-                       windows evaluated when the run finishes)
-
-The largest ring is ``model.context // chunk_tokens`` shards; further shards wait as spares and
-take the place of one that leaves.
-"""
+"""A context-parallel run's settings, read from its signed manifest (``run.protocol = "context"``);
+the table in ``README.md`` is generated from the fields' help. The largest ring is
+``model.context // chunk_tokens`` shards; further shards wait as spares."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossamer.peer.errors import ConfigError
 from gossamer.protocols.context.core import InvalidRing, SubspaceConfig
+from gossamer.protocols.core.errors import InvalidSetting
 from gossamer.protocols.core.models import ModelConfig
-from gossamer.protocols.core.settings import setting
+from gossamer.protocols.core.settings import check, setting
 
 
 @dataclass(frozen=True, kw_only=True)
 class ContextSettings:
-    """Everything a cp-shard needs from the manifest (see the module docstring for each field)."""
+    """Everything a cp-shard needs from the manifest. Its data and batch fields are its own, not a
+    ``TextRun``: every shard trains on the same sequences (no shards of the text), and the shares
+    it sums are parts of one gradient (no norm bound on a peer's update)."""
 
-    model: ModelConfig = setting(table="model", key="*", default_factory=ModelConfig)
-    subspace: SubspaceConfig = setting(table="model.subspace", key="*", default_factory=SubspaceConfig)
-    data_source: str = setting("builtin:pydoc", table="data", key="source")
-    heldout_fraction: float = setting(0.05, table="data", above=0.0, below=1.0)
-    chunk_tokens: int = setting(32, table="hyper", low=1)
-    batch_size: int = setting(8, table="hyper", low=1)
-    min_shards: int = setting(2, table="hyper", low=1)
-    steps: int = setting(0, table="hyper", low=0)
-    lr: float = setting(3e-3, table="hyper", above=0.0)
-    weight_decay: float = setting(0.0, table="hyper", low=0.0)
-    grad_clip: float = setting(1.0, table="hyper", above=0.0)
-    seed: int = setting(0, table="hyper", low=0)
-    step_timeout_s: float = setting(30.0, table="hyper", above=0.0)
-    plan_timeout_s: float = setting(30.0, table="hyper", above=0.0)
-    eval_batches: int = setting(4, table="hyper", low=1)
+    model: ModelConfig = setting(table="model", key="*", default_factory=ModelConfig,
+                                 doc="the byte LM; dropout must be 0 (ring members recompute attention blocks)")
+    subspace: SubspaceConfig = setting(table="model.subspace", key="*", default_factory=SubspaceConfig,
+                                       doc="how keys and values are coded on the wire")
+    data_source: str = setting("builtin:pydoc", table="data", key="source",
+                               doc='the text: "builtin:pydoc" or a local file\'s path; every shard must read the '
+                                   "same (a plan carries its digest)")
+    heldout_fraction: float = setting(0.05, table="data", above=0.0, below=1.0,
+                                      doc="the text's tail held out for the final evaluation")
+    chunk_tokens: int = setting(32, table="hyper", low=1,
+                                doc="T: tokens each shard holds of every sequence; a ring of P shards trains on "
+                                    "P x T tokens, so one that lost a shard goes on with a shorter context")
+    batch_size: int = setting(8, table="hyper", low=1, doc="sequences per step (the same on every shard)")
+    min_shards: int = setting(2, table="hyper", low=1, doc="the smallest ring that trains")
+    steps: int = setting(0, table="hyper", low=0, doc="steps to train (0: until stopped)")
+    lr: float = setting(3e-3, table="hyper", above=0.0, doc="AdamW learning rate")
+    weight_decay: float = setting(0.0, table="hyper", low=0.0, doc="AdamW decoupled weight decay")
+    grad_clip: float = setting(1.0, table="hyper", above=0.0, doc="largest global norm of the summed gradient")
+    seed: int = setting(0, table="hyper", low=0, doc="the model's initialisation and every step's batch")
+    step_timeout_s: float = setting(30.0, table="hyper", above=0.0,
+                                    doc="deadline of one step, from its plan to its update: a shard that dies makes "
+                                        "the step abort within it")
+    plan_timeout_s: float = setting(30.0, table="hyper", above=0.0,
+                                    doc="deadline of a plan's answer (a joiner's state download included)")
+    eval_batches: int = setting(4, table="hyper", low=1, doc="held-out batches evaluated when the run finishes")
 
     def __post_init__(self) -> None:
+        check(self)
         if self.model.dropout:
-            raise ConfigError(f"model.dropout must be 0 for context parallelism (ring members recompute "
-                              f"attention blocks in the backward), got {self.model.dropout}")
+            raise InvalidSetting(f"model.dropout must be 0 for context parallelism (ring members recompute "
+                                 f"attention blocks in the backward), got {self.model.dropout}")
         try:
             self.subspace.check_model(self.model)
         except InvalidRing as exc:
-            raise ConfigError(f"model.subspace: {exc}") from exc
+            raise InvalidSetting(f"model.subspace: {exc}") from exc
         if self.min_shards * self.chunk_tokens > self.model.context:
-            raise ConfigError(f"hyper.min_shards x hyper.chunk_tokens = {self.min_shards} x {self.chunk_tokens} "
-                              f"tokens exceeds model.context = {self.model.context}: no ring could train")
+            raise InvalidSetting(f"hyper.min_shards x hyper.chunk_tokens = {self.min_shards} x {self.chunk_tokens} "
+                                 f"tokens exceeds model.context = {self.model.context}: no ring could train")
 
     @property
     def max_shards(self) -> int:

@@ -1,47 +1,7 @@
-"""Ring frames: what cp-shards say to each other over TCP, and how a frame's sender is verified.
-
-Every frame is a REQUEST of the TCP method ``names.METHOD`` on the daemon's TCP server::
-
-    header  {"method": METHOD, "op": OP, "step": S, "env": <signed envelope>, "body": <msgpack bytes>}
-    payload the op's tensors (raw bytes)
-
-``body`` is a msgpack map (``{"op", "step", "attempt", ...}``, the op's fields below) carried as
-bytes, so that exactly the bytes that were signed are the bytes that are checked. ``env`` is a
-``crypto.envelope`` (Ed25519) binding sender, recipient, run, round (= the step), method ``RING``
-and target ``/context-ring/<op>``, timestamp and a nonce to SHA-256(body || payload). ``op`` and ``step`` are repeated in the clear header only for
-routing and fault injection, and must equal the body's.
-
-How a receiver verifies the sender before it uses a byte of the payload (``open_frame`` and the
-role's checks, in this order): the clear header's shape and the op's payload bound (a frame
-longer than the largest its op can be is refused before it is hashed); the envelope, opened with
-the peer's replay guard (signature, sender id = fingerprint of the signing key, recipient = this
-peer, this run, timestamp within the window, nonce never seen: one opaque "envelope" refusal);
-the sender is a live peer of the run whose signed record carries the cp-shard role and the very
-key that signed (checked before the guard remembers the nonce: strangers cannot fill it); then, per op, the sender's place: a plan only from the peer this shard takes for
-the leader, kv only from its ring predecessor, dkv only from the member whose queries used the
-keys, a share only from a member of the step, an update only from the step's leader. Only then
-is the payload decoded (``protocols.context.core.decode_message``: shape, dtype, NaN/Inf, basis hash).
-A non-member cannot inject anything; a member can send only what its place in the ring allows.
-The TCP answer itself is not signed: it carries no data, only "accepted" or a refusal, so a
-forged answer can at most make a step abort.
-
-Ops (``step`` is the model version the step starts from)::
-
-    plan    leader -> member  attempt, members (peer ids, ring order), chunk_tokens, batch_size,
-                              data (SHA-256 of the training text), state (null, or [version,
-                              digest] of the leader's state for a member that must download it)
-                              -> {"accepted": true} | {"accepted": false, "code", "reason", "version"}
-    kv      owner/forwarder -> successor   attempt, msg (the protocol's message header); payload:
-                              the key and value coefficients (``protocols.context.core.wire``)
-    dkv     user -> owner     attempt, msg; payload: their gradients
-    share   member -> leader  attempt, loss (its chunk's share), tensors (codec entries): its
-                              gradient share of every parameter
-    update  leader -> member  attempt, loss (the step's), norm, tensors: the summed gradient and
-                              the leader's bases after its update -> {"version": step + 1}
-    abort   any -> members    attempt, reason, suspect (a peer id or null)
-
-A kv frame is passed on by re-sealing the same body and payload for the successor (``frame_for``
-an ``Opened``): each hop vouches for the link it sends on.
+"""Ring frames: what cp-shards send each other over TCP (``plan``, ``kv``, ``dkv``, ``share``,
+``update``, ``abort``; the table is in ``README.md``), sealed in an envelope bound to the body
+and payload, and ``open_frame``: the checks, in order, that a frame's sender is a live cp-shard
+holding the key that signed, before a byte of its payload is used.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Protocol ``fomoe``: FoMoE partial-expert replicas of an MoE LM.
-
-Each ``expert-host`` holds the dense layers and routers plus a resident subset of the experts
-(every expert on r hosts), trains on its shard skipping the pairs routed to experts it does not
-hold, and every H steps sends its dense pseudo-gradient to every member and each expert's only to
-that expert's other holders; the members agree on which updates count (a commit exchange), mix,
-take the outer step, and re-place the experts when members leave or join (``protocols.fomoe.core``).
-Modules: ``names`` (the role name), ``settings`` (the manifest), ``host`` (the role and its
-rounds), ``joining`` (round 0 and joining mid-run), ``holding`` (taking and handing over experts,
-the donated dense state, the checkpoint of a host's part), ``boundary`` (the commits, the agreement and
-the next placement: pure), ``wire`` (the messages), ``ledger`` (a round's ledger), ``coverage``
-(expert coverage for ``/status`` and ``gossamer status``).
-
-Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
+"""Protocol ``fomoe``: FoMoE, partial-expert replicas of an MoE LM (``README.md``: the method, its messages, a
+round, joining, its settings). ``names`` the role name; ``settings`` the manifest; ``host`` the role (rounds,
+joining, the experts it holds); ``wire`` the messages and their checks; ``ledger`` a round's ledger; ``coverage``
+expert coverage for ``/status`` and ``gossamer status``; ``core`` the pure math (sans-I/O).
 """
 
 from __future__ import annotations

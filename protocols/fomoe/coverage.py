@@ -1,11 +1,6 @@
-"""Expert coverage, as ``/status`` and ``gossamer status`` show it: each expert's holders, the
-pairs (tokens routed to it) its holders ran in the last round, and whether it is lost.
-
-The table is the newest placement's: the records of the hosts in the placement the most advanced
-host is in (a dead host's record, live until it expires, still shows the placement before it
-died and is left out). An expert is flagged when no live peer holds it (it keeps its last synced weights wherever they
-are), and when the last re-placement found none of its holders among the agreed members (it was
-restarted from the freshest copy a member had).
+"""Expert coverage as ``/status``, ``gossamer status`` and the swarm page show it: each expert's
+holders, the pairs they ran in the last round, and its flags (no live holder; lost at the last
+re-placement), from the newest placement the live hosts' records show.
 """
 
 from __future__ import annotations

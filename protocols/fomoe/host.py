@@ -1,49 +1,37 @@
-"""Role ``expert-host``: a FoMoE peer. It holds the MoE LM's dense layers and routers and a resident
-subset of its experts, trains on its shard skipping the pairs routed to experts it does not hold,
-and synchronises every H steps: the dense part with every member, each expert only with its
-holders.
-
-One round t, for a member of the round's placement (``protocols.fomoe.core``, ``boundary``)::
-
-    begin_round; H inner steps (a worker thread)            -> its update
-    PUT /fomoe/update/t to every other member               (the dense part + the experts both hold)
-    wait for theirs (update_deadline_s, or until the missing ones leave the view)
-    PUT /fomoe/commit/t to every other member and joiner    (what arrived, who asked to join)
-    wait for theirs (commit_deadline_s, idem); agree on what counts
-    mix_round over the agreed members' updates; the outer step; held-out loss
-    if the members change: re-place the experts; each source PUTs /fomoe/expert/t+1 to each new
-    holder; a new holder waits commit_deadline_s for them
-
-Its record carries its resident experts, the placement's round and size, and the pairs every
-expert ran in the last round (``gossamer status`` shows the coverage from them); its donated
-state (``/state/...``, for joiners) is the dense part and its outer momentum at the round's
-start. Joining (a new peer, or one that was cut off) is ``joining``; taking and handing over
-experts and writing its part, ``holding``; messages are ``wire``.
+"""Role ``expert-host``: a FoMoE peer holding the dense layers, the routers and a resident subset
+of the experts. Every round it trains on its shard (skipping pairs routed to experts it does not
+hold), exchanges updates and commits with the members, mixes what they agreed on, and re-places
+the experts when members leave or join; ``README.md`` walks a round and joining.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from aiohttp import web
-from torch import nn
 
 from gossamer.peer.kit.checkpoint import Checkpoints
+from gossamer.peer.kit.download_events import downloading_fields
 from gossamer.peer.kit.inbox import Inbox
-from gossamer.peer.kit.ledger import History
+from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger
 from gossamer.peer.kit.rounds import collect_from_live, finish_sends, send_each
+from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
+from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.core.robust import Failure
-from gossamer.protocols.core.text_data import BatchSampler, evaluate, load_text, shard, split_text
+from gossamer.protocols.core.text_data import BatchSampler, load_text, shard, split_text
 from gossamer.protocols.fomoe import names
 from gossamer.protocols.fomoe.core import (
+    ExpertState,
     FomoeReplica,
     FomoeUpdate,
     MixedRound,
@@ -56,10 +44,8 @@ from gossamer.protocols.fomoe.core import (
     update_problem,
 )
 from gossamer.protocols.fomoe.core import mix_round as mix
-from gossamer.protocols.fomoe.core.boundary import Commit, agree, plan_boundary
+from gossamer.protocols.fomoe.core.boundary import Boundary, Commit, admit, agree, plan_boundary
 from gossamer.protocols.fomoe.coverage import expert_coverage
-from gossamer.protocols.fomoe.holding import Holding, Part
-from gossamer.protocols.fomoe.joining import Joining
 from gossamer.protocols.fomoe.ledger import RoundLedger
 from gossamer.protocols.fomoe.settings import FomoeSettings
 from gossamer.protocols.fomoe.wire import (
@@ -67,9 +53,12 @@ from gossamer.protocols.fomoe.wire import (
     EXPERT,
     JOIN,
     KINDS,
+    MOMENTUM,
+    PARAM,
     UPDATE,
     ExpertMessageRefused,
     ModelShape,
+    experts_payload,
     params_digest,
     read_experts,
     read_update,
@@ -78,36 +67,29 @@ from gossamer.protocols.fomoe.wire import (
 
 log = logging.getLogger(__name__)
 MAX_SERIES = 2000  # points per loss curve kept for the swarm page
+JOIN_WAIT_ROUNDS = 4
+"""A joiner waits for round t's commits at most this many rounds' deadlines (the members' inner
+phase has no deadline of its own; the wait ends as soon as every member has moved on)."""
+Part = tuple[int, dict[str, torch.Tensor], tuple[int, ...]]
+"""(round, the dense part's and the resident experts' parameters, the resident experts)."""
 
 
-class _Resident(nn.Module):
-    """The model as this peer runs it: only its resident experts (for ``text_data.evaluate``)."""
-
-    def __init__(self, model: nn.Module, resident: Sequence[int]) -> None:
-        super().__init__()
-        self.model = model
-        self.resident = tuple(resident)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens, resident=self.resident)
-
-
-class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
-    """A FoMoE expert host (see the module docstring)."""
+class ExpertHostRole(ProtocolRole[FomoeSettings]):
+    """A FoMoE expert host: its rounds, how it becomes a member, and the experts it holds."""
 
     name = names.EXPERT_HOST
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        s = self.settings
-        split = split_text(load_text(ctx.config.data or s.data_source), heldout_fraction=s.heldout_fraction)
-        self.shard = self.shard_index(s.num_shards)
+        s, text = self.settings, self.settings.text
+        split = split_text(load_text(ctx.config.data or text.data_source), heldout_fraction=text.heldout_fraction)
+        self.shard = self.shard_index(text.num_shards)
         self.heldout = split.heldout
-        model = build_moe_model(s.model, seed=s.seed, device=ctx.device)
+        model = build_moe_model(s.model, seed=text.seed, device=ctx.device)
         self.replica = FomoeReplica(self.peer_id, model, (), diloco=s.diloco, fomoe=s.fomoe)
         self.shape = ModelShape(self.replica.layout, {n: p.dtype for n, p in model.named_parameters()})
-        self.sampler = BatchSampler(shard(split.train, index=self.shard, count=s.num_shards),
-                                    batch_size=s.batch_size, context=s.model.context,
+        self.sampler = BatchSampler(shard(split.train, index=self.shard, count=text.num_shards),
+                                    batch_size=text.batch_size, context=s.model.context,
                                     generator=torch.Generator().manual_seed(self.peer_seed()))
         self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id, client=ctx.http_client,
                                          view=ctx.view, now=ctx.now, limits=ctx.http_config.limits,
@@ -203,6 +185,160 @@ class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
             raise ExpertMessageRefused(f"{kind}: carries no tensors")
         return Commit.from_metadata(metadata, n_experts=self.settings.model.n_experts) if kind == COMMIT else True
 
+    # -- becoming a member ----------------------------------------------------------------------
+
+    async def _enter(self) -> bool:
+        """Become a member: at round 0 with the others, or as a joiner. False: the run is over."""
+        if self._swarm_started():
+            return await self._join(why="joined")
+        await self._wait_for_hosts()
+        if self._swarm_started():
+            return await self._join(why="joined")
+        self._genesis()
+        await self._until_placed()
+        return True
+
+    async def _until_placed(self) -> None:
+        """Before round 0's first message: wait until every other member's record says it has
+        placed the experts too. It placed only once it saw this host in its view, so it will not
+        refuse this host's update as coming from an unknown peer (the last host to start sees the
+        others at once and would otherwise send before they have seen it). Bounded by the update
+        deadline; a member that never shows up is dealt with by the round's commits."""
+        assert self.placement is not None
+        others = [p for p in self.placement.peers if p != self.peer_id]
+
+        def placed() -> bool:
+            return all((live := self.live_with(p, names.EXPERT_HOST)) is None
+                       or _count(live.record.assignment.get("members")) > 0 for p in others)
+
+        await self.ctx.until_view(placed, timeout_s=self.settings.update_deadline_s)
+
+    def _members_seen(self) -> list[LivePeer]:
+        """The other live expert hosts that say they are members of a placement."""
+        return [p for p in self.peers_with(names.EXPERT_HOST) if _count(p.record.assignment.get("members")) > 0]
+
+    def _swarm_started(self) -> bool:
+        return any(p.record.round >= 1 for p in self._members_seen())
+
+    async def _wait_for_hosts(self) -> None:
+        """Round 0 starts once ``min_hosts`` expert hosts (this one included) are live."""
+        wanted = self.settings.min_hosts
+
+        def enough() -> bool:
+            return len(self.peer_ids_with(names.EXPERT_HOST, include_self=True)) >= wanted
+
+        while not enough():
+            self.emit("waiting", hosts=len(self.peer_ids_with(names.EXPERT_HOST, include_self=True)), wanted=wanted)
+            await self.ctx.until_view(enough, timeout_s=10.0)
+
+    async def _join(self, *, why: str) -> bool:
+        """Join the running swarm (trying round after round); False when the run is over first."""
+        while True:
+            members = self._members_seen()
+            if not members:  # nobody left to join: start over with whoever is live
+                await self._wait_for_hosts()
+                if not self._members_seen():
+                    self._genesis()
+                    return True
+                continue
+            median = statistics.median_high([p.record.round for p in members])
+            t = median + 1  # records lag behind the rounds: ask for the next one, which is not committed yet
+            if self.settings.rounds and t >= self.settings.rounds:
+                log.info("the swarm is finishing its %d rounds; not joining", self.settings.rounds)
+                return False
+            if await self._try_join(t, [p.record.peer_id for p in members if p.record.round <= t], why=why):
+                return True
+            await self._until_past(t)
+
+    async def _until_past(self, t: int) -> None:
+        """After a try at round ``t`` failed: wait until the members' median round is past ``t``
+        (or none is left), so the next try is at the next round and not at ``t`` again."""
+        s = self.settings
+
+        def moved_on() -> bool:
+            rounds = [p.record.round for p in self._members_seen()]
+            return not rounds or statistics.median_high(rounds) > t
+
+        await self.ctx.until_view(moved_on, timeout_s=JOIN_WAIT_ROUNDS * (s.update_deadline_s + s.commit_deadline_s))
+
+    async def _try_join(self, t: int, ids: Sequence[str], *, why: str) -> bool:
+        s = self.settings
+        self.inbox.advance(t)
+        await send_each(self.messenger, self.ctx.view, {m: {} for m in ids}, path=f"/fomoe/join/{t}", round=t,
+                        exchange=Exchange())
+
+        def heard() -> bool:
+            have = self.inbox.senders(COMMIT, t)
+            return all(m in have or (live := self.live_with(m, names.EXPERT_HOST)) is None or live.record.round > t
+                       for m in ids)
+
+        await self.ctx.until_view(heard, timeout_s=JOIN_WAIT_ROUNDS * (s.update_deadline_s + s.commit_deadline_s))
+        commits = await self.inbox.collect(COMMIT, t, ids, timeout_s=0.0)  # heard(): all came, or never will
+        admitted = admit(self.peer_id, commits, n_experts=s.model.n_experts, replication=s.fomoe.replication,
+                         round=t, seed=s.text.seed)
+        if isinstance(admitted, str):
+            log.info("not admitted at round %d (%s); trying the next round", t, admitted)
+            return False
+        outcome, boundary = admitted
+        states = await self._take_experts(boundary, t + 1, None)
+        downloaded = await self._download_dense(t + 1, outcome.agreed)
+        if downloaded is None:
+            return False
+        tensors, donors = downloaded
+        try:
+            self._adopt(t + 1, tensors, boundary, states)
+        except ExpertMessageRefused as exc:
+            log.warning("the downloaded state does not fit the model, trying again: %s", exc)
+            return False
+        self.emit("joined", round=t + 1, donors=donors, experts=sorted(self.replica.resident), why=why)
+        log.info("%s at round %d with the dense state from %d donor(s), experts %s", why, t + 1, donors,
+                 sorted(self.replica.resident))
+        return True
+
+    async def _download_dense(self, version: int,
+                              agreed: Sequence[str]) -> tuple[dict[str, torch.Tensor], int] | None:
+        """The dense part and its momentum at ``version``, from every agreed member offering it:
+        shards from several donors (each checked against the digest they agree on), so no single
+        host serves the whole state. It waits (at most an update deadline) for every agreed member
+        to announce that version, then takes those that have."""
+        others = {a for a in agreed if a != self.peer_id}
+
+        def offers() -> list[LivePeer]:
+            return [p for p in self.peers_with(names.EXPERT_HOST)
+                    if p.record.peer_id in others and p.record.state.get("version") == version]
+
+        await self.ctx.until_view(lambda: len(offers()) >= len(others), timeout_s=self.settings.update_deadline_s)
+        try:
+            got, tensors, report = await download_state(
+                self.ctx.http_client, offers(), joiner_id=self.peer_id,
+                progress=lambda progress: self.emit("downloading", **downloading_fields(progress)))
+        except StateSyncError as exc:
+            log.warning("could not download the dense state of round %d: %s", version, exc)
+            return None
+        if got != version:
+            return None
+        return tensors, sum(1 for shards in report.shards_served.values() if shards)
+
+    def _adopt(self, version: int, tensors: Mapping[str, torch.Tensor], boundary: Boundary,
+               states: Mapping[int, ExpertState]) -> None:
+        """Take the swarm's dense part and momentum at ``version`` and this peer's new experts."""
+        dense = self.replica.layout.dense
+        missing = [n for n in dense if PARAM + n not in tensors]
+        if missing:
+            raise ExpertMessageRefused(f"state: dense parameters missing: {missing[:4]}")
+        for name in dense:
+            self.shape.check(name, tensors[PARAM + name], "state")
+            if MOMENTUM + name in tensors:
+                self.shape.check(name, tensors[MOMENTUM + name], "state")
+        params = self.replica.diloco.parameters_snapshot()
+        params.update({n: tensors[PARAM + n] for n in dense})
+        self.replica.set_resident((), {})  # whatever it held before is stale now
+        self.replica.diloco.adopt(params, version)
+        own = dict(self.replica.module.named_parameters())
+        self.replica.diloco.outer.load_state_dict({n: tensors[MOMENTUM + n].to(own[n].device)
+                                                   for n in dense if MOMENTUM + n in tensors})
+        self._hold(boundary.placement, states, lost=boundary.lost)
+
     # -- rounds ---------------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -231,7 +367,7 @@ class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
         members = self.peer_ids_with(names.EXPERT_HOST, include_self=True)
         s = self.settings
         placement = place_experts(members, n_experts=s.model.n_experts, replication=s.fomoe.replication,
-                                  round=self.replica.round, seed=s.seed)
+                                  round=self.replica.round, seed=s.text.seed)
         self._hold(placement, {}, lost=())
 
     async def _one_round(self) -> RoundLedger:
@@ -280,7 +416,7 @@ class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
                 self.synced[expert] = t + 1
             ledger.tokens = [int(x) for x in sum(u.tokens for u in updates).sum(dim=0)]
             self.tokens = ledger.tokens
-            boundary = plan_boundary(placement, outcome, commits, round=t + 1, seed=self.settings.seed)
+            boundary = plan_boundary(placement, outcome, commits, round=t + 1, seed=self.settings.text.seed)
             if boundary.changed:
                 await self._move_experts(boundary, ledger, sending)
         ledger.heldout_loss = await asyncio.to_thread(self._evaluate)
@@ -351,9 +487,105 @@ class ExpertHostRole(Joining, Holding, ProtocolRole[FomoeSettings]):
         self.replica.diloco.finish_round({}, {}, frozen=set(self.replica.layout.size_bytes))
 
     def _evaluate(self) -> float:
-        model = _Resident(self.replica.module, sorted(self.replica.resident))
-        return evaluate(model, self.heldout, context=self.settings.model.context,
-                        max_batches=self.settings.eval_batches, device=self.ctx.device)
+        return self.replica.heldout_loss(self.heldout, context=self.settings.model.context,
+                                         max_batches=self.settings.text.eval_batches, device=self.ctx.device)
+
+    # -- holding experts ------------------------------------------------------------------------
+
+    def _hold(self, placement: Placement, states: Mapping[int, ExpertState], *,
+              lost: tuple[int, ...]) -> None:
+        """Hold what ``placement`` gives this peer: ``states`` for the experts that came from others,
+        this peer's own copy for the rest of its new experts."""
+        mine = placement.resident(self.peer_id)
+        new = set(mine) - self.replica.resident
+        self.replica.set_resident(mine, {e: states[e] if e in states else self._own_copy(e) for e in new})
+        for expert in states:
+            self.synced[expert] = self.replica.round
+        self.placement = placement
+        self.lost = lost
+        self.emit("placement", round=self.replica.round, members=len(placement.peers), experts=list(mine),
+                  holders=[len(h) for h in placement.holders], lost=list(lost))
+        self.ctx.announce()
+
+    def _own_copy(self, expert: int) -> ExpertState:
+        """This peer's copy of ``expert`` as it is (the weights it last synced, or the initial ones)."""
+        if expert in self.replica.resident:
+            return self.replica.expert_state(expert)
+        layout = self.replica.layout
+        names_ = {n for key in layout.units_of((expert,)) for n in layout.units[key]}
+        params = {n: p.detach().clone() for n, p in self.replica.module.named_parameters() if n in names_}
+        momentum = {n: u for n, u in self.replica.diloco.outer.state_dict().items() if n in names_}
+        return ExpertState(expert, params, momentum)
+
+    def _dense_state(self) -> dict[str, torch.Tensor]:
+        """What this peer donates to joiners at a round's start: the dense part and its momentum."""
+        dense = set(self.replica.layout.dense)
+        params = {PARAM + n: p.detach().clone() for n, p in self.replica.module.named_parameters() if n in dense}
+        momentum = {MOMENTUM + n: u for n, u in self.replica.diloco.outer.state_dict().items() if n in dense}
+        return {**params, **momentum}
+
+    async def _move_experts(self, boundary: Boundary, ledger: RoundLedger,
+                            sending: list[asyncio.Task[None]]) -> None:
+        """Hand the experts this peer is a source of to their new holders; take its own new ones."""
+        me, round = self.peer_id, self.replica.round
+        outgoing: dict[str, list[ExpertState]] = {}
+        for move in boundary.outgoing(me):
+            outgoing.setdefault(move.peer, []).append(self._own_copy(move.expert))
+        if outgoing:
+            payloads = {peer: experts_payload(states) for peer, states in outgoing.items()}
+            sending.append(self._post(EXPERT, round, payloads, ledger, ledger.transfers))
+        states = await self._take_experts(boundary, round, ledger)
+        ledger.next_experts = list(boundary.placement.resident(me))
+        ledger.lost = list(boundary.lost)
+        self._hold(boundary.placement, states, lost=boundary.lost)
+
+    async def _take_experts(self, boundary: Boundary, round: int,
+                            ledger: RoundLedger | None) -> dict[int, ExpertState]:
+        """The states of this peer's new experts at ``round``'s start, each from the first of its
+        sources that sent it (a member's transfers go into its ``ledger``; a joiner has none)."""
+        incoming = boundary.incoming(self.peer_id)
+        sources = sorted({s for move in incoming for s in move.sources})
+        got = await self._collect(EXPERT, round, sources, self.settings.commit_deadline_s) if sources else {}
+        states, used = {}, set()
+        for move in incoming:
+            source = next((s for s in move.sources if move.expert in got.get(s, {})), None)
+            if source is None:
+                log.warning("expert %d: none of its sources sent it; keeping this peer's copy", move.expert)
+                if ledger is not None:
+                    ledger.note += f" expert {move.expert}: no source sent it, kept this peer's copy;"
+                continue
+            states[move.expert] = got[source][move.expert]
+            used.add(source)
+        if ledger is not None:
+            ledger.transfers.expect(sources)
+            ledger.transfers.settle(got, refused=self.inbox.refused(EXPERT, round))
+            ledger.transfers.use(used)
+        return states
+
+    def _part(self) -> Part:
+        """This host's part as it is now."""
+        held = self.replica.layout.names_held(self.replica.resident)
+        params = {n: p.detach().cpu().clone() for n, p in self.replica.module.named_parameters() if n in held}
+        return self.replica.round, params, tuple(sorted(self.replica.resident))
+
+    async def _write_part(self, part: Part) -> str:
+        round, params, experts = part
+        name = f"{self.ctx.manifest.config.name}-{self.peer_id[:12]}-round{round}"
+        path = await self.checkpoints.write_async(name, params, round=str(round), experts=",".join(map(str, experts)))
+        return str(path)
+
+    async def checkpoint(self) -> str | None:
+        """On a clean shutdown: write this host's part as it was at the start of the round under
+        way, a state every holder of those experts had too. Returns None: nothing resumes from
+        it (a host that starts again joins the swarm afresh and takes its part from the members);
+        the file keeps the weights, e.g. when the whole swarm stops. A finished host already
+        wrote its part."""
+        if self.finished or self._boundary is None:
+            return None
+        self.checkpoint_path = await self._write_part(self._boundary)
+        log.info("this host's part (dense layers, routers, experts %s) written to %s; started again, the host "
+                 "joins afresh and takes its part from the members", list(self._boundary[2]), self.checkpoint_path)
+        return None
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -389,3 +621,7 @@ def _settle(ledger: RoundLedger, others: Sequence[str], valid: Mapping[str, Fomo
         ledger.commits.reject(sender, "its members or experts differ from this peer's placement")
     ledger.agreed, ledger.joiners = list(outcome.agreed), list(outcome.joiners)
     ledger.left = sorted(set(ledger.members) - set(outcome.members))
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,16 +1,6 @@
-"""What expert hosts say to each other: every message is a signed safetensors body PUT to
-``/fomoe/{kind}/{round}`` (``kit.messaging``), one per (kind, round, sender).
-
-- ``update``  a member's pseudo-gradients for the round, cut to what the recipient holds too
-              (``protocols.fomoe.core.addressed_to``: the dense part and the experts both hold), and its
-              pair counts as the int64 tensor ``tokens`` [n_layers, E].
-- ``commit``  no tensors; its metadata is the member's ``boundary.Commit``.
-- ``join``    no tensors: a peer asks to be a member from the next round on.
-- ``expert``  the states of the experts a source hands to a new holder at a round's start:
-              ``param/<name>`` and ``momentum/<name>`` for each parameter of each expert.
-
-Every body is checked against the model before it is stored (names, dtypes, shapes, finite
-values, counts); what depends on the placement is checked when the round uses it.
+"""What expert hosts send each other: signed safetensors bodies PUT to ``/fomoe/{kind}/{round}``
+(``update``, ``commit``, ``join``, ``expert``; the table is in ``README.md``), and their checks
+against the model (names, dtypes, shapes, finite values, counts) before anything is stored.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Blockwise causal attention with online-softmax accumulation, forward and backward.
-
-A member's queries meet the keys and values of one chunk at a time. Each block returns the
-block's normalised output and log-sum-exp per query; ``merge`` folds a block into the running
-pair, so the result after every block equals softmax attention over all of them, whatever their
-number. The backward is the FlashAttention recurrence: with the final output ``o``, its
-log-sum-exp ``lse`` and ``delta = rowsum(do * o)``, each block gives its share of ``dq`` and that
-block's ``dk``, ``dv`` exactly, without the other blocks.
-
-Shapes: q, k, v, o, do are [batch, heads, tokens, d_head]; lse and delta [batch, heads, tokens].
-``causal=True`` is the diagonal block (queries and keys at the same positions); a block of an
-earlier chunk is unmasked, and later chunks are never visited.
+"""Blockwise causal attention with online-softmax accumulation: one block forward, the ``merge``
+that folds it into the running output, and the FlashAttention backward of one block. q, k, v, o,
+do are [batch, heads, tokens, d_head]; lse and delta [batch, heads, tokens].
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gossamer.protocols.context.core.errors import InvalidRing
+from gossamer.protocols.core.errors import InvalidSetting
 from gossamer.protocols.core.models import ModelConfig
-from gossamer.protocols.core.tables import table_kwargs
+from gossamer.protocols.core.settings import check, read_table, setting
 
 MAX_MIXTURES = 256
 """A subspace index travels as one byte."""
@@ -16,28 +17,18 @@ MAX_MIXTURES = 256
 
 @dataclass(frozen=True, kw_only=True)
 class SubspaceConfig:
-    """The key/value reparameterisation of every attention layer.
+    """The key/value reparameterisation of every attention layer: K = C_K U_K^T with U_K of shape
+    d_head x r, orthonormal (and again for the values)."""
 
-    Attributes:
-        rank: r, coefficients per head per token for the keys and again for the values
-            (K = C_K U_K^T with U_K of shape d_head x r, orthonormal); None keeps dense keys and
-            values (plain ``ByteTransformer`` attention, d_head numbers each on the wire).
-        mixtures: M, subspaces per head; with M > 1 a gate picks one per token and the message
-            carries its index (one byte per head per token) beside the coefficients.
-    """
-
-    rank: int | None = None
-    mixtures: int = 1
+    rank: int | None = setting(None, low=1, doc="r: coefficients per head per token for the keys, again for the "
+                                                "values (none: dense keys and values, d_head numbers each)")
+    mixtures: int = setting(1, low=1, high=MAX_MIXTURES, doc="M: subspaces per head; with M > 1 a gate picks one "
+                                                             "per token and the message carries its index (a byte)")
 
     def __post_init__(self) -> None:
-        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int)
-                                      or self.rank < 1):
-            raise InvalidRing(f"rank: must be a positive integer or None (dense), got {self.rank!r}")
-        mixtures = self.mixtures
-        if isinstance(mixtures, bool) or not isinstance(mixtures, int) or not 1 <= mixtures <= MAX_MIXTURES:
-            raise InvalidRing(f"mixtures: must be an integer in [1, {MAX_MIXTURES}], got {mixtures!r}")
-        if self.rank is None and mixtures != 1:
-            raise InvalidRing("mixtures: a mixture of subspaces needs a rank (rank = None is dense)")
+        check(self)
+        if self.rank is None and self.mixtures != 1:
+            raise InvalidSetting("mixtures must be 1 without a rank (rank = none is dense)")
 
     @property
     def dense(self) -> bool:
@@ -62,8 +53,8 @@ class SubspaceConfig:
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any]) -> SubspaceConfig:
-        """From a manifest table; unknown keys are refused."""
-        return cls(**table_kwargs(cls, table, what="subspace", error=InvalidRing))
+        """From a manifest table; unknown keys and bad values are refused (InvalidSetting)."""
+        return read_table(cls, table, path="subspace")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

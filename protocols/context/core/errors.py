@@ -1,14 +1,6 @@
-"""The context package's exception tree (a branch of ``protocols.core.errors.ProtocolError``)::
-
-    ProtocolError
-     └── ContextError           a context-parallel input that cannot work
-          ├── InvalidRing       a ring or model set-up that cannot work (names the field)
-          └── MessageRefused    a coefficient message that must not be used; ``code`` says why:
-               │                "header", "shape", "dtype", "nonfinite", "index", "length",
-               │                "order" (not this member's to take, or a duplicate)
-               └── BasisMismatch  the sender's basis hash differs from ours (code "basis")
-
-A refused message changes nothing in the member that refused it: it can go on serving.
+"""The context core's errors (drawn in ``protocols.core.errors``' tree): ``InvalidRing`` for a set-up
+that cannot work, ``MessageRefused`` (``code`` says which check) and ``BasisMismatch`` for a
+coefficient message that must not be used; a refused message changes nothing.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
-"""One ring member's training step as a sans-I/O state machine: messages in, messages out.
-
-Member p of P holds chunk p (tokens [p T, (p + 1) T) of every sequence of the batch) and the
-whole model. For each layer it computes its queries and its own coefficient message, sends that
-to its successor, and folds blocks into an online softmax: its own (causal) block first, then
-chunks p-1, ..., 0 as their messages arrive (a fixed order, so the result does not depend on
-arrival order). The backward runs the same blocks again from the cached coefficients (chunk 0's
-first, since its owner waits longest), sends each chunk's coefficient gradient straight back to
-its owner, keeps the basis gradient, and waits for the gradients of its own coefficients from
-members p+1..P-1 before it backpropagates through its own projections and goes one layer down.
-
-Driving it::
-
-    member = RingMember(model, index=p, chunks=P, step=s, tokens=x_p, targets=y_p)
-    while not member.done:
-        sends = member.step()    # one unit of compute; None while it waits for a message
-        ...                      # send each Outgoing; for what arrives:
-        member.deliver(msg)      # checks it (MessageRefused: refused, member unchanged)
-
-A kv message is also passed on to ``forward_to(member, chunks)`` (when not None) as it arrives,
-by the driver, unchanged: forwarding needs no compute and should not wait for any. ``deliver``
-and ``step`` must not run at the same time (a role decodes and forwards on arrival, queues the
-message, and hands it to ``deliver`` between steps). ``loss`` is this chunk's share of the
-sequence loss (summed token losses / all tokens of the batch), so the members' ``gradients()``
-add up (``reduce_gradients``: a SUM of complementary shares, not an average of estimates) to the
-gradient of the whole sequence's mean loss. A member keeps its gradients to itself and never
-touches the model's parameters or ``.grad``: a step abandoned half way (a member died) is dropped
-by dropping the members, and the model changes only in ``apply_update``.
+"""One ring member's training step as a sans-I/O state machine (``RingMember``: messages in,
+messages out), what a step's messages must look like (``ring_spec``), the sum of the members'
+gradient shares (``reduce_gradients``) and the one place the model changes (``apply_update``).
 """
 
 from __future__ import annotations
@@ -116,7 +91,18 @@ def ring_spec(model: ByteTransformer, *, step: int, chunks: int, batch: int, tok
 
 
 class RingMember:
-    """Member ``index`` of a ring of ``chunks`` for one training step (module docstring)."""
+    """Member ``index`` of a ring of ``chunks`` for one training step. Driving it::
+
+        member = RingMember(model, index=p, chunks=P, step=s, tokens=x_p, targets=y_p)
+        while not member.done:
+            sends = member.step()    # one unit of compute; None while it waits for a message
+            ...                      # send each Outgoing; for what arrives:
+            member.deliver(msg)      # checks it (MessageRefused: refused, member unchanged)
+
+    The driver passes a kv message on to ``forward_to(member, chunks)`` as it arrives, unchanged;
+    ``deliver`` and ``step`` never run at the same time. ``loss`` is this chunk's share of the
+    sequence loss, so the members' ``gradients()`` sum to the whole sequence's gradient; a member
+    never touches the model's parameters or ``.grad``."""
 
     def __init__(self, model: ByteTransformer, *, index: int, chunks: int, step: int, tokens: Tensor,
                  targets: Tensor) -> None:

@@ -1,15 +1,6 @@
-"""The context-parallel LM: a ``ByteTransformer`` whose attention may code keys and values in subspaces.
-
-``build_context_model(config, subspace, seed=...)`` returns a ``ByteTransformer`` (same parameter
-names, same seeded meta-device initialisation, so a dense one is exactly ``build_model``'s); with
-``subspace.rank`` set, every block's ``attn`` is a ``SubspaceAttention`` instead, whose bases
-are drawn orthonormal from the same generator after the GPT-2 initialisation (and retracted once
-more after the cast to ``dtype``). Its ``forward`` is
-the single-device reference the ring must equal.
-
-``coding_of(block.attn)`` is what the ring needs from any attention: ``project`` (queries and the
-tensors a member sends), ``rebuild`` (keys and values from a received message), and
-``coef_backward`` (what travels back, and the basis gradient the user of the keys keeps).
+"""The context-parallel LM: ``build_context_model`` (a seeded ``ByteTransformer``, its attention
+subspace-coded when a rank is set; its ``forward`` is the reference the ring must equal) and
+``coding_of`` (what the ring needs from an attention layer).
 """
 
 from __future__ import annotations
@@ -26,7 +17,9 @@ from gossamer.protocols.core.models import ByteTransformer, ModelConfig, build_m
 
 
 class KVCoding(Protocol):
-    """What the ring needs from one attention layer (see the module docstring)."""
+    """What the ring needs from one attention layer: ``project`` (queries and the tensors a member
+    sends), ``rebuild`` (keys and values from a received message) and ``coef_backward`` (what
+    travels back, and the basis gradient the user of the keys keeps)."""
 
     n_heads: int
     d_head: int
@@ -79,7 +72,9 @@ def coding_of(attention: nn.Module) -> KVCoding:
 
 def build_context_model(config: ModelConfig, subspace: SubspaceConfig = SubspaceConfig(), *, seed: int,
                         device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> ByteTransformer:
-    """A freshly initialised model; the global RNG is neither read nor advanced (see the module docstring)."""
+    """A freshly initialised model, the same parameter names and seeded meta-device initialisation
+    as ``build_model`` (dense: exactly its model); subspace bases are drawn orthonormal from the same
+    generator afterwards. The global RNG is neither read nor advanced."""
     subspace.check_model(config)
     if subspace.dense:
         return build_model(config, seed=seed, device=device).to(dtype)

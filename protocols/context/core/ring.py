@@ -1,11 +1,6 @@
-"""Running a whole ring in one process: the test and experiment driver, and the batch split.
-
-``split_chunks`` cuts a batch of sequences into the members' chunks; ``run_ring`` drives every
-member to the end of its step, handing each message to its recipient in the order they were sent
-(one step of every member per round), passing kv messages on as ``forward_to`` says, and returns a ``RingTrace`` with every message sent (for
-byte counts and replays) and, given a ``clock``, each member's compute seconds. A ring that
-cannot progress (every member waiting, nothing in flight) raises ``InvalidRing`` rather than
-spin.
+"""A whole ring in one process, for tests and experiments: ``split_chunks`` (a batch into the
+members' chunks) and ``run_ring`` (every member to the end of its step, messages delivered in
+the order sent; a ring that cannot progress raises ``InvalidRing``).
 """
 
 from __future__ import annotations
@@ -48,7 +43,9 @@ def split_chunks(tokens: Tensor, targets: Tensor, chunks: int) -> list[tuple[Ten
 
 
 def run_ring(members: Sequence[RingMember], *, clock: Callable[[], float] | None = None) -> RingTrace:
-    """Drive ``members`` (indices 0..P-1, in order) to the end of their step (module docstring)."""
+    """Drive ``members`` (indices 0..P-1, in order) to the end of their step: one ``step`` of each
+    member per round, each message delivered in the order sent and kv messages passed on as
+    ``forward_to`` says; the trace has every message and, given a ``clock``, compute seconds."""
     if [m.index for m in members] != list(range(len(members))):
         raise InvalidRing("members: need members 0..P-1 in order")
     trace = RingTrace(compute_s=[0.0] * len(members))

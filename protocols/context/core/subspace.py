@@ -1,18 +1,6 @@
-"""Attention whose keys and values are coefficients in orthonormal subspaces, one mixture per head.
-
-Per head h and subspace m: K = C_K U_K[h, m]^T, V = C_V U_V[h, m]^T, with C = X A (+ b) the
-coefficients (r numbers per token) and U (d_head x r) with orthonormal columns. With M > 1
-subspaces a gate (a linear map of X) picks m = argmax per head per token, and the chosen
-coefficients are scaled by the gate's softmax probability (as a Switch layer scales its expert),
-which is how the gate learns. The queries stay dense and never leave their member.
-
-Parameter names under ``blocks.{i}.attn.`` (beside ``ByteTransformer``'s ``qkv``/``proj``):
-``q.*``, ``k_coef.*``, ``v_coef.*``, ``gate.*`` (M > 1 only), ``k_basis`` and ``v_basis``
-([heads, M, d_head, r]), ``proj.*``.
-
-The bases stay on the Stiefel manifold: ``project_basis_grads`` projects a gradient onto its
-tangent space, ``retract_bases`` maps an updated basis back with a QR retraction (signs fixed so
-that it is continuous), and ``basis_hash`` fingerprints one layer's bases for message headers.
+"""Attention whose keys and values are coefficients in orthonormal subspaces, a mixture of M per
+head (``SubspaceAttention``), and the Stiefel helpers that keep the bases orthonormal (tangent
+projection, QR retraction) and fingerprint them (``basis_hash``).
 """
 
 from __future__ import annotations
@@ -33,7 +21,9 @@ HASH_DOMAIN = b"gossamer/context/basis/v1"
 
 
 class SubspaceAttention(nn.Module):
-    """Causal self-attention with subspace-coded keys and values (module docstring)."""
+    """Causal self-attention with subspace-coded keys and values: per head h and subspace m,
+    K = C_K U_K[h, m]^T and V = C_V U_V[h, m]^T with C = X A (+ b); with M > 1 a gate picks m per
+    token and scales the chosen coefficients by its probability. The queries stay dense."""
 
     def __init__(self, config: ModelConfig, subspace: SubspaceConfig) -> None:
         super().__init__()

@@ -1,29 +1,6 @@
-"""Coefficient messages: what one member sends another, its wire form, and every check on arrival.
-
-Two kinds, both one frame (a msgpack-ready header map and a raw little-endian payload):
-
-- ``kv``  (forward): chunk ``owner``'s key and value coefficients for ``layer``; sent by the owner
-  to its ring successor and passed on unchanged while the next member needs it (causal: members
-  after the owner);
-- ``dkv`` (backward): their gradient as computed by member ``user`` (whose queries used those
-  keys), sent straight back to the owner, which sums what all users sent.
-
-Header (every key required, no others; a transport that adds its own fields, e.g. an envelope or
-a request id, carries this map as one value of its own header and hands it back unchanged)::
-
-    {"v": 1, "kind": "kv"|"dkv", "step": int, "layer": int, "owner": int,
-     "user": int (dkv) | None (kv), "basis": hex str, "dtype": "float32"|...,
-     "shape": [batch, heads, tokens, width], "mixtures": int}
-
-Payload: K coefficients, then V coefficients (each ``shape``, C order, ``dtype``), then for a
-``kv`` message with mixtures > 1 the subspace index of every (batch, head, token) as uint8.
-``width`` is r for subspace coding and d_head for dense keys and values.
-
-``decode_message`` refuses (``MessageRefused``, with a ``code``) anything the receiving member
-did not expect exactly: a header that is not this format, a step, shape, dtype, width or mixture
-count other than its own, a payload of the wrong length, NaN or Inf, an index out of range, and
-(``BasisMismatch``) a basis hash other than its own for that layer. The member's ``deliver`` adds
-the ring's rules (which owner/user may reach which member, no duplicates).
+"""Coefficient messages (``kv`` forward, ``dkv`` backward): ``KVMessage``, its frame (a header map
+and a raw little-endian payload, ``encode_message``), every check on arrival (``decode_message``:
+a refused message changes nothing), routing (``forward_to``), a step's message plan, byte counts.
 """
 
 from __future__ import annotations
@@ -50,7 +27,8 @@ INDEX_DTYPE = torch.uint8
 
 @dataclass(frozen=True)
 class KVMessage:
-    """One coefficient message (module docstring). ``k``/``v`` are [batch, heads, tokens, width];
+    """One coefficient message: ``kv`` (chunk ``owner``'s keys and values, ``user`` None) or ``dkv``
+    (their gradient from member ``user``). ``k``/``v`` are [batch, heads, tokens, width];
     ``index`` is [batch, heads, tokens] uint8 on a ``kv`` message with mixtures > 1, else None."""
 
     kind: str
@@ -196,7 +174,8 @@ def decode_message(header: Mapping[str, Any], payload: Any, spec: MessageSpec) -
 
 
 def check_message(message: KVMessage, spec: MessageSpec) -> None:
-    """``MessageRefused`` unless ``message`` fits ``spec`` in every respect (module docstring)."""
+    """``MessageRefused`` unless ``message`` fits ``spec`` in every respect: kind, step, layer, owner
+    and user in range, dtype, shape, width, mixtures, finite values, index range, basis hash."""
     if message.kind not in KINDS:
         raise MessageRefused(f"kind: must be one of {KINDS}, got {message.kind!r}", code="header")
     if message.step != spec.step:

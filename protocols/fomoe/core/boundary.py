@@ -1,39 +1,7 @@
-"""The end of a round: how the members agree on what counted, who is a member next, and who holds
-which expert then (pure: no I/O; the role moves the messages).
-
-Holders of an expert stay bit-identical, and every peer identical in the dense part, only if they
-aggregate the same updates. A round therefore ends with a second, small exchange: every member
-sends every other member (and every peer that asked to join) its **commit**: the round's members
-as it knows them, the members whose update it holds (itself included), the joiners that asked it
-to join, the experts it held, how fresh its copy of each expert is, and digests of its dense part
-and of each of its experts as they were at the round's start. From the commits it received (its
-own included; a commit whose members or resident set disagree with this peer's placement is
-ignored) every peer computes the same ``Outcome`` (``agree``):
-
-- **agreed**: a set of members each of which holds every other's update, and whose copies agree.
-  Only their updates are mixed, by everyone; an update that reached some members and not others
-  counts nowhere, a member that missed others' updates is left out, and so is a member whose
-  dense digest, or whose digest of one of its experts, is not the one most of the commits show
-  (ties: the smaller digest).
-- **joiners**: the peers every agreed member's commit lists as asking to join.
-- next round's members: agreed + joiners. A peer outside them, or in a minority (fewer than half
-  of the round's members agreed), is **cut off**: it stops and joins again like a new peer,
-  downloading the state afresh.
-
-Two peers compute different outcomes only when a commit reached one and not the other *and*
-reports something the others' do not (a member that missed an update and then died between
-sending its commit to some members and to others, or whose commit arrived at one peer just
-before its deadline and at another just after): two faults in one round. We accept that window
-rather than run a consensus protocol, and heal it: the copies that drifted apart show different
-digests in the next round's commits, and the odd ones out are cut off and join again.
-
-``plan_boundary`` then gives the next placement: unchanged when the members are, otherwise
-``protocols.fomoe.core.replace_experts`` from the agreed members' holdings (a joiner starts with none,
-even if it held experts before it was cut off), and the transfers: every (new holder, expert)
-with the agreed members that hold the expert's synced copy. An expert with no agreed holder is
-**lost**: its new holders take the freshest copy any agreed member has (the commit's ``synced``:
-the round at whose start its copy was last the holders' copy; 0 for the initial weights, which
-every peer builds alike from the run's seed), ties to the lowest peer id, so they start equal.
+"""The end of a round, pure: each member's ``Commit`` (checked as received), ``agree`` (which
+members' updates count, who joins, who is cut off: the same on every peer that saw the same
+commits), ``plan_boundary`` (the next placement and its expert transfers) and ``admit`` (a
+joiner's view of the same). The rules: ``protocols/fomoe/README.md``, "A round, step by step".
 """
 
 from __future__ import annotations
@@ -54,7 +22,9 @@ MAX_COMMIT_CHARS = 1 << 16
 
 @dataclass(frozen=True)
 class Commit:
-    """What one member says at the end of a round (see the module docstring)."""
+    """What one member says at the end of a round: the members as it knows them, whose update it
+    holds (itself included), who asked it to join, the experts it held, how fresh each copy is,
+    and digests of its dense part and of each expert at the round's start."""
 
     members: tuple[str, ...]
     arrived: tuple[str, ...]
@@ -203,8 +173,9 @@ class Boundary:
 
 def plan_boundary(placement: Placement, outcome: Outcome, commits: Mapping[str, Commit], *, round: int,
                   seed: int) -> Boundary:
-    """The placement for ``round`` after ``outcome`` (see the module docstring); ``commits`` give
-    each agreed member's freshness for the lost experts."""
+    """The placement for ``round`` after ``outcome``: unchanged when the members are, otherwise
+    ``replace_experts`` from the agreed members' holdings, with the transfers that lead to it;
+    ``commits`` give each agreed member's freshness for the lost experts."""
     if outcome.members == placement.peers:
         return Boundary(placement, (), (), False)
     held = from_assignments({p: placement.resident(p) for p in outcome.agreed}, n_experts=placement.n_experts,

@@ -1,18 +1,7 @@
-"""One mixture-of-experts feed-forward layer with skip-token routing.
-
-The router (``router``, a bias-free linear map to E logits) gives every token a softmax over all E
-experts; each token goes to its ``top_k`` most probable experts with gate = that probability (the
-top-k gates are not renormalised). On a peer that holds only some experts (``resident``), a
-token-expert pair whose expert is not resident is **skipped**: it contributes zero, and the
-expert never sees the token. Only resident pairs are gathered (sorted by expert, one call per
-expert with at least one token), run, scaled by their gates and added back, so a skipped pair
-costs no expert compute at all. With ``renormalize`` a token's resident gates are rescaled to its
-full top-k gate mass instead (a token with no resident expert still contributes zero).
-
-The load-balancing loss is computed on the full router distribution, before any skipping:
-aux = E * sum_e f_e P_e with f_e the fraction of the N*k (token, expert) choices that picked e and
-P_e the mean router probability of e (Switch Transformer; 1 when perfectly balanced). Because it
-sees every choice, a peer cannot lower it by routing onto the experts it happens to hold.
+"""One mixture-of-experts feed-forward layer: top-k routing over all E experts, only resident
+(token, expert) pairs gathered and run (a skipped pair costs nothing), and the Switch load-
+balancing loss on the full router distribution, so a peer cannot lower it by routing onto its
+own experts.
 """
 
 from __future__ import annotations

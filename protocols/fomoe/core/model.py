@@ -1,10 +1,6 @@
-"""The MoE byte LM: ``ByteTransformer`` with every block's MLP replaced by a mixture of experts.
-
-Parameter names keep ``protocols.core.models``' scheme; the feed-forward part of block i is still
-``blocks.{i}.mlp``, now holding ``blocks.{i}.mlp.router.weight`` and
-``blocks.{i}.mlp.experts.{e}.fc.*`` / ``.proj.*``. Everything that is not an expert parameter
-(embeddings, attention, norms, routers) is **dense**. Built on the meta device and initialised
-from a seeded generator, exactly like ``build_model``.
+"""The MoE byte LM: ``ByteTransformer`` with every block's MLP a mixture of experts. Names keep
+``protocols.core.models``' scheme (``blocks.{i}.mlp.router.weight``,
+``blocks.{i}.mlp.experts.{e}.fc.*``/``.proj.*``); everything not an expert parameter is dense.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Which peer holds which experts: computed alike by every peer, with no coordinator.
-
-``place_experts(peer_ids, n_experts=E, replication=r, round=t)`` gives every expert r distinct
-holders (r capped at the number of peers W; r = W is the full replica) and every peer
-floor(E r / W) or ceil(E r / W) experts. It depends only on the sorted peer ids, E, r, the round
-and the run's seed: expert e, in order, goes to the r least-loaded peers, ties broken by
-SHA-256(seed, round, e, peer id), so co-holders differ from expert to expert.
-
-``replace_experts(previous, live_peer_ids, round=t)`` moves little when peers leave or join: an
-expert short of live holders gets the least-loaded live peers that lack it; then, while two
-peers' loads differ by more than one, an expert moves from the most to the least loaded peer (a
-joiner fills up this way). A live holder keeps its experts unless that rebalancing needs one
-(after random departures: 2% of cases, at most 2 experts, in 20,000 trials with W <= 16, E <= 32). An expert none of whose previous holders is live is
-still given holders, and is listed in ``lost``: no live peer has its last synced weights.
-``transfers`` says which expert each peer must fetch, and from whom. ``from_assignments`` reads a
-placement back from the resident sets peers publish (e.g. in their signed records), so a joiner
-can take the current placement from what it sees; ``coverage`` is the per-expert view for status.
+"""Which peer holds which experts, computed alike by every peer from the sorted peer ids, E, r, the
+round and the seed: ``place_experts`` (balanced, r holders each), ``replace_experts`` (moves
+little when peers leave or join; ``lost`` names experts with no live holder), ``transfers``,
+``from_assignments`` (back from published resident sets) and ``coverage``.
 """
 
 from __future__ import annotations

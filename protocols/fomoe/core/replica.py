@@ -1,20 +1,6 @@
-"""One FoMoE peer's replica: a ``DilocoReplica`` over the MoE model that runs only its experts.
-
-A round, as for DiLoCo (``protocols.diloco.core.replica``)::
-
-    begin_round() -> inner_step(x, y) x H -> end_inner() -> FomoeUpdate
-        ... the network moves updates, each peer calls mix_round for what it holds ...
-    finish_round(mixed: MixedRound)
-
-Inner steps run the model with ``resident`` set to this peer's experts (skipped pairs cost
-nothing) on loss = next-byte cross-entropy + aux_loss_weight x load-balancing loss, and count the
-pairs run per (block, expert). Parameters of experts the peer does not hold get no gradient, so
-AdamW leaves them alone; ``finish_round`` freezes them and the idle units (they return to x with
-their outer momentum untouched) and steps everything else with the aggregates.
-
-When the placement changes, ``set_resident`` takes the new set; each newly held expert's weights
-and outer momentum come from one of its holders (``expert_state`` there, ``adopt_expert`` here),
-so holders of an expert stay bit-identical.
+"""One FoMoE peer's replica: a ``DilocoReplica`` over the MoE model that runs, trains and steps
+only its resident experts; holders of an expert stay bit-identical because a new holder takes the
+expert's weights and outer momentum from one of them.
 """
 
 from __future__ import annotations
@@ -26,6 +12,7 @@ import torch
 
 from gossamer.protocols.core.errors import ProtocolError
 from gossamer.protocols.core.models import next_byte_loss
+from gossamer.protocols.core.text_data import evaluate
 from gossamer.protocols.diloco.core.replica import DilocoConfig, DilocoReplica, Params
 from gossamer.protocols.fomoe.core.config import FomoeConfig
 from gossamer.protocols.fomoe.core.layout import ParamLayout
@@ -57,8 +44,29 @@ class ExpertState:
     momentum: Params
 
 
+class _Resident(torch.nn.Module):
+    """The model as one peer runs it: only its resident experts (what ``evaluate`` calls)."""
+
+    def __init__(self, module: MoETransformer, resident: Collection[int]) -> None:
+        super().__init__()
+        self.module = module
+        self.resident = tuple(sorted(resident))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.module(tokens, resident=self.resident)
+
+
 class FomoeReplica:
-    """``sender`` (this peer's id), its MoE model, the experts it holds and the DiLoCo machinery."""
+    """``sender`` (this peer's id), its MoE model, the experts it holds and the DiLoCo machinery.
+    A round::
+
+        begin_round() -> inner_step(x, y) x H -> end_inner() -> FomoeUpdate
+            ... the network moves updates; each peer calls mix_round for what it holds ...
+        finish_round(mixed)
+
+    ``finish_round`` freezes the experts it does not hold and the idle units; ``set_resident``
+    takes a new resident set between rounds, each new expert's state from one of its holders
+    (``expert_state`` there, ``adopt_expert`` here)."""
 
     def __init__(self, sender: str, module: MoETransformer, resident: Collection[int], *,
                  diloco: DilocoConfig | None = None, fomoe: FomoeConfig | None = None) -> None:
@@ -142,6 +150,12 @@ class FomoeReplica:
         for expert in sorted(new):
             self.adopt_expert(states[expert])
         self.resident = frozenset(resident)
+
+    def heldout_loss(self, heldout: torch.Tensor, *, context: int, max_batches: int,
+                     device: torch.device | str) -> float:
+        """Mean next-byte loss on ``heldout`` with only this peer's experts run (as it trains)."""
+        return evaluate(_Resident(self.module, self.resident), heldout, context=context, max_batches=max_batches,
+                        device=device)
 
     @torch.no_grad()
     def adopt_expert(self, state: ExpertState) -> None:

@@ -1,9 +1,6 @@
-"""Several FoMoE peers in one process, exactly as the network runs them (for tests and experiments).
-
-``simulate_round`` runs one round of every replica: the inner phase of each (only its experts),
-the updates, then each peer's own ``mix_round`` over what it holds and its outer step.
-``global_parameters`` assembles the swarm's model: the dense part (identical on every peer) and
-each expert from one of its holders (identical among them).
+"""Several FoMoE peers in one process, exactly as the network runs them: ``simulate_round`` (each
+peer's inner phase, then its own ``mix_round`` and outer step) and ``global_parameters`` (the
+swarm's model). For tests and experiments.
 """
 
 from __future__ import annotations

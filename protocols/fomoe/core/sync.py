@@ -1,28 +1,7 @@
-"""The FoMoE synchronisation of one round, as pure functions over what the peers sent.
-
-After its H inner steps every peer sends one ``FomoeUpdate``: the pseudo-gradient of the dense
-parameters (routers included) and of each (block, expert) unit it holds, with the number of
-(token, expert) pairs it ran per unit. ``mix_round`` turns the updates that arrived into what a
-peer applies (``MixedRound``):
-
-- dense: one aggregate over every peer (default the plain mean, i.e. DiLoCo's average; any
-  ``protocols.core.robust`` aggregator can take its place);
-- each unit: one aggregate over its holders only (``addressed_to`` cuts an update down to what
-  one recipient needs: the dense part and the experts both hold), by default weighted by the pairs each holder
-  ran (``robust.mean(trust_weights=True)``; a robust aggregator ignores the weights). A holder
-  that ran none of the unit's pairs sent an exactly zero delta and is left out (as a failure
-  with that reason); a unit none of whose holders ran a pair is **idle**: it keeps its weights.
-
-The outer Nesterov step then runs on those aggregates (``FomoeReplica.finish_round``). Peers stay
-bit-identical in the dense part, and holders in their experts, only if they aggregate the same
-arrivals: the network has to agree on each round's arrived set (as the DiLoCo learner does).
-
-Traffic (``sync_bytes``): each peer sends its pseudo-gradients once and receives one aggregate of
-each part it holds, so a round moves W |dense| + sum_e r_e |expert e| up and the same down (less
-r_e |unit| for an idle unit, which has no aggregate), plus the routing counts (W x L x E int64).
-That is what a reduce through one aggregator per part moves; a ring all-reduce moves 2(n-1)/n of
-it per part; ``all_to_all_bytes`` is what peers that send their updates straight to each other
-move.
+"""A round's synchronisation as pure functions over the updates that arrived: ``mix_round`` (the
+dense part over every peer, each unit over its holders weighted by the pairs each ran, idle units
+kept), ``addressed_to`` and ``update_problem`` (what a recipient needs, what it refuses), and the
+exact bytes a round moves (``sync_bytes``, ``all_to_all_bytes``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""FoMoE expert hosts as real daemons through the CLI on 127.0.0.1: the run (four experts, r = 2,
-no round limit, so the hosts are still live when ``gossamer status`` reads their records) and the
-kill scenario that ``tests/e2e/test_expert_hosts.py`` and ``scripts/chaos/fomoe_hosts.py`` both run."""
+"""FoMoE expert hosts as real daemons through the CLI on 127.0.0.1: ``RUN`` (four experts, r = 2,
+no round limit, so the hosts are live when ``gossamer status`` reads their records) and
+``kill_one_host``, the scenario ``tests/e2e/test_expert_hosts.py`` and
+``scripts/chaos/fomoe_hosts.py`` run; every process it starts is stopped before it returns."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ replication = 2
 """
 
 
-def start_host(work: Path, ready: dict, index: int) -> tuple[GossamerProcess, str]:
+def _start_host(work: Path, ready: dict, index: int) -> tuple[GossamerProcess, str]:
     peer_id = Identity.create(work / f"h{index}.pem").peer_id
     proc = GossamerProcess(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], "--roles",
                             "expert-host", "--events", *LOOPBACK, "--threads", "1", "--identity_path",
@@ -61,11 +62,13 @@ def kill_one_host(work: Path) -> dict[str, Any]:
     orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
                             "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
     procs: list[GossamerProcess] = []
+    ids: list[str] = []
     try:
         ready = orch.wait_ready()
-        started = [start_host(work, ready, i) for i in range(4)]
-        procs = [proc for proc, _ in started]
-        ids = [peer_id for _, peer_id in started]
+        for index in range(4):  # each is in procs as soon as it runs: the finally stops it
+            proc, peer_id = _start_host(work, ready, index)
+            procs.append(proc)
+            ids.append(peer_id)
         first = [proc.wait_event(lambda e: e["event"] == "fomoe.round", timeout_s=240) for proc in procs]
         assert all(e["members"] == 4 and len(e["experts"]) == 2 for e in first), first
         for proc in procs:  # everyone is past round 0 before the kill

@@ -25,11 +25,11 @@ def same_parameters(roles: list[CpShardRole]) -> bool:
 
 def blamed(role: CpShardRole, peer_id: str) -> bool:
     """Whether one of ``role``'s ledgers suspects ``peer_id`` or failed to send it its update."""
-    return any(peer_id in ledger.suspects or peer_id in ledger.reduce.send_failures for ledger in role.history)
+    return any(peer_id in ledger.suspects or peer_id in ledger.reduce.send_failures for ledger in role.runner.history)
 
 
 def check_ledgers(role: CpShardRole) -> None:
-    for ledger in role.history:
+    for ledger in role.runner.history:
         assert ledger.coefficients.balance_problems() == [], ledger.to_json()
         assert ledger.reduce.balance_problems() == [], ledger.to_json()
         assert ledger.applied != bool(ledger.aborted), ledger.to_json()
@@ -55,7 +55,7 @@ async def test_a_dead_shard_aborts_the_step_and_the_survivors_go_on_shorter(tmp_
             assert blamed(roles[0], dead.peer_id)
         for role in survivors:
             check_ledgers(role)
-            applied = [ledger for ledger in role.history if ledger.applied]
+            applied = [ledger for ledger in role.runner.history if ledger.applied]
             assert [ledger.step for ledger in applied] == list(range(7))
             assert applied[0].chunks == 4 and applied[0].context == 32
             assert applied[-1].chunks == 3 and applied[-1].context == 24
@@ -78,7 +78,7 @@ async def test_a_joiner_downloads_the_state_and_is_placed_at_the_next_step(tmp_p
 
         everyone = [*roles, joiner]
         assert all(role.finished and role.replica.version == 6 for role in everyone)
-        joined = [ledger for ledger in joiner.history if ledger.applied]
+        joined = [ledger for ledger in joiner.runner.history if ledger.applied]
         assert joined and joined[0].step >= 2 and all(ledger.chunks == 3 for ledger in joined)
         assert [ledger.step for ledger in joined] == list(range(joined[0].step, 6))
         for role in everyone:

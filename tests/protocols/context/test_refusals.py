@@ -66,7 +66,7 @@ async def test_malformed_coefficient_frames_are_refused_and_the_shard_serves_on(
                     data=shard.data.digest)
         answer = await connection.request(sealed(leader_id, PLAN, plan.body()), timeout_s=30)
         assert answer.header["accepted"] is True
-        attempt = shard.attempt
+        attempt = shard.runner.attempt
         assert attempt is not None and attempt.id == plan.attempt
 
         header, payload = first_kv(shard, plan)
@@ -91,7 +91,7 @@ async def test_malformed_coefficient_frames_are_refused_and_the_shard_serves_on(
         tampered = Frame(good.type, good.header, [payload[0][:-1] + b"\x00", payload[1]])
         assert "refused (envelope)" in await refusal(connection, tampered)
         assert "refused (envelope)" in await refusal(connection, cases["shape"])  # a replay
-        assert shard.attempt is attempt and not attempt.aborted and attempt.inbox.empty()
+        assert shard.runner.attempt is attempt and not attempt.aborted and attempt.inbox.empty()
 
         assert "held" not in (await connection.request(good, timeout_s=30)).header
         assert attempt.ledger.coefficients.arrived == [leader_id.peer_id]
@@ -103,9 +103,9 @@ async def test_malformed_coefficient_frames_are_refused_and_the_shard_serves_on(
         await net.start("leader")
         await drain([leader, shard])
 
-        assert shard.refused == {"shape": 1, "dtype": 1, "nonfinite": 1, "basis": 1, "length": 1, "sender": 2,
+        assert shard.links.refused == {"shape": 1, "dtype": 1, "nonfinite": 1, "basis": 1, "length": 1, "sender": 2,
                                  "envelope": 2}
-        aborted, *applied = list(shard.history)
+        aborted, *applied = list(shard.runner.history)
         assert aborted.attempt == plan.attempt and aborted.aborted.startswith(f"aborted by {leader_id.peer_id[:12]}")
         assert aborted.coefficients.rejected == {leader_id.peer_id: "discarded: the step aborted"}
         assert [ledger.step for ledger in applied] == list(range(STEPS)) and all(ledger.applied for ledger in applied)

@@ -48,7 +48,7 @@ async def test_a_stopped_ring_resumes_where_it_stopped_and_ends_where_one_proces
         await drain(second_life)
     finally:
         await net.aclose()
-    applied = [ledger.step for ledger in second_life[0].history if ledger.applied]
+    applied = [ledger.step for ledger in second_life[0].runner.history if ledger.applied]
     assert applied == list(range(max(stopped_at), STEPS))  # no step trained twice, none skipped
     expected = dict(reference(second_life[0].settings, chunks=2, steps=STEPS).named_parameters())
     for role in second_life:

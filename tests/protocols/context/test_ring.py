@@ -25,9 +25,9 @@ async def test_three_shards_train_what_one_process_computes(tmp_path: Path) -> N
         expected = reference(roles[0].settings, chunks=len(roles), steps=steps)
         for role in roles:
             assert role.finished and role.replica.version == steps
-            applied = [ledger for ledger in role.history if ledger.applied]
+            applied = [ledger for ledger in role.runner.history if ledger.applied]
             assert [ledger.step for ledger in applied] == list(range(steps))
-            for ledger in role.history:
+            for ledger in role.runner.history:
                 assert ledger.coefficients.balance_problems() == [] and ledger.reduce.balance_problems() == []
             for name, param in role.replica.model.named_parameters():
                 assert torch.equal(param, dict(expected.named_parameters())[name]), name

@@ -1,4 +1,4 @@
-"""Expert hosts in one process (``peer.testing.localnet``): real HTTP between them, signed messages,
+"""Expert hosts in one process (``gossamer_harness.localnet``): real HTTP between them, signed messages,
 one view of signed records. Four hosts, four experts, r = 2: every round every update is used,
 the dense part stays identical on every host and each expert identical on its holders, and the
 update bytes are exactly the all-to-all formula; each writes its part at the end. A host whose update inbox fails for a round is

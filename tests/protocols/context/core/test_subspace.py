@@ -21,6 +21,7 @@ from gossamer.protocols.context.core import (
     split_chunks,
     subspace_of,
 )
+from gossamer.protocols.core.errors import InvalidSetting
 from gossamer.protocols.core.models import ModelConfig, build_model
 from tests.protocols.context.core.conftest import TINY, batch, tiny_model
 
@@ -84,15 +85,17 @@ def test_projected_basis_gradients_are_tangent() -> None:
 
 
 def test_coding_set_up_errors_name_the_field() -> None:
-    with pytest.raises(InvalidRing, match="rank"):
+    with pytest.raises(InvalidSetting, match="rank must be >= 1"):
         SubspaceConfig(rank=0)
-    with pytest.raises(InvalidRing, match="mixtures"):
+    with pytest.raises(InvalidSetting, match="mixtures must be >= 1"):
         SubspaceConfig(rank=2, mixtures=0)
-    with pytest.raises(InvalidRing, match="mixtures"):
+    with pytest.raises(InvalidSetting, match="mixtures must be <= 256"):
+        SubspaceConfig(rank=2, mixtures=257)
+    with pytest.raises(InvalidSetting, match="mixtures must be 1 without a rank"):
         SubspaceConfig(mixtures=2)
     with pytest.raises(InvalidRing, match="rank"):
         build_context_model(TINY, SubspaceConfig(rank=9), seed=0)
-    with pytest.raises(InvalidRing, match="unknown keys"):
+    with pytest.raises(InvalidSetting, match="unknown keys"):
         SubspaceConfig.from_dict({"rank": 2, "rnak": 3})
     assert SubspaceConfig.from_dict({"rank": 2, "mixtures": 4}).label() == "r2-m4"
     assert isinstance(build_context_model(TINY, SubspaceConfig(rank=8), seed=0).blocks[0].attn, SubspaceAttention)
