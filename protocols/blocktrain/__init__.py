@@ -1,17 +1,22 @@
-"""Protocol ``blocktrain``: a stack of denoiser blocks, each trained on its own by a volunteer.
+"""Protocol ``blocktrain``: a stack of denoiser blocks, each trained apart by volunteers and served
+across hosts (``protocols/blocktrain/README.md``: the method, the roles, the wire, the settings).
 
-The run owner's ``block-coordinator`` keeps a versioned checkpoint per block, assigns blocks to
-``block-worker`` peers and averages their same-block updates; ``block-server`` peers (``gossamer
-serve``) hold blocks for inference, and ``gossamer generate`` routes a sequence through them
-(``gossamer.peer.route``). ``ar-stage`` serves the matched autoregressive baseline. Modules:
-``settings``, ``names``, ``coordinator`` (+ ``versions``, ``ledger``, ``checkpoints``),
-``worker`` (+ ``fetch``, ``stack``), ``server`` (+ ``host``), ``ar_stage``, ``client``,
-``generation`` (the generating client) and ``commands`` (the ``serve`` and ``generate`` parsers).
-Fault tests and chaos scripts only (nothing in a daemon uses them): ``recheck`` (versions
-recomputed from what the workers sent; copies compared bit for bit), ``faultcase`` (one run under
-faults on a LocalNet) and ``faultchecks`` (running a case, and what it must show).
-
-Its pure math and state machines are in ``core`` (sans-I/O); the rest of the folder is its roles.
+- ``names``        the protocol's and its roles' names
+- ``settings``     ``BlockTrainSettings``, read from the run's manifest
+- ``coordinator``  role ``block-coordinator``: block checkpoints, assignment, the version loop
+- ``versions``     the coordinator's version board (pure): updates offered, versions closed
+- ``ledger``       ``VersionLedger``: what happened to each block version
+- ``checkpoints``  the coordinator's block and E files
+- ``worker``       role ``block-worker``: fetch, K local steps, signed update
+- ``fetch``        finding the coordinator, downloading a block version
+- ``stack``        a stack holding only some blocks; the names blocks travel under
+- ``server``       role ``block-server``: serves blocks for route frames, follows new versions
+- ``host``         ``BlockHost``: the checks and Euler steps of a block server's route frames
+- ``ar_stage``     role ``ar-stage``: the matched autoregressive baseline's pipeline stages
+- ``client``       passes and generation through block servers or AR stages
+- ``generation``   ``gossamer generate``: join as a client, find the route, generate
+- ``commands``     the ``serve`` and ``generate`` parsers (no torch at import)
+- ``core``         the pure math and decisions (sans-I/O)
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The block coordinator's checkpoints: one safetensors file per block and one for E.
-
-``<directory>/block<k>.safetensors`` holds version v of block k (tensors named as in the stack,
-metadata run id, block, version); ``<directory>/embedding.safetensors`` holds E and its version
-(E changes only when the run averages it). Every file is replaced atomically (temp file, fsync,
-rename, fsync of the folder), so a crash leaves the previous version, never a torn one. ``read``
-gives back what an earlier life of the coordinator wrote for this run, or None when some block
-has no usable file.
-"""
+"""The block coordinator's checkpoints: ``block<k>.safetensors`` per block and ``embedding.safetensors``
+for E, each with its version, replaced atomically (a crash leaves the previous version, never a
+torn one); ``read`` gives back an earlier life's files, or None when some block has none."""
 
 from __future__ import annotations
 

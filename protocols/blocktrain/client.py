@@ -1,16 +1,6 @@
-"""Generating text over the network: BlockTrain passes through block servers, and the matched
-autoregressive pipeline through AR stage hosts.
-
-``BlockTrainClient.denoise_pass`` is ``protocols.blocktrain.core.denoise_pass`` with the blocks run
-remotely: the client draws the initial noise from its generator, one remote pass runs blocks
-B-1 .. 0 across the hosts of a route, and the client reads the logits out with E. ``generate``
-follows ``protocols.blocktrain.core.generate`` step for step (segments of up to context // 2 new bytes,
-each refined by ``passes`` passes; pass i commits byte i, drafts the rest by argmax, and the last
-one samples them), driving the protocol's ``generation_steps`` with remote passes, so with the same
-weights and seed the text is the same as generating in one process (the end-to-end test checks it
-byte for byte). ``ArClient.generate`` follows ``protocols.core.models.generate``: one pass through the
-stages per byte, on the last ``context`` bytes.
-"""
+"""Generating over the network: ``BlockTrainClient`` runs the protocol's passes and generation with
+the blocks on block servers (the same text as in one process, byte for byte, for the same weights
+and seed); ``ArClient`` generates through the matched AR pipeline, one pass per byte."""
 
 from __future__ import annotations
 
@@ -40,7 +30,7 @@ def check_request(prompt: bytes, new_bytes: int, temperature: float) -> None:
 
 
 class BlockTrainClient:
-    """Passes and generation over block servers (see the module docstring)."""
+    """Passes and generation over block servers: the client draws the noise and reads out with E."""
 
     def __init__(self, route: RemoteRoute, config: BlockTrainConfig, embedding: dict[str, torch.Tensor],
                  *, device: torch.device) -> None:

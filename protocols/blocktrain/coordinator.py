@@ -1,32 +1,7 @@
-"""Role ``block-coordinator`` (taken by the orchestrator of a blocktrain run): the run's block
-checkpoints, the versions workers train against, and who trains which block.
-
-It builds the initial stack from the run seed (or resumes from its own checkpoints), then keeps
-one ``BlockVersions`` board: version v of block k is served over HTTP (safetensors, the block and
-E), workers PUT signed updates against it, and the version closes at its deadline or once every
-assigned worker was heard from; the average of the accepted updates becomes version v + 1, which
-is written atomically to ``<checkpoint_dir>/<run name>-blocktrain/`` (``protocols.blocktrain.checkpoints``)
-and only then served: GET and the versions in ``/blocktrain/state`` are always versions on disk.
-Stale or malformed updates are refused and written in the ledger of the version they were
-trained from. The assignment (``protocols.blocktrain.core.assignment``) is recomputed from the live
-block-workers whenever they or the versions change, so a crashed worker's block is covered again
-once its record expires.
-
-HTTP::
-
-    GET /blocktrain/state               JSON: versions, assignment, finished, arrived (per block, the
-                                        workers whose update of its served version it holds); with
-                                        ``?block=k&after=v`` it answers once block k is past version v, the assignment
-                                        changed or the run finished (at most ``wait_s``, <= 30 s);
-                                        with ``&worker=id`` also at once when block k, at v, holds
-                                        no update of that worker (a restarted coordinator lost it)
-    GET /blocktrain/block/{k}           safetensors: block.* and embed.*; metadata version, block
-    PUT /blocktrain/update/{k}/{base}   a signed update (``peer.kit.messaging`` envelope, round = base)
-
-Fault points (``RoleContext.fault_point``, where a test may crash or stall it), all in the version
-loop: ``aggregate`` of v (v's updates are averaged in memory, nothing written), ``publish`` of v
-(v + 1 is on disk, not yet served) and ``open`` of v + 1 (served, no update of it taken yet).
-"""
+"""Role ``block-coordinator`` (the orchestrator of a blocktrain run): the run's block checkpoints, the
+versions workers train against over HTTP, who trains which block, and the version loop that closes
+each version at its deadline or once its workers were heard from. Every version it serves is on
+disk first. Its endpoints and a version step by step: ``protocols/blocktrain/README.md``."""
 
 from __future__ import annotations
 
@@ -61,20 +36,20 @@ MAX_POLL_S = 30.0
 
 
 class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
-    """See the module docstring."""
+    """The run's block versions: served over HTTP, closed from the workers' updates, written to disk first."""
 
     name = names.COORDINATOR
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         config = self.settings.model
-        self.stack = build_stack(config, seed=self.settings.seed, device=ctx.device)
+        self.stack = build_stack(config, seed=self.settings.text.seed, device=ctx.device)
         run_name = ctx.manifest.config.name
         self.directory = Path(ctx.config.checkpoint_dir).expanduser() / f"{run_name}-blocktrain"
         self.checkpoints = BlockCheckpoints(self.directory, ctx.manifest.run_id)
         blocks = [_cpu(self.stack.block_state(k)) for k in range(config.num_blocks)]
         self.board = BlockVersions(blocks, _cpu(self.stack.embedding_state()),
-                                   deadline_s=self.settings.deadline_s, max_norm=self.settings.max_norm,
+                                   deadline_s=self.settings.deadline_s, max_norm=self.settings.text.max_norm,
                                    now=time.monotonic(), adaptive=self.settings.pacing == "adaptive",
                                    embedding_averaged=config.embedding == "averaged")
         self.resumed = self._resume()
@@ -82,8 +57,8 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
         self.published = [Version(v, dict(b))
                           for v, b in zip(self.board.versions, self.board.blocks, strict=True)]
         self.published_embedding = Version(self.board.embedding_version, dict(self.board.embedding))
-        self.heldout = bytes(split_text(load_text(ctx.config.data or self.settings.data_source),
-                                        heldout_fraction=self.settings.heldout_fraction).heldout.tolist())
+        self.heldout = bytes(split_text(load_text(ctx.config.data or self.settings.text.data_source),
+                                        heldout_fraction=self.settings.text.heldout_fraction).heldout.tolist())
         self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id,
                                          client=ctx.http_client, view=ctx.view, now=ctx.now,
                                          limits=ctx.http_config.limits,
@@ -301,7 +276,7 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
                  f"{self.heldout_ce:.3f}" if self.heldout_ce is not None else "-")
 
     async def _evaluate(self) -> None:
-        if self.settings.eval_batches:
+        if self.settings.text.eval_batches:
             self.heldout_ce = await asyncio.to_thread(self._heldout_ce)
 
     def _load_board(self) -> torch.device:
@@ -314,17 +289,17 @@ class BlockCoordinatorRole(ProtocolRole[BlockTrainSettings]):
 
     def _heldout_ce(self) -> float:
         device = self._load_board()
-        return heldout_ce(self.stack, self.heldout, batches=self.settings.eval_batches, batch_size=8,
+        return heldout_ce(self.stack, self.heldout, batches=self.settings.text.eval_batches, batch_size=8,
                           generator=torch.Generator(device=device).manual_seed(0))
 
     def _sample(self) -> str:
         """The final stack's continuation of ``sample_prompt``, sampled autoregressively (one pass
-        per byte: fewer passes give mostly placeholder spaces, EXPERIMENTS.md section 4)."""
+        per byte: fewer passes give mostly placeholder spaces, docs/EXPERIMENTS.md section 4)."""
         device = self._load_board()
         settings = self.settings
         text = generate(self.stack, settings.sample_prompt.encode("utf-8"), new_bytes=settings.sample_bytes,
                         passes=max(1, settings.model.context // 2), temperature=settings.sample_temperature,
-                        generator=torch.Generator(device=device).manual_seed(settings.seed))
+                        generator=torch.Generator(device=device).manual_seed(settings.text.seed))
         return text.decode("utf-8", "replace")
 
     # -- checkpoints ----------------------------------------------------------------------------

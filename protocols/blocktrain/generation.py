@@ -1,14 +1,6 @@
-"""``gossamer generate``: join the run's DHT as a client, find the block servers, generate text.
-
-The route comes from the DHT: every live block server announces the blocks it holds in its signed
-record (``assignment.blocks``), and ``peer.route.client.route_through`` covers blocks
-B-1 .. 0 with as few hosts as possible. E for the readout comes from one of the servers
-(``blocktrain.embedding``). A failed host is routed around (``RemoteRoute``); when no host is
-left for a block the command ends with ``error: ...`` naming it. Private servers that no relay
-reaches are never dialled (neither for a pass nor for E): the summary lists them under
-``unreachable``, and a block only they hold ends the command with an error that says so. ``--baseline ar`` generates with
-the matched autoregressive pipeline instead (hosts started with ``gossamer serve --ar_stages``).
-"""
+"""``gossamer generate``: join the run's DHT as a client, find a route through the block servers (or
+the AR stages) that the records announce, fetch E from a server, generate; a failed host is routed
+around, and a block that no reachable host serves ends the command with an error naming it."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The data plane of a block server: answering BlockTrain route frames for the blocks it holds.
-
-A frame carries ``z`` (float32 [batch, T, d_model], the noisy next-byte embeddings) and
-``context`` (int64 [batch, T], the clean context bytes). On top of ``peer.route.host.RouteHost``
-(run, route, budget, forwarding) a block host checks that blocks fall strictly from one hop to the
-next, as a pass runs from the highest noise band down, and that z and the context match in
-shape, have the right dtypes, finite values, bytes in range and at most ``max_batch`` sequences;
-then it applies ``denoise_step`` of each of its blocks in the hop's order and passes z (and the
-context) on. The last hop answers z: the client reads out the logits with E, which it gets from
-any block server (``blocktrain.embedding``).
-"""
+"""The data plane of a block server: ``BlockHost`` checks a route frame (blocks falling from hop to
+hop, z and the context well formed, at most ``max_batch`` sequences) and applies its blocks' Euler
+steps before the ``RouteHost`` skeleton forwards z or answers it."""
 
 from __future__ import annotations
 

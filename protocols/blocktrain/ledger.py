@@ -1,11 +1,6 @@
-"""Per-version accounting of the block coordinator: every update is used, rejected with a reason
-(stale, malformed, too large, duplicate) or, for a worker that was expected and never sent one,
-timed out. A stale update (trained from a version that has since closed) lands in the ledger of
-the version it was trained from, so nothing is silently dropped: from a worker that timed out
-there it turns the time-out into a rejection; from a worker whose update the version used (or
-already refused) it is kept apart (``refused_again``), since the version did use the first. The ledger is the kit's one
-``Exchange``, with the block, the version and what closing it measured.
-"""
+"""``VersionLedger``: what happened to one block version (every update used, rejected with a reason,
+or timed out). A stale update lands in the ledger of the version it was trained from; a second
+refusal of a worker already used or refused there is kept apart (``refused_again``)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""Role ``block-server`` (``gossamer serve``): serves some blocks of a BlockTrain run over TCP.
-
-Once started it downloads its blocks' current versions (and E) from the run's block coordinator
-(retrying until the coordinator is live and serves them) and builds a stack holding only those
-blocks; then it announces them in its record
-(``assignment = {"blocks": [...], "block_versions": {...}}``), which is how clients find routes
-through the DHT. Route frames are answered by ``protocols.blocktrain.host.BlockHost`` (TCP method
-``blocktrain.traverse``; ``blocktrain.embedding`` gives a client E for its readout). Every
-``refresh_s`` (default ``heartbeat_s``) it asks the coordinator for the versions and swaps in a
-freshly loaded stack when one of its blocks has a newer version; passes in flight finish on the
-stack they started with. Fault points (where a test may crash or stall it): ``load`` of each
-version it downloaded and is about to serve, ``pass`` of the version it serves when a route frame
-comes in. A next hop is accepted only if it is a live block server of the run announcing the blocks
-the route asks of it.
-"""
+"""Role ``block-server`` (``gossamer serve``): downloads some blocks' current versions (and E) from the
+coordinator, announces them in its record (how clients find routes), answers route frames with
+them (``BlockHost``) and swaps in newer versions as they close; passes in flight finish on the
+stack they started with."""
 
 from __future__ import annotations
 
@@ -39,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class BlockServerRole(ProtocolRole[BlockTrainSettings]):
-    """See the module docstring. ``blocks`` defaults to every block of the run."""
+    """Serves ``blocks`` (default: every block of the run) at the coordinator's newest versions."""
 
     name = names.SERVER
     ends = False  # serves blocks until stopped

@@ -1,11 +1,5 @@
-"""A BlockTrain stack that holds only some of its blocks, and the tensor names blocks travel under.
-
-A worker holds one block (and E); a block server the blocks it serves (and E); a generating client
-only E. ``partial_stack`` builds the ``BlockStack`` on the meta device and gives storage to E and
-the listed blocks only, so the blocks a peer does not hold cost no memory; their contents come
-from the coordinator (``load``). Over HTTP and on disk a block travels as one safetensors object:
-block k's parameters under ``block.<name>`` and E under ``embed.<name>``.
-"""
+"""A BlockTrain stack holding only some of its blocks (the others on the meta device, no storage), and
+the names a block travels under over HTTP and on disk: ``block.<name>``, and E as ``embed.<name>``."""
 
 from __future__ import annotations
 

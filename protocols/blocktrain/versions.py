@@ -1,26 +1,7 @@
-"""The block coordinator's state: one versioned checkpoint per block, and the updates against it.
-
-Pure (no I/O; ``now`` is a parameter). Version v of block k opens with a deadline
-``deadline_s`` later. A worker trains from version v and sends its update (the difference
-trained - v) against base version v. ``offer`` accepts it while v is still the block's current
-version and the update has exactly the block's tensor names, shapes and dtypes, finite values and
-an L2 norm within ``max_norm``; anything else is refused with a reason, and the refusal is written
-in the ledger of the version it was trained from (a stale update in the ledger of its old version).
-
-``due`` says when to close: at the deadline, or earlier once every worker assigned to the block
-has been heard from. With adaptive pacing (the default) the deadline a version gets is a high
-quantile of the measured update times (its open to each update's arrival) times a margin,
-``deadline_s`` its ceiling, and a worker flagged fail-slow (``protocols.core.pacing.SlowPeers``, over
-the same times, stale updates included) is no longer waited for: what it sends in time is used,
-and it is unflagged once its times are back with the others'. ``close`` averages the accepted updates into version v + 1:
-block_{v+1} = block_v + mean(updates). With ``embedding = "averaged"`` updates also carry a
-difference for the shared E, and each close moves E by mean(E differences) / num_blocks, so over
-one sweep in which every block closes a version E moves by the average over blocks of their
-workers' mean difference (``protocols.blocktrain.core.versioning``; the mean is taken in sender
-order, so a version does not depend on the order its updates arrived in). A deadline that passes
-with nothing accepted is extended (counted in the ledger) rather than publishing an unchanged
-version.
-"""
+"""``BlockVersions``, the block coordinator's state (pure; ``now`` is a parameter): one versioned
+checkpoint per block, the updates offered against it (accepted or refused with a reason), when a
+version is due, and its close into the next one; the deadline adapts to the workers' update times
+and a fail-slow worker is not waited for. The rules: ``protocols/blocktrain/README.md``."""
 
 from __future__ import annotations
 
@@ -47,7 +28,7 @@ class Update:
 
 
 class BlockVersions:
-    """Versions, deadlines and pending updates of every block (see the module docstring)."""
+    """Versions, deadlines and pending updates of every block."""
 
     def __init__(self, blocks: list[Tensors], embedding: Tensors, *, deadline_s: float, max_norm: float,
                  embedding_averaged: bool, now: float, versions: list[int] | None = None,

@@ -1,25 +1,7 @@
-"""Role ``block-worker``: trains the block the coordinator assigns to it, K local steps at a time.
-
-One cycle: ask the block coordinator (the live peer with role ``block-coordinator``) for the
-assignment (after an update, a long poll that returns once the block's version closed or the
-assignment changed; while the coordinator holds its update for the version its block is at, it
-polls again, so a worker never trains twice from the same version, and trains again from a version
-whose update a restarted coordinator lost); fetch the assigned
-block's current version (and E) over HTTP; train K steps
-(``protocols.blocktrain.core.train_step``, in a worker thread) on this peer's shard of the text; PUT
-the difference trained - fetched to the coordinator, signed, against the fetched version. The
-coordinator answers whether it was used or refused (stale: the version closed meanwhile).
-
-The worker holds only its block and that block's AdamW state (``peer.block_stack.partial_stack``:
-the other blocks have no storage). The optimizer state is kept across versions of the same block
-and dropped when the coordinator moves the worker to another block. The record carries the
-assignment (``{"block": k}``) and the version it trains from as its round.
-
-Checkpoints: after every ``checkpoint_every`` updates and on a clean shutdown the worker writes its
-block, that block's AdamW state, its generators and counters; started again with the same identity
-and ``--checkpoint_dir`` it takes them back (the optimizer state only if it is given the same block
-again; the block's tensors always come from the coordinator's current version).
-"""
+"""Role ``block-worker``: trains the block the coordinator assigns, K local steps at a time, and sends
+the signed difference against the version it fetched. It holds only that block and its AdamW state
+(kept across the block's versions, dropped when it is moved); its checkpoint takes them back after
+a restart. One cycle step by step: ``protocols/blocktrain/README.md``."""
 
 from __future__ import annotations
 
@@ -48,19 +30,19 @@ LONG_POLL_S = 10.0
 
 
 class BlockWorkerRole(ProtocolRole[BlockTrainSettings]):
-    """See the module docstring."""
+    """Fetch the assigned block, train K steps, send the signed difference; again until the run is finished."""
 
     name = names.WORKER
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         config = self.settings.model
-        train = split_text(load_text(ctx.config.data or self.settings.data_source),
-                           heldout_fraction=self.settings.heldout_fraction).train
-        self.shard = self.shard_index(self.settings.num_shards)
+        train = split_text(load_text(ctx.config.data or self.settings.text.data_source),
+                           heldout_fraction=self.settings.text.heldout_fraction).train
+        self.shard = self.shard_index(self.settings.text.num_shards)
         seed = self.peer_seed()
-        self.sampler = BatchSampler(shard(train, index=self.shard, count=self.settings.num_shards),
-                                    batch_size=self.settings.batch_size, context=config.context,
+        self.sampler = BatchSampler(shard(train, index=self.shard, count=self.settings.text.num_shards),
+                                    batch_size=self.settings.text.batch_size, context=config.context,
                                     generator=torch.Generator().manual_seed(seed))
         self.noise = torch.Generator(device=ctx.device).manual_seed(seed + 1)
         self.messenger = SignedMessenger(identity=ctx.identity, run_id=ctx.manifest.run_id, client=ctx.http_client,

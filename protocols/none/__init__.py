@@ -1,5 +1,5 @@
-"""Protocol ``none``: a run for membership only. Peers join, publish their records and see each
-other (``gossamer status``); nothing trains. Useful to check a network before a real run."""
+"""Protocol ``none``: a run for membership only (peers join, publish their records and see each
+other; nothing trains). What it is for: ``protocols/none/README.md``."""
 
 from __future__ import annotations
 

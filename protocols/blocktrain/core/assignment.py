@@ -1,22 +1,7 @@
-"""Which block each BlockTrain worker trains: even coverage that follows peers as they come and go.
-
-``assign_blocks`` is a pure function of the live workers, the previous assignment and the blocks'
-versions, recomputed by the block coordinator whenever one of them changes:
-
-1. Quotas. Of the blocks still training (not finished), every block gets ``W // A`` workers and
-   ``W % A`` of them one more, so coverage never differs by more than one worker between blocks.
-   The extra workers go to the blocks that are furthest behind (lowest version), then to blocks
-   that already have that many workers (so nobody moves without need), then by block index. With
-   fewer workers than blocks this rotates the workers over the blocks: a block whose version
-   just closed is ahead of the others and gives its worker up to the block furthest behind, so
-   every block keeps advancing.
-2. Placement. A worker keeps its previous block while the block's quota allows (workers in peer
-   id order); the others fill the open places, the block furthest behind first.
-
-A worker that crashes drops out of the live set after its record's TTL, and its block is covered
-again by the next recomputation (a worker moves from a block with more than its share, or, with
-fewer workers than blocks, the orphaned block soon is the one furthest behind).
-"""
+"""Which block each BlockTrain worker trains: a pure function of the live workers, the previous
+assignment and the blocks' versions. Coverage never differs by more than one worker between the
+blocks still training, nobody moves without need, and with fewer workers than blocks the workers
+rotate so every block keeps advancing (the rules: ``protocols/blocktrain/README.md``)."""
 
 from __future__ import annotations
 
@@ -25,7 +10,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 def block_quotas(versions: Sequence[int], num_workers: int, *, previous_counts: Sequence[int],
                  finished: Collection[int] = ()) -> list[int]:
-    """Workers each block should have (see the module docstring); 0 for finished blocks."""
+    """Workers each block should have; 0 for finished blocks. Of the A blocks still training each
+    gets ``num_workers // A`` and ``num_workers % A`` of them one more: the blocks furthest behind,
+    then those that already have that many (nobody moves without need), then by index."""
     active = [k for k in range(len(versions)) if k not in finished]
     quotas = [0] * len(versions)
     if not active:

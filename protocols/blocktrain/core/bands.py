@@ -1,9 +1,6 @@
 """The noise schedule: equal-probability bands of sigma, sampling within a band, EDM coefficients.
-
-Block k owns the band [edges[k], edges[k+1]] of a log-normal(p_mean, p_std) restricted to sigma in
-[sigma_min, sigma_max]; each band carries 1/num_blocks of its mass. EDM preconditioning (Karras et
-al. 2022) and the loss weight lambda(sigma) = 1 / c_out^2 are functions of sigma and sigma_data.
-"""
+Block k owns [edges[k], edges[k+1]] of a log-normal(p_mean, p_std) restricted to [sigma_min,
+sigma_max], 1/num_blocks of its mass; EDM is Karras et al. 2022, table 1."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""BlockTrain's one error type and the argument checks that raise it, naming the field."""
+"""BlockTrain's one error type (a bad tensor, argument or state; config refusals are ``InvalidSetting``)
+and the call-time argument checks that raise it, naming the argument."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from gossamer.protocols.core.errors import ProtocolError
@@ -12,19 +12,12 @@ if TYPE_CHECKING:
 
 
 class BlockTrainError(ProtocolError, ValueError):
-    """A bad BlockTrain setting, tensor or state; the message names the field or value."""
+    """A bad BlockTrain tensor, argument or state; the message names the argument or value."""
 
 
 def check_positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise BlockTrainError(f"{name}: must be a positive integer, got {value!r}")
-
-
-def check_finite(name: str, value: Any, *, positive: bool = False) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (positive and value <= 0):
-        kind = "a finite number > 0" if positive else "a finite number"
-        raise BlockTrainError(f"{name}: must be {kind}, got {value!r}")
 
 
 def check_block(config: BlockTrainConfig, k: Any) -> None:

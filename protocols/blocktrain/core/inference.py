@@ -1,27 +1,8 @@
-"""Inference: one pass through the block stack, and open-ended generation in segments.
-
-**One pass** (``denoise_pass``): z starts as sigma_max * N(0, I) at every position
-(``initial_noise``); blocks run from B-1 (highest band) down to 0, each taking ONE Euler step of the
-probability-flow ODE dz/dsigma = (z - x0_hat) / sigma on all positions at once (``denoise_step``):
-block k evaluates at sigma_hi = edges[k+1] and steps to sigma_lo = edges[k]. The clean estimate
-x0_hat is the block's expected embedding softmax(D E^T) E (D is trained through a cross-entropy,
-so it is a logit direction, not a point near E[y]; stepping with raw D overshoots). Block 0 steps
-to sigma = 0, where the Euler update lands on the estimate itself; it returns D, so the final z IS
-the last block's output and ``readout`` gives its logits D E^T for every position, with the clean
-context (teacher forcing), in one pass.
-
-**Open-ended generation** (``generate``): future context bytes are unknown, so generation works
-on segments of up to context // 2 new bytes. A segment starts with every new byte set to a space
-(the commonest byte of text) and runs ``passes`` passes over committed prefix + provisional
-bytes. Pass i (from 0) draws byte i from its logits, which were computed from a fully
-committed prefix, exactly as autoregressive sampling would, and commits it; the bytes after it
-become drafts for the next pass: their argmax (drafts drawn at temperature compound their
-errors), and in the last pass they are drawn at the temperature and kept.
-``passes >= segment length`` is exact autoregressive sampling; fewer passes trade quality
-for fewer passes (``scripts/experiments/blocktrain.py`` measures how much). The segment loop is
-written once, sans-I/O (``generation_steps``), and driven either in one process (``generate``) or
-through block servers (``protocols.blocktrain.client``).
-"""
+"""Inference: one pass through the block stack (each block one Euler step of the probability-flow
+ODE on every position, from sigma_max down to the logits), and open-ended generation in segments
+of up to context // 2 bytes, one more byte committed per pass. The segment loop is sans-I/O
+(``generation_steps``), driven in one process (``generate``) or through block servers
+(``protocols/blocktrain/client.py``). The method: ``protocols/blocktrain/README.md``."""
 
 from __future__ import annotations
 
@@ -131,8 +112,8 @@ def generation_steps(
     """Generation without the passes (sans-I/O): yields each context window [1, T] to run a pass on,
     takes that pass's logits [1, T, vocab] back through ``send``, and returns the new bytes.
 
-    Whoever runs the passes drives it: ``generate`` in one process, ``protocols.blocktrain.client``
-    through block servers, so the segment loop (see the module doc) exists once and both draw from
+    Whoever runs the passes drives it: ``generate`` in one process, ``BlockTrainClient`` (the
+    roles' ``client`` module) through block servers, so the segment loop exists once and both draw from
     ``generator`` in the same order (a pass draws its initial noise, then ``update_segment``).
     ``temperature == 0`` is greedy. BlockTrainError for a bad request, at the first ``next``.
     """

@@ -1,10 +1,7 @@
 """The block stack: the shared embedding E and one denoiser per noise band, and D for one block.
-
-``BlockStack`` holds E (``embed``, [vocab, d_model]) and ``num_blocks`` denoisers (what a block
-reads and why: the package docstring). ``denoise`` is D = c_skip z + c_out block_k(context, c_in z,
-c_noise). ``build_stack`` draws a stack from a seed; ``block_state`` / ``load_block_state`` (and the
-embedding's pair) move one block's parameters, checked before anything is copied.
-"""
+``build_stack`` draws a stack from a seed; ``block_state`` / ``load_block_state`` (and E's pair)
+move one block's parameters, checked before anything is copied. What a block reads, and why:
+``protocols/blocktrain/README.md``."""
 
 from __future__ import annotations
 

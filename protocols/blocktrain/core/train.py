@@ -1,11 +1,6 @@
 """Training one block: its denoising loss, one optimizer step that touches nothing else, held-out CE.
-
-For context bytes x [batch, T] and targets y (y_t = x_{t+1}), ``block_loss`` draws one sigma per
-sequence from block k's band, forms z = E[y] + sigma * eps and scores lambda(sigma) * CE(D E^T, y)
-(the formulas are in the package docstring). ``train_step`` refuses an optimizer holding anything
-outside ``block_parameters(stack, k)``. ``heldout_ce`` is the next-byte cross-entropy after one full
-pass through the stack, the number every BlockTrain experiment and coordinator reports.
-"""
+``train_step`` refuses an optimizer holding anything outside ``block_parameters(stack, k)``; the
+formulas are in ``protocols/blocktrain/README.md``."""
 
 from __future__ import annotations
 

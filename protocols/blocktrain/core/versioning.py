@@ -1,12 +1,6 @@
-"""The next version of a block from the updates its workers trained against the current one.
-
-Pure: tensors in, tensors out. Version v + 1 of block k is block_v + mean(updates), the mean taken
-over the updates in sender order (so the result does not depend on the order they arrived in, and
-a recomputation from the same bytes is bit-identical). With ``embedding = "averaged"`` each closed
-version also moves E by mean(E differences) / num_blocks. The block coordinator
-(``protocols.blocktrain.versions``) closes its versions with these, and the fault checks
-(``protocols.blocktrain.recheck``) recompute them from what the workers sent.
-"""
+"""The next version of a block from the updates its workers trained against the current one: pure,
+block_v + mean(updates) with the mean taken in sender order, so a recomputation from the same bytes
+is bit-identical; an averaged E moves by mean(E differences) / num_blocks."""
 
 from __future__ import annotations
 

@@ -1,33 +1,8 @@
-"""One case of BlockTrain's fault matrix on a ``LocalNet`` (the fault test and the chaos script;
-nothing in a daemon uses it).
-
-The run: a two-block stack trained to ``versions`` by four block workers (w0..w3, two a block),
-the block coordinator (its lives c0, c1, ...: a crashed coordinator is started again at once, on
-the same identity and checkpoint folder, and resumes from disk) and two block servers h0, h1
-each holding both blocks (replicas; h0 has the lower peer id, so a client's route takes it first).
-When every block is at ``versions`` and the live servers serve them, a client runs two passes
-through the servers. Pacing is fixed (each version waits up to ``deadline_s``).
-
-Faults ``(kind, peer, version)``; the version is a block version (``round`` of the worker and the
-coordinator, the version a server serves), and a host's pass faults happen at the final version:
-
-====================  ==================================  ====================================  ===========================
-kind                  worker (``w*``)                     coordinator (``c``)                   host (``h*``)
-====================  ==================================  ====================================  ===========================
-crash_before          fetched v, dies before training     dies once v is served, before it      dies having loaded v, unserved
-                                                          took any update of it
-crash_mid_send        dies with its update of v in flight dies with v + 1 on disk, not served   dies with a pass in hand
-crash_mid_aggregate   (workers do not aggregate)          dies with v's updates averaged in     (hosts do not aggregate)
-                                                          memory, nothing written
-slow_send             its update of v ``slow_s`` late     serves v + 1 ``slow_s`` late          answers a pass ``slow_s``
-                      (inside the deadline)                                                     late (inside the budget)
-hang                  its update of v held ``hang_s``,    its version loop stalls ``hang_s``    holds a pass ``hang_s``, past
-                      past the deadline; record live      mid-aggregate (its HTTP answers)      the route budget; record live
-====================  ==================================  ====================================  ===========================
-
-A crashed worker's or host's record goes at once (a short TTL). ``faultchecks.run_case`` runs a
-case and says what it must show.
-"""
+"""One case of BlockTrain's fault matrix on a ``LocalNet``: four block workers w0..w3 (two a block),
+the block coordinator (its lives c0, c1, ..., each crash restarted on the same identity and
+checkpoint folder) and two block servers h0, h1 holding both blocks, trained to ``versions`` with
+fixed pacing, then two client passes. A fault is ``(kind, peer, version)``; what each kind does to
+each role: ``docs/RELIABILITY.md``, "Faults survived: BlockTrain workers, hosts and the coordinator"."""
 
 from __future__ import annotations
 
@@ -89,7 +64,8 @@ def run_doc(config: CaseConfig) -> dict[str, Any]:
 
 
 class Case:
-    """The net of one case, its faults and what it observed (see the module docstring)."""
+    """The net of one case, its faults and what it observed. Crashed workers and hosts lose their
+    records at once (a short TTL); h0 has the lower peer id, so a client's route takes it first."""
 
     def __init__(self, net: LocalNet, faults: list[Fault], config: CaseConfig) -> None:
         self.net, self.faults, self.config = net, faults, config

@@ -1,31 +1,8 @@
-"""Running a BlockTrain fault case (``faultcase``) and what it must show (the fault test and the
-chaos script; nothing in a daemon uses it).
-
-``run_case`` builds the case, trains, runs the client's passes and checks; ``check`` returns the problems it found, in words (none: the case passed), and its measures:
-
-- the run finished: the last coordinator life has every block at the target version, and there
-  was one life more than the coordinator crashes that fired; every crash fault fired (but h1's
-  crash with a pass in hand, while h0 serves: routes take h0) and its worker or host is dead;
-- every closed ledger of every life balances (``Exchange.balance_problems``: each expected
-  worker used, rejected with a reason or timed out, exactly once; no duplicates), and every
-  update a worker was answered for is in a ledger: as many accepted and refused as it was told;
-- no version waited past its deadline: from its opening to its close, less the extensions a
-  version with nothing accepted gets (``deadline_s`` each), at most ``deadline_s`` plus the
-  coordinator's own injected stalls (one at each block's close of the faulted version) plus
-  ``slack_s``;
-- every version a life closed and that reached the disk is the protocol's result over exactly the
-  updates its ledger used, as the workers sent them (``recheck``, within 1e-5); only a life that
-  died may have closed a version that never reached the disk;
-- a crashed worker's update of the version it crashed at is used nowhere; a hung worker's is used
-  only by a version whose deadline was extended (nothing else arrived) or when the coordinator
-  itself stalled past that deadline; a slow one's is used (unless a crash of a worker or of the
-  coordinator moved workers between blocks: then a version may close without waiting for it);
-- the copies that must agree are bit-identical (``agreement_problems``: a version as served and
-  as resumed, every live server's blocks and the coordinator's version of them);
-- the client's passes equal the protocol's pass over the final blocks bit for bit while some
-  server neither crashed nor hangs, and fail naming the route otherwise; none took longer than
-  three route budgets.
-"""
+"""Running a BlockTrain fault case (``faultcase``) and what it must show: the run finished, every
+ledger balances and holds every update a worker was answered for, no version waited past its
+deadline, every version on disk is the protocol's result over the updates it used (``recheck``),
+faulted workers' updates used only as the protocol allows, copies that must agree bit-identical,
+and the client's passes equal to the protocol's pass while a server is usable."""
 
 from __future__ import annotations
 
@@ -78,6 +55,7 @@ async def run_case(faults: list[Fault], *, config: CaseConfig, plugins: PluginRe
 
 
 def check(case: Case) -> dict[str, Any]:
+    """The problems found, in words (none: the case passed), and the case's measures."""
     problems = _run_problems(case)
     ledgers, measures = _ledger_problems(case)
     problems += ledgers
@@ -92,6 +70,9 @@ def check(case: Case) -> dict[str, Any]:
 
 
 def _run_problems(case: Case) -> list[str]:
+    """The last coordinator life has every block at the target, there was one life more than the
+    coordinator crashes that fired, and every crash fired (but h1's crash with a pass in hand while
+    h0 serves: routes take h0) and left its worker or host dead."""
     problems = []
     coordinator, versions = case.coordinator, case.config.versions
     if not coordinator.finished or coordinator.board.versions != [versions] * coordinator.board.num_blocks:
@@ -109,6 +90,10 @@ def _run_problems(case: Case) -> list[str]:
 
 
 def _ledger_problems(case: Case) -> tuple[list[str], dict[str, Any]]:
+    """Every closed ledger of every life balances; no version waited longer from its opening to its
+    close (less ``deadline_s`` per extension) than ``deadline_s`` plus the coordinator's injected
+    stalls plus ``slack_s``; every version that reached the disk is within ``TOLERANCE`` of its
+    recomputation, and only a life that died closed one that never reached it."""
     config, net = case.config, case.net
     stall = NUM_BLOCKS * sum(config.slow_s if kind == "slow_send" else config.hang_s  # at each block's close
                              for kind, peer, _ in case.faults if peer == "c" and kind in ("slow_send", "hang"))
@@ -156,6 +141,9 @@ def _submission_problems(case: Case) -> list[str]:
 
 
 def _worker_problems(case: Case) -> list[str]:
+    """A crashed worker's update of its version is used nowhere; a hung one's only by a version whose
+    deadline was extended or when the coordinator itself stalled; a slow one's is used (unless a
+    crash moved workers between blocks: then a version may close without it)."""
     problems = _submission_problems(case)
     ledgers = [ledger for _, ledger in case.states.closed_ledgers()]
     stalled = any(peer == "c" and kind in ("slow_send", "hang") for kind, peer, _ in case.faults)
@@ -177,6 +165,8 @@ def _worker_problems(case: Case) -> list[str]:
 
 
 def _pass_problems(case: Case) -> list[str]:
+    """Two client passes, bit-identical to the protocol's while a server neither crashed nor hangs,
+    failing naming the route otherwise; none longer than three route budgets (plus ``slack_s``)."""
     lost = {peer for kind, peer, _ in case.faults if peer.startswith("h") and kind != "slow_send"}
     usable = HOSTS - len(lost)
     problems = []

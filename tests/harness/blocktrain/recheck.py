@@ -1,23 +1,8 @@
-"""Block versions checked against the protocol's result (fault tests and chaos scripts; nothing in
-a daemon uses it).
-
-``VersionStates`` is a ``LocalNet`` watcher. Told of each life of the block coordinator
-(``watch``: the net name of that life and its role; a restarted coordinator is a new life), it
-keeps the tensors of every version that life serves: its initial or resumed versions when it is
-watched, and each new one at its ``version`` event (sent once the version is on disk and served).
-
-``recheck`` recomputes version v + 1 of block k with ``protocols.blocktrain.core.versioning.next_block``
-from version v as it was served and exactly the updates that the ledger of (k, v) in the life that
-closed it says were used, as the workers sent them to that life (``sent(sender, recipient,
-path)``: the net's kept bodies, ``peer.testing.taps``), and returns how far the served version
-v + 1 is from it (max abs difference). Version v + 1 is the one that life served, or the one the
-next life resumed from disk (a life that died between writing and serving it); a ledger whose
-version never reached the disk (a life that died mid-aggregate) returns None: nothing of it
-survived. ``agreement_problems`` says where copies that must be equal are not, bit for bit: every
-copy of one version (served by a life, resumed by the next) and every block a block server holds
-against the version of it the coordinator served. Only ``embedding = "frozen"`` runs are
-recomputed (an averaged E moves with every block's close, interleaved across blocks).
-"""
+"""Block versions checked against the protocol's result: ``VersionStates`` (a ``LocalNet`` watcher)
+keeps every version each coordinator life served; ``recheck`` recomputes version v + 1 with
+``next_block`` from version v and exactly the updates its ledger used, as the workers sent them;
+``agreement_problems`` lists the copies of a version that differ, bit for bit (a version served and
+resumed, a server's blocks and the coordinator's). Frozen-E runs only (an averaged E interleaves)."""
 
 from __future__ import annotations
 
@@ -64,6 +49,7 @@ class VersionStates:
             self._keep(k, version.version, Served(name, "start", _copy(version.tensors)))
 
     def __call__(self, name: str, event: str, fields: Mapping[str, Any]) -> None:
+        """At a watched life's ``version`` event (sent once the version is on disk and served): keep it."""
         role = self.lives.get(name)
         if role is not None and event == "blocktrain.version":
             k = int(fields["block"])
@@ -111,7 +97,9 @@ def recheck(states: VersionStates, life: str, ledger: VersionLedger, *, sent: Se
 
 
 def agreement_problems(states: VersionStates, servers: Mapping[str, BlockServerRole]) -> list[str]:
-    """Where copies that must be bit-identical are not (see the module docstring); empty if none."""
+    """Where copies that must be bit-identical are not: every copy of one version (served by a life,
+    resumed by the next), and each block a live server holds against the coordinator's version of
+    it; empty if none."""
     problems = []
     for (k, v), copies in sorted(states.copies.items()):
         if not all(_equal(copies[0].block, c.block) for c in copies[1:]):

@@ -1,13 +1,8 @@
 """The block coordinator and real block workers over real HTTP on 127.0.0.1 (port 0), found through
-real signed records in a PeerView: updates are averaged into the next version and written to
-disk, stale and forged ones are refused, a crashed worker's block is covered again (and the
-worker is recorded as timed out), a coordinator resumes from its checkpoints, and a worker's long
-poll returns when the block's version closes.
-
-The roles use neither the DHT nor TCP, so ``membership`` is not built (None); everything they use
-is the real thing. The version loop is driven one ``step()`` at a time, so each test decides
-exactly when versions close.
-"""
+real signed records in a PeerView (no DHT, no TCP: ``membership`` is None): updates are averaged,
+written and served, stale and forged ones refused, a crashed worker's block covered again, a
+coordinator resumed from its checkpoints, a long poll answered when the version closes. The
+version loop is driven one ``step()`` at a time, so each test decides when versions close."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""Faults injected by (peer, version, phase) into a BlockTrain run on LocalNet: four block workers,
-the block coordinator and two block servers holding both blocks (``protocols.blocktrain.faultcase``
-tables what each fault does to each role), trained to version 3, then two client passes:
-
-- a pair on two workers: w2's update of version 1 is slow (inside the deadline: used), w3 dies
-  with its update of version 1 in flight (not used; its block is covered by the others);
-- a pair on two roles: the coordinator dies mid-aggregate of version 1 (averaged in memory,
-  nothing written; started again, it resumes from disk and the workers train that version again)
-  and h0 dies as it is about to load version 2;
-- the coordinator dies with version 2 of a block on disk but not yet served (its next life
-  serves it);
-- h0 dies with the client's pass in hand (the client routes around it, through h1).
-
-Pass (``protocols.blocktrain.faultchecks``): the run finishes; every ledger of every coordinator
-life balances; every version that reached the disk is, within 1e-5, the protocol's
-``next_block`` over exactly the updates its ledger used, as the workers sent them; the faulted
-workers' updates are used only as the protocol allows; every copy of a version (served, resumed,
-held by a live server) is bit-identical; the client's passes equal the protocol's pass bit for
-bit. The bounds on waits are generous (``slack_s``): no assertion is about speed.
-"""
+"""Faults by (peer, version, phase) in a BlockTrain run on LocalNet (``gossamer_harness.blocktrain``):
+a slow and a crashed worker; the coordinator dead mid-aggregate with a host dead before loading;
+the coordinator dead with a version on disk but not served; a host dead with a pass in hand. Each
+must finish with the survivors agreeing with the protocol over what survived (``faultchecks``);
+the bounds on waits are generous (``slack_s``): no assertion is about speed."""
 
 from __future__ import annotations
 

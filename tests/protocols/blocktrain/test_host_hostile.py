@@ -1,12 +1,8 @@
-"""Block-server and AR-stage route methods attacked with malformed tensors over real TCP (issue 10,
-"not attacked yet"). What held already: wrong dtypes, ranks, shapes, batch and length bounds,
-NaN/Inf inputs, out-of-range bytes, foreign or unordered units, bad budgets and ids
-(``test_host.py``). What broke: finite but absurd inputs (z = 1e38, x = 1e20) overflow inside the
-units, and the host served the NaN result on; the next, honest hop then refused it and was
-routed around as if it had failed. Now the host that computed NaN refuses the frame itself.
-And through a daemon's TCP server (a ``LocalNet`` peer), a route frame bigger than ``max_batch``
-sequences can need, a payload on ``blocktrain.embedding`` or an unknown method with a payload is
-refused before the payload is read."""
+"""Block-server and AR-stage route methods attacked over real TCP: finite but absurd inputs (z = 1e38,
+x = 1e20) overflow inside the units, and the host that computed NaN refuses the frame itself
+rather than serving it on (the next, honest hop would refuse it and be routed around); through a
+daemon's TCP server, oversized route frames, a payload on ``blocktrain.embedding`` and unknown
+methods with a payload are refused before the payload is read."""
 
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ import pytest
 
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.run.manifest import RunConfig
+from gossamer.protocols.blocktrain.settings import BlockTrainSettings, BlockTrainText
+from gossamer.protocols.core.errors import InvalidSetting
+from gossamer.protocols.core.text_data import TextRun
 from gossamer.protocols.registry import PLUGINS
 
 
@@ -24,7 +27,21 @@ def test_defaults_and_manifest_values() -> None:
 
     assert (settings.model.d_model, settings.model.num_blocks, settings.model.embedding) == (32, 3, "frozen")
     assert (settings.versions, settings.lr, settings.deadline_s, settings.local_steps) == (5, 0.01, 3.0, 20)
-    assert (settings.data_source, settings.heldout_fraction) == ("/tmp/x.txt", 0.1)
+    assert (settings.text.data_source, settings.text.heldout_fraction) == ("/tmp/x.txt", 0.1)
+    assert (settings.text.eval_batches, settings.text.batch_size, settings.text.seed) == (2, 16, 0)
+
+
+def test_evaluation_may_be_switched_off_unlike_in_the_other_text_runs() -> None:
+    assert blocktrain_settings(config(hyper={"eval_batches": 0})).text.eval_batches == 0
+    with pytest.raises(InvalidSetting, match="eval_batches must be >= 1, got 0"):
+        TextRun(eval_batches=0)
+
+
+def test_settings_built_in_code_are_checked_like_a_manifest() -> None:
+    with pytest.raises(InvalidSetting, match="versions must be >= 0, got -2"):
+        BlockTrainSettings(versions=-2)
+    with pytest.raises(InvalidSetting, match="eval_batches must be >= 0, got -1"):
+        BlockTrainSettings(text=BlockTrainText(eval_batches=-1))
 
 
 @pytest.mark.parametrize(
@@ -42,7 +59,10 @@ def test_defaults_and_manifest_values() -> None:
         ({"model": {"width": 3}}, r"model: .*unknown keys \['width'\]"),
         ({"model": {"d_model": 30, "n_heads": 4}}, "model: d_model: 30 is not divisible"),
         ({"model": {"d_model": "30"}}, "model.d_model must be an integer"),
-        ({"model": {"embedding": "learned"}}, "embedding: must be one of"),
+        ({"model": {"embedding": "learned"}}, "model.embedding 'learned' is not one of frozen, averaged"),
+        ({"model": {"vocab": 1}}, "model.vocab must be >= 2, got 1"),
+        ({"hyper": {"eval_batches": -1}}, "hyper.eval_batches must be >= 0, got -1"),
+        ({"hyper": {"max_norm": 0}}, "hyper.max_norm must be > 0"),
         ({"data": {"heldout_fraction": 2}}, "data.heldout_fraction must be < 1"),
         ({"data": {"path": "x"}}, r"data: unknown keys \['path'\]"),
         ({"hyper": {"sample_prompt": ""}}, "hyper.sample_prompt: must be at least one byte"),

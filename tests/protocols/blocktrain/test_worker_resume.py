@@ -1,12 +1,8 @@
-"""A block worker stopped after some updates (Ctrl+C: its roles write their checkpoints) and started
-again with the same identity and checkpoint folder takes back its block's AdamW state, its sampler
-and noise generators and its update counts: its next cycle trains to the very tensors a worker that
-was never stopped reaches, where a worker started afresh does not; and with ``checkpoint_every`` it
-writes that state after every N updates.
-
-The coordinator is not stepped after the first assignment, so every cycle trains from version 0 of
-the block and the only thing that differs between the lives is what the worker itself kept. Each
-cycle is the role's own (``_cycle``: fetch, K local steps, signed update, counts, checkpoint)."""
+"""A block worker stopped after some updates and started again with the same identity and checkpoint
+folder takes back its block's AdamW state, generators and counts: its next cycle (the role's own
+``_cycle``) trains to the very tensors of a worker never stopped, where a fresh one does not; with
+``checkpoint_every`` it writes that state every N updates. The coordinator is not stepped, so
+every cycle trains from version 0 and only what the worker kept differs between its lives."""
 
 from __future__ import annotations
 
