@@ -1,29 +1,11 @@
-"""Shared parts of the benchmarks: worker processes driven in lock step, statistics, reports.
-
-A benchmark scenario is a list of worker processes (started with the "spawn" context, one after
-the other) that the coordinator drives over pipes, never with sleeps:
-
-1. worker *i* is started with its parameters plus the ``ready`` infos of the workers before it
-   (e.g. the receiver's address) and sends ``("ready", info)`` once it is set up;
-2. for each repetition the coordinator sends ``("go", index)`` to every worker and waits for each
-   ``("rep", result)``: a sender times one transfer, a receiver reports what it received;
-3. ``("stop", None)`` makes every worker tear down and answer ``("done", extra)``.
-
-``run_interleaved`` starts several scenarios and runs their repetitions round-robin, so that the
-rows of one table share the machine's (noisy) conditions.
-
-A worker that fails sends ``("error", traceback)``; the coordinator raises ``BenchError`` with it
-and ends the scenario's processes (only those it started).
-"""
+"""Worker processes of a benchmark driven in lock step over pipes (``Scenario``, ``ScenarioRun``,
+``run_interleaved``: rows interleaved under like load), and the transfer statistics."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import json
 import multiprocessing
 import os
-import platform
 import signal
 import statistics
 import traceback
@@ -31,13 +13,11 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import torch
 
-MB = 1_000_000
-"""Bytes per MB in every figure (decimal, like link rates)."""
+from gossamer_harness.report import MB
 
 Worker = Callable[[Connection, dict[str, Any]], None]
 
@@ -85,7 +65,16 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 class ScenarioRun:
-    """The started processes of one scenario, driven one step at a time (see the module docstring)."""
+    """The started processes of one scenario, driven one step at a time over pipes, never with sleeps:
+
+    1. worker *i* is started (the "spawn" context) with its parameters plus the ``ready`` infos of
+       the workers before it (e.g. the receiver's address), and sends ``("ready", info)`` once set up;
+    2. for each repetition every worker gets ``("go", index)`` and answers ``("rep", result)``: a
+       sender times one transfer, a receiver reports what it received;
+    3. ``("stop", None)`` makes every worker tear down and answer ``("done", extra)``.
+
+    A worker that fails sends ``("error", traceback)``; the coordinator raises ``BenchError`` with
+    it and ends the scenario's processes (only those it started)."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -228,25 +217,3 @@ def summarize(seconds: list[float], payload_bytes: int) -> dict[str, Any]:
     rates = [payload_bytes / MB / s for s in seconds]
     return {"payload_bytes": payload_bytes, "seconds": seconds, "mb_per_s": rates,
             "median_mb_per_s": statistics.median(rates), "min_mb_per_s": min(rates), "max_mb_per_s": max(rates)}
-
-
-def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    import hivemind  # local: only for its version
-
-    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "hivemind": hivemind.__version__, "platform": platform.platform(), "machine": platform.machine(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A markdown table (left column left-aligned, the rest right-aligned)."""
-    align = [":---"] + ["---:"] * (len(header) - 1)
-    lines = [header, align, *rows]
-    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as indented JSON, creating the folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

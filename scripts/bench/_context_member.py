@@ -1,23 +1,6 @@
-"""One ring member of the context-parallel benchmark, as its own process.
-
-The member listens on a ``TcpServer`` and, in front of it, a ``WanProxy`` (the link profile in
-both directions), so every frame another member sends over the "wan" link crosses the emulated
-link once, and over the "direct" link it goes straight to the server on loopback. After the
-coordinator has sent every member's addresses, each member opens a connection of each kind to
-every other member. Each "go" is one training step (forward and backward, no optimizer step, so
-every repetition does the same work) of one arm (a key/value coding) in one mode: "wan" and
-"direct" compute the step over that link kind; "link-only" sends the frames this member sent in
-its last computed step of that coding again, over the wan link, in the ring's dependency order
-(``message_plan``) but without any compute: what the link alone costs that step.
-
-On arrival a frame is decoded and checked for the step it names (``decode_message`` against
-``ring_spec``), a kv frame is passed on unchanged to the successor at once (``forward_to``), and
-the message is queued for the member. The member's compute runs in a worker thread one
-``RingMember.step`` at a time, so the event loop keeps receiving, forwarding and pacing the proxy
-while it computes; its own messages are sent in background tasks. Per step it reports when it
-started and finished (``time.monotonic``, one clock for every process of the machine), its
-compute seconds, the seconds it waited with nothing to compute, and the payload bytes it sent.
-"""
+"""One ring member of the context-parallel benchmark (``context.py``), as its own process: a
+``TcpServer`` behind a ``WanProxy``, connections of each link kind to every other member, and one
+training step of one arm per "go" (``MemberNode``)."""
 
 from __future__ import annotations
 
@@ -86,7 +69,14 @@ def training_batch(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class MemberNode:
-    """The member's server side, links and per-step inboxes (module docstring)."""
+    """The member's server side, links and per-step inboxes. A "go" is one training step (forward
+    and backward, no optimizer step) of one arm in one mode: "wan" and "direct" compute it over that
+    link kind; "link-only" sends the frames of its last computed step of that arm again over the
+    wan link in the ring's dependency order (``message_plan``) without compute. An arriving frame is
+    checked for the step it names (``decode_message``), a kv frame passed on to the successor at
+    once (``forward_to``) and queued; compute runs in a worker thread, one ``RingMember.step`` at a
+    time, so the loop keeps receiving and forwarding. Per step it reports its start and end
+    (``time.monotonic``, one clock for the machine), compute and idle seconds, payload bytes sent."""
 
     def __init__(self, params: dict[str, Any], device: torch.device) -> None:
         self.params = params

@@ -1,13 +1,5 @@
-"""hivemind's own ``DecentralizedAverager``: two peers average the same-size tensor.
-
-Each worker process starts a ``hivemind.DHT`` (which forks its own process) and an averager with
-``target_group_size=2`` and no compression (hivemind 1.1.12's 8-bit compression fails under
-NumPy 2). Per repetition both peers are released by the coordinator at once and time
-``averager.step()``, matchmaking included: that is what a hivemind user waits for. Peer *i*
-starts from ``make_tensor(size, seed + i)``; after the warm-up step each peer checks that its
-tensor is exactly the mean of both start tensors, since hivemind 1.1.12 can report success after
-averaging only part of a tensor.
-"""
+"""hivemind's ``DecentralizedAverager`` rows of the transport benchmark: two peers average the
+same-size tensor; each repetition times ``averager.step()``, matchmaking included."""
 
 from __future__ import annotations
 
@@ -36,7 +28,11 @@ def _check_mean(averager: Any, size_bytes: int, seed: int) -> float:
 
 
 def peer(conn: Connection, params: dict[str, Any]) -> None:
-    """One averaging peer: the first one starts the DHT swarm, the second joins it."""
+    """One averaging peer: the first one starts the DHT swarm, the second joins it. Its averager has
+    ``target_group_size=2`` and no compression (hivemind 1.1.12's 8-bit compression fails under
+    NumPy 2); peer *i* starts from ``make_tensor(size, seed + i)`` and after the warm-up step checks
+    that its tensor is exactly the mean of both, since hivemind 1.1.12 can report success after
+    averaging only part of a tensor."""
     from hivemind import DHT
 
     # A spawned worker defaults to "spawn", but the averager is a plain mp.Process holding pipes and

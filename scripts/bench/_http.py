@@ -1,10 +1,6 @@
-"""gossamer HTTP: the tensor PUT as a safetensors body to an ``HttpServer`` route that decodes it.
-
-The route reads the body with ``read_tensors`` (one preallocated buffer of Content-Length bytes,
-then ``decode_safetensors``) and answers a small JSON object; the sender times
-``HttpClient.put_tensors`` from encoding until that answer arrives. The warm-up request asks for
-a CRC-32 of the decoded tensor, which the sender checks against its own.
-"""
+"""gossamer HTTP rows of the transport benchmark: the tensor PUT as a safetensors body to an
+``HttpServer`` route that decodes it (``read_tensors``) and answers; the sender times
+``HttpClient.put_tensors`` until the answer, the warm-up checks a CRC-32 of what arrived."""
 
 from __future__ import annotations
 

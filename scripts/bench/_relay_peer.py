@@ -1,19 +1,5 @@
-"""One process of the relay benchmark rows (``_relay_rows``), run inside a network namespace.
-
-    _relay_peer.py relay HOST MODE                 a RelayServer; prints {"port": P}
-    _relay_peer.py receiver HOST [RELAY_HOST RELAY_PORT MODE]
-                                                   a gossamer TcpServer answering each request with its
-                                                   payload's length and a sample of its bytes; with a
-                                                   relay, also a RelayClient allocation; prints
-                                                   {"port": P} (the relay's port when relayed)
-
-MODE is ``splice`` (relayed bytes spliced in the kernel, the default of ``transport.relay``) or
-``copy`` (copied through Python, the path elsewhere than Linux).
-    _relay_peer.py sender HOST PORT SIZE_BYTES     one connection; each "go" line on stdin sends one
-                                                   SIZE_BYTES request; prints {"seconds": s, "ok": bool}
-
-Every process runs until stdin closes.
-"""
+"""One process of the relay rows (``_relay_rows``) inside a network namespace, a relay, a receiver
+or a sender by its first argument (``USAGE``); it prints JSON lines and runs until stdin closes."""
 
 from __future__ import annotations
 
@@ -84,6 +70,18 @@ async def sender(host: str, port: str, size: str) -> None:
     await connection.aclose()
 
 
+USAGE = """\
+_relay_peer.py relay HOST MODE                 a RelayServer; prints {"port": P}
+_relay_peer.py receiver HOST [RELAY_HOST RELAY_PORT MODE]
+                                               a TcpServer answering each request with its payload's length
+                                               and a sample of its bytes; with a relay, also a RelayClient
+                                               allocation; prints {"port": P} (the relay's port when relayed)
+_relay_peer.py sender HOST PORT SIZE_BYTES     one connection; each "go" line on stdin sends one SIZE_BYTES
+                                               request; prints {"seconds": s, "ok": bool}
+MODE: splice (relayed bytes spliced in the kernel, transport.relay's default) or copy (through Python)."""
+
 if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] not in ("relay", "receiver", "sender"):
+        sys.exit(USAGE)
     role, *rest = sys.argv[1:]
     asyncio.run({"relay": relay, "receiver": receiver, "sender": sender}[role](*rest))

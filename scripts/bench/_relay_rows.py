@@ -1,14 +1,6 @@
-"""Relay rows of the transport benchmark (``transport.py --relay``): one gossamer TCP request of
-``size_mb`` between network namespaces, direct between two public hosts vs relayed between two
-NATed hosts through a public relay (``transport.relay``), the relay and the receiver's relay
-client splicing in the kernel (``relayed``, the default) and copying through Python
-(``relayed_copy``, the path elsewhere than Linux), interleaved in one run; then the same with every
-host's egress shaped to ``rate_mbit`` (a token-bucket filter).
-
-The namespaces come from ``gossamer_harness.netns`` (root needed); each side is a
-``_relay_peer.py`` process inside its namespace. Each pair runs one untimed warm-up transfer
-(checked end to end) before the timed ones.
-"""
+"""Relay rows of the transport benchmark (``transport.py --relay``, root): one gossamer TCP request
+between network namespaces, direct vs relayed (spliced and copied), unshaped and shaped, each
+side a ``_relay_peer.py`` process in its namespace."""
 
 from __future__ import annotations
 
@@ -19,9 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import BenchError, markdown_table, summarize
+from _common import BenchError, summarize
 
 from gossamer_harness.netns import NetLab
+from gossamer_harness.report import markdown_table
 
 PEER = str(Path(__file__).resolve().parent / "_relay_peer.py")
 HOSTS = {"a": False, "b": False, "relay": False, "n0": True, "n1": True}

@@ -1,13 +1,5 @@
-"""Ways to slow one process down (a volunteer whose machine is busy), and the load average printed
-beside every table of the slow-peer benchmarks (``slow_worker.py``, ``slow_learner.py``).
-
-``CpuQuota``: a cgroup v1 cpu group limited to a share of one CPU (needs root). On a machine other
-jobs keep busy every process already gets less than that share, so the handicap vanishes;
-``DutyCycle`` instead lets the process run only ``share`` of every ``period_s`` of wall-clock
-(SIGSTOP / SIGCONT), so it is that much slower whatever the load. The period
-is long (1 s) on purpose: the scheduler credits a task that slept, and over a short period a
-stopped task makes up most of what it lost (at 100 ms a 20% duty cycle still ran at ~30%).
-"""
+"""Two ways to slow one process down (a volunteer whose machine is busy) for ``slow_peer.py``:
+a CPU quota (cgroup v1, root) and a duty cycle (SIGSTOP / SIGCONT, binds whatever the load)."""
 
 from __future__ import annotations
 
@@ -21,7 +13,10 @@ CGROUP = Path("/sys/fs/cgroup/cpu")
 
 
 class CpuQuota:
-    """A cgroup v1 cpu group limited to ``share`` of one CPU; ``wrapper`` starts a command inside it."""
+    """A cgroup v1 cpu group limited to ``share`` of one CPU; ``wrapper`` starts a command inside it,
+    ``move`` puts a running process in it (all its threads), ``release`` takes it out again. On a
+    machine other jobs keep busy every process already gets less than that share, and the handicap
+    vanishes: ``DutyCycle`` holds there."""
 
     def __init__(self, share: float, *, script: str) -> None:
         if not (CGROUP / "cgroup.procs").exists() or not os.access(CGROUP, os.W_OK):
@@ -32,6 +27,12 @@ class CpuQuota:
         (self.path / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
         self.wrapper = ("sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh")
 
+    def move(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def release(self, pid: int) -> None:
+        (CGROUP / "cgroup.procs").write_text(str(pid))
+
     def remove(self) -> None:
         for pid in (self.path / "cgroup.procs").read_text().split():  # leftovers go back to the root group
             (CGROUP / "cgroup.procs").write_text(pid)
@@ -40,7 +41,9 @@ class CpuQuota:
 
 class DutyCycle:
     """Stops the process ``pid`` for ``1 - share`` of every ``period_s`` until ``stop()``. Only that
-    process: its children (a peer's DHT node) keep running, so it stays reachable and published."""
+    process: its children (a peer's DHT node) keep running, so it stays reachable and published.
+    The period is long (1 s) on purpose: the scheduler credits a task that slept, and over a short
+    period a stopped task makes up most of what it lost (at 100 ms a 20% duty cycle still ran at ~30%)."""
 
     def __init__(self, pid: int, *, share: float, period_s: float = 1.0) -> None:
         if not 0.0 < share < 1.0:
@@ -70,6 +73,3 @@ class DutyCycle:
         self._stopped.set()
         self._thread.join()
 
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])

@@ -1,12 +1,7 @@
-"""gossamer TCP: the tensor as one REQUEST frame to a ``TcpServer`` that decodes it and answers.
-
-The frame header is the tensor codec's message header, ``{"tensors": entries}`` (exactly what
-``encode_tensor_message`` packs), and the payload is the codec's buffers, sent without joining.
-The sender times one transfer from encoding until the tiny RESPONSE arrives, which the server
-sends only after ``decode_tensors`` has the tensor. The warm-up request asks the server for a
-CRC-32 of the decoded tensor, which the sender checks against its own. With ``reuse_buffer``
-the server receives every payload into one preallocated buffer (a diagnostic row).
-"""
+"""gossamer TCP rows of the transport benchmark: the tensor codec's message as one REQUEST frame
+(payload buffers sent without joining) to a ``TcpServer`` that decodes it and answers; the sender
+times until that answer, the warm-up checks a CRC-32 of what arrived. ``reuse_buffer``: every
+payload received into one preallocated buffer (a diagnostic row)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The whole TL++ step over an in-process network, and where its time goes.
-
-Two in-process TL++ networks (``gossamer_harness.localnet``): the real orchestrator, data
-node and (secure) helper roles, each node and the helper behind its own TcpServer on 127.0.0.1,
-every request over an encrypted link. ``network_step`` runs one virtual batch through the
-orchestrator's own step and counts the bytes every peer sent and the frames the servers got;
-``RequestLog`` times each request phase; ``ping_rtt`` is the empty-request round trip;
-``profile_loop`` is a cProfile of the event-loop thread.
-"""
+"""The whole TL++ step over two in-process networks (``gossamer_harness.localnet``: the real roles,
+each behind its own TcpServer, every request over an encrypted link), and where its time goes:
+request phases, the ping round trip, a cProfile of the event-loop thread."""
 
 from __future__ import annotations
 
@@ -29,7 +23,7 @@ from gossamer.peer.kit.secure_link import LinkMessage, SecureLinks
 from gossamer.protocols.registry import PLUGINS
 from gossamer.protocols.tlpp.core import VirtualBatch, VirtualBatchScheduler
 from gossamer.protocols.tlpp.data import NodeData
-from gossamer.protocols.tlpp.server import TlppServerRole
+from gossamer.protocols.tlpp.orchestrator import TlppOrchestratorRole
 from gossamer.protocols.tlpp.settings import TlppSettings
 from gossamer.protocols.tlpp.wire import HELPER_METHOD, PING
 from gossamer_harness.localnet import LocalNet
@@ -208,9 +202,9 @@ async def tlpp_network(workdir: Path, *, hyper: dict[str, Any], sources: list[st
         await net.add(f"node{i}", ("node",), identity=identities[f"node{i}"], data=source, role_options=pin)
     if helper:
         await net.add("helper", ("helper",), identity=identities["helper"])
-    await net.add("orchestrator", ("orchestrator", "tlpp-server"), identity=identities["orchestrator"])
+    await net.add("orchestrator", ("orchestrator", "tlpp-orchestrator"), identity=identities["orchestrator"])
     return net
 
 
-def orchestrator(net: LocalNet) -> TlppServerRole:
-    return net["orchestrator"].role_named("tlpp-server")  # type: ignore[return-value]
+def orchestrator(net: LocalNet) -> TlppOrchestratorRole:
+    return net["orchestrator"].role_named("tlpp-orchestrator")  # type: ignore[return-value]

@@ -9,8 +9,9 @@ from typing import Any
 
 import sharing as sharing_bench
 import torch
-from _common import MB, markdown_table
 from _tlpp_network import MODES, NUM_NODES
+
+from gossamer_harness.report import MB, markdown_table
 
 MAX_STEP_RATIO = 1.5
 MIN_SHARE_RATIO = sharing_bench.MIN_RATIO

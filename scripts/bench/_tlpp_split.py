@@ -1,11 +1,6 @@
-"""The split of a TL++ step: each party's pure functions on one virtual batch, run serially in this
-thread and timed by party, with share generation and reconstruction timed inside (secure mode).
-
-*Compute* is the model math (forward and backward below and above the cut, the affine share ops
-``server_logit_share`` / ``server_sum``, the optimizer step); *share generation* is every
-``share_float`` (masks from ``MaskStream`` plus encoding) and every ``reconstruct_float``, timed by
-wrapping the two names in ``protocols.tlpp.core.secure`` while the party functions run.
-"""
+"""The split of a TL++ step (``tlpp.py``): each party's pure functions on one virtual batch, run
+serially and timed by party; *compute* is the model math (and the affine share ops), *share
+generation* every ``share_float`` / ``reconstruct_float`` (timed by ``timed_sharing``)."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ from torch import Tensor, nn
 
 import gossamer.protocols.tlpp.core.secure as tlpp_secure
 from gossamer.crypto.sharing import MaskStream
-from gossamer.protocols.tlpp.core import node_backward, node_forward, server_step, sum_grads
+from gossamer.protocols.tlpp.core import node_backward, node_forward, orchestrator_step, sum_grads
 from gossamer.protocols.tlpp.settings import TlppSettings
 
 
@@ -82,7 +77,7 @@ def build_parties(settings: TlppSettings, nodes: list[str], device: torch.device
 
 
 def apply(parties: Parties, grads: Mapping[str, Tensor]) -> None:
-    """The orchestrator's optimizer step with the summed gradients (as ``TlppServerRole._apply``)."""
+    """The orchestrator's optimizer step with the summed gradients (as ``TlppOrchestratorRole._apply``)."""
     parties.optimizer.zero_grad(set_to_none=True)
     for name, param in parties.model.named_parameters():
         param.grad = grads[name].to(device=param.device, dtype=param.dtype)
@@ -95,11 +90,11 @@ def base_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch: 
     with watch.span("node"):
         acts = {n: node_forward(p.node_side, xs[n]) for n in xs}
     with watch.span("orchestrator"):
-        server = server_step(p.server_side, acts, ys)
+        server = orchestrator_step(p.server_side, acts, ys)
     with watch.span("node"):
         grads = [node_backward(p.node_side, xs[n], server.cut_grads[n]) for n in sorted(xs)]
     with watch.span("orchestrator"):
-        apply(p, {**sum_grads(grads), **server.server_grads})
+        apply(p, {**sum_grads(grads), **server.orchestrator_grads})
 
 
 def secure_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch: Stopwatch, *,
@@ -112,10 +107,10 @@ def secure_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch
             pairs = {n: tlpp_secure.node_share_activations(p.node_side, xs[n], max_abs=settings.max_abs,
                                                            masks=p.masks[n]) for n in xs}
         with watch.span("helper"):
-            theirs = tlpp_secure.server_logit_share({n: s[1] for n, s in pairs.items()}, p.server_side,
+            theirs = tlpp_secure.party_logit_share({n: s[1] for n, s in pairs.items()}, p.server_side,
                                                     **guard)
         with watch.span("orchestrator"):
-            own = tlpp_secure.server_logit_share({n: s[0] for n, s in pairs.items()}, p.server_side, **guard)
+            own = tlpp_secure.party_logit_share({n: s[0] for n, s in pairs.items()}, p.server_side, **guard)
             bound = tlpp_secure.logit_bound(p.server_side, max_abs=settings.max_abs)
             step = tlpp_secure.orchestrator_logit_gradients(own, theirs, ys, bound=bound)
         scale = float(step.count)
@@ -124,9 +119,9 @@ def secure_split(p: Parties, xs: dict[str, Tensor], ys: dict[str, Tensor], watch
                                                        masks=p.masks[n], grad_scale=scale)
                       for n in sorted(xs)]
         with watch.span("helper"):
-            helper_sum = tlpp_secure.server_sum([pair[1] for pair in shares])
+            helper_sum = tlpp_secure.party_sum([pair[1] for pair in shares])
         with watch.span("orchestrator"):
-            grads = tlpp_secure.orchestrator_gradients(tlpp_secure.server_sum([pair[0] for pair in shares]),
+            grads = tlpp_secure.orchestrator_gradients(tlpp_secure.party_sum([pair[0] for pair in shares]),
                                                        helper_sum, grad_scale=scale,
                                                        layout=tlpp_secure.gradient_layout(p.node_side,
                                                                                           p.server_side))

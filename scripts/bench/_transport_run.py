@@ -1,21 +1,6 @@
-"""Rows of the transport benchmark (entry point: ``transport.py``), run side by side in one process tree.
-
-- raw Python socket (``sendall`` of a memoryview, ``recv_into`` a preallocated buffer): the ceiling;
-- gossamer TCP (a REQUEST frame carrying the tensor codec's message, received straight into a
-  preallocated destination through the server's ``payload_buffer`` hook, as the raw baseline's
-  ``recv_into`` does, and answered after decoding);
-- diagnostic: the same with a fresh receive buffer allocated for every frame (what first-touch
-  page faults and zeroing of 100 MB cost on this VM; no target);
-- gossamer HTTP (``HttpClient.put_tensors`` to an ``HttpServer`` PUT route, answered after decoding);
-- hivemind 1.1.12's ``DecentralizedAverager``, two peers averaging the tensor (payload / step time);
-- gossamer TCP and HTTP through a ``WanProxy`` emulating 100 Mbit/s with 50 ms one-way latency;
-- with ``--relay`` (root): gossamer TCP between network namespaces, direct between two public
-  hosts vs relayed between two NATed hosts through a public relay, unshaped and at 100 Mbit/s
-  (``_relay_rows``).
-
-Every row runs one untimed warm-up transfer (checked end to end) before its timed repetitions,
-and the rows' repetitions are interleaved (``run_interleaved``).
-"""
+"""The transport benchmark's rows (entry point ``transport.py``), built as scenarios and run
+interleaved, each after one untimed warm-up transfer checked end to end; the ratios and table
+are in ``_transport_report``."""
 
 from __future__ import annotations
 
@@ -30,17 +15,16 @@ import _http
 import _raw
 import _tcp
 from _common import (
-    MB,
     BenchError,
     Scenario,
-    machine_info,
     run_interleaved,
     summarize,
-    write_json,
 )
 from _relay_rows import relay_rows, relay_table
-from _report import TARGETS, compute_ratios, render_table
+from _transport_report import TARGETS, compute_ratios, render_table
 from _wan import WAN_LATENCY_MS, WAN_MBIT_PER_S, link_rate_bytes_per_s
+
+from gossamer_harness.report import MB, machine, write_result
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "transport.json"
 HIVEMIND_MATCHMAKING_S = 1.0
@@ -89,6 +73,10 @@ def hivemind_peers(repeats: int, params: dict[str, Any]) -> Scenario:
 
 
 def build_scenarios(args: argparse.Namespace) -> list[tuple[Scenario, int]]:
+    """The rows: raw socket (``sendall`` / ``recv_into`` a preallocated buffer: the ceiling);
+    gossamer TCP received straight into a preallocated destination (``payload_buffer``), and as a
+    diagnostic with a fresh buffer per frame; gossamer HTTP; hivemind's ``DecentralizedAverager``
+    (two peers); gossamer TCP and HTTP through a ``WanProxy``."""
     """The rows to run, in order, each with its payload size."""
     size, wan_size = size_bytes(args.size_mb), size_bytes(args.wan_size_mb)
     loopback = {"size_bytes": size, "seed": 1, "pin_cpu": args.pin_cpu}
@@ -146,11 +134,11 @@ def run_relay(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    before = machine()
     if args.only_relay:
         rows, table = run_relay(args)
         print(table)
-        write_json(args.json, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                               "rows": rows, "table_markdown": table})
+        write_result(args.json, {"rows": rows, "table_markdown": table}, before=before, args=args)
         print(f"\nwrote {args.json}", file=sys.stderr)
         return 0
     rows = run_all(args)
@@ -163,11 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.update(relayed)
         table = f"{table}\n\n{relay_markdown}"
     print(table)
-    write_json(args.json, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                           "hivemind": {"min_matchmaking_time_s": HIVEMIND_MATCHMAKING_S,
+    write_result(args.json, {"hivemind": {"min_matchmaking_time_s": HIVEMIND_MATCHMAKING_S,
                                         "request_timeout_s": HIVEMIND_REQUEST_TIMEOUT_S},
-                           "wan_link": link, "targets": TARGETS, "rows": rows, "ratios": ratios,
-                           "table_markdown": table})
+                             "wan_link": link, "targets": TARGETS, "rows": rows, "ratios": ratios,
+                             "table_markdown": table}, before=before, args=args)
     print(f"\nwrote {args.json}", file=sys.stderr)
     return 0
 

@@ -1,25 +1,6 @@
-"""One ``hivemind.Optimizer`` peer of ``wan_training.py``, a process of its own that prints JSON
-event lines on stdout (like ``gossamer peer --events``).
-
-It trains the same ByteTransformer (same initialisation seed) on the same shard of
-``builtin:pydoc`` with the same batch stream (the gossamer learner's shard index and sampler seed,
-passed in) and the same AdamW settings as the gossamer learners, with hivemind 1.1.12's
-``Optimizer`` in one of its two usual set-ups:
-
-- ``sync``: synchronous large batch. Gradients are accumulated until the swarm has processed
-  ``target_batch_size`` samples, then all-reduced and applied (one global step per epoch);
-- ``local``: ``use_local_updates=True``. Every step is applied locally at once; the parameters are
-  averaged in the background once the swarm has processed ``target_batch_size`` samples.
-
-Its DHT listens on ``--host_port`` and announces ``--announce_port`` (a ``WanProxy`` in the
-benchmark process), so every byte other peers exchange with it crosses the emulated link.
-
-Events: ``ready`` (maddrs), then after one line on stdin (the start, with the seconds to train)
-``eval`` samples (held-out loss after a new epoch once ``--eval_every_s`` has passed, and at the end) and
-``done`` with the time split: ``compute_s`` is forward + backward + every ``opt.step()`` that did
-not start a new epoch (accumulating, or the local AdamW step); a step that starts an epoch is
-counted as ``blocking_s`` (matchmaking, all-reduce, the global step).
-"""
+"""One ``hivemind.Optimizer`` peer of ``wan_training.py`` (``--mode sync``: synchronous large
+batch; ``local``: ``use_local_updates=True``), the gossamer learner's model, shard, batches and
+AdamW; its DHT announces a ``WanProxy``; it prints JSON event lines as ``gossamer peer --events``."""
 
 from __future__ import annotations
 
@@ -72,6 +53,11 @@ def parse() -> argparse.Namespace:
 
 
 def main() -> int:
+    """Events: ``ready`` (maddrs), then after one line on stdin (the start, with the seconds to
+    train) ``eval`` samples (held-out loss after a new epoch once ``--eval_every_s`` has passed,
+    and at the end) and ``done`` with the time split: ``compute_s`` is forward + backward + every
+    ``opt.step()`` that did not start a new epoch; one that starts an epoch counts as
+    ``blocking_s`` (matchmaking, all-reduce, the global step)."""
     import hivemind
 
     args = parse()

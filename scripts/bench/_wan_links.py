@@ -1,18 +1,6 @@
-"""The emulated links of ``wan_training.py``: ``WanProxy`` instances on one asyncio loop in a
-background thread of the benchmark process, created and read from the (synchronous) coordinator.
-
-Every peer's listening ports (gossamer's HTTP, TCP and DHT; hivemind's p2pd) sit behind a proxy
-whose port the peer announces instead of its own, so every connection any peer opens to another
-crosses exactly one emulated link, in both directions. A proxy's listener is opened before its
-peer starts (``reserve``: the port goes into the peer's flags) and handed to the proxy once the
-peer says where it listens (``connect``); connections made in between wait in the backlog.
-
-With ``shared`` the proxies reserved for one peer (``reserve(peer=...)``) share that peer's access
-link (``AccessLink`` at the profile's rate): its connections together get the rate, as a peer with
-one 100 Mbit/s line has, instead of the rate each (a mesh of pair links). Each byte between two
-peers crosses one proxy, so it is charged to one of their access links: the receiver's for what a
-connection's opener sends, the opener's for the answers.
-"""
+"""The emulated links of the WAN benchmarks: ``WanProxy`` instances on one asyncio loop in a
+background thread, created and read by the synchronous coordinator; every peer announces its
+proxies' ports, so each connection between two peers crosses exactly one emulated link."""
 
 from __future__ import annotations
 
@@ -50,8 +38,12 @@ class Reserved:
 
 
 class Links:
-    """Proxies shaped by ``profile`` (both directions), each in front of one peer's port; with
-    ``shared``, one access link per peer (module docstring)."""
+    """Proxies shaped by ``profile`` (both directions), each in front of one peer's port. A proxy's
+    listener is opened before its peer starts (``reserve``: the port goes into the peer's flags)
+    and handed to the proxy once the peer says where it listens (``connect``); connections made in
+    between wait in the backlog. With ``shared`` a peer's proxies share its access link
+    (``AccessLink`` at the profile's rate) instead of the rate each; each byte between two peers is
+    charged to one access link: the receiver's for what the opener sends, the opener's for the answers."""
 
     def __init__(self, profile: LinkProfile, *, shared: bool = False) -> None:
         if shared and profile.rate_bytes_per_s is None:

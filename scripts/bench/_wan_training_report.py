@@ -1,12 +1,5 @@
-"""Summary, markdown tables and plot of ``wan_training.py``'s measurements.
-
-The arm's curve at time t is the mean over its peers of each peer's latest held-out loss sample at
-or before t (defined once every peer has one). "Final" is the curve's last point within the
-budget (a hivemind peer's sample after its last step past the budget is plotted, not counted).
-Utilisation = compute / (wall - evaluation) per peer over what it completed; the blocking share
-is the waits (gossamer: W1 grace + W2; hivemind: the ``opt.step`` calls that start an epoch) over
-the same time.
-"""
+"""Summary, Markdown tables and plot of ``wan_training.py``'s measurements (definitions:
+docs/BENCHMARKS.md, "Training over emulated WAN links")."""
 
 from __future__ import annotations
 
@@ -14,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from _common import markdown_table
+from gossamer_harness.report import figure, markdown_table
 
 LABELS = {"gossamer_diloco": "gossamer DiLoCo (W1 = W2 = global)",
           "gossamer_gossip": "gossamer gossip DiLoCo (g: W1 ring, W2 ring on subset)",
@@ -26,7 +19,9 @@ LINK_WORDS = {"access": "one shared access link per peer", "pair": "each connect
 
 
 def curve(peers: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(t, mean over peers of each one's latest sample) at every sample time once all have one."""
+    """(t, mean over peers of each one's latest sample) at every sample time once all have one: the
+    arm's curve; its "final" is its last point within the budget (a hivemind peer's sample after
+    its last step past the budget is plotted, not counted)."""
     if not peers or any(not p["samples"] for p in peers):
         return []
     events = sorted((t, i, loss) for i, p in enumerate(peers) for t, loss in p["samples"])
@@ -49,6 +44,9 @@ def time_to(points: list[tuple[float, float]], loss: float) -> float | None:
 
 
 def _per_peer(arm: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """Utilisation = compute / (wall - evaluation) per peer over what it completed; the blocking
+    share is the waits (gossamer: W1 grace + W2; hivemind: the ``opt.step`` calls that start an
+    epoch) over the same time."""
     peers = arm["peers"]
     busy = [max(p["wall_s"] - p["eval_s"], 1e-9) for p in peers]
     utilisation = [p["compute_s"] / b if p["wall_s"] else 0.0 for p, b in zip(peers, busy, strict=True)]
@@ -151,30 +149,22 @@ def render(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for index, (name, arm) in enumerate(report["arms"].items()):
-        color = f"C{index}"
-        for peer in arm["peers"]:
-            if peer["samples"]:
-                ts, losses = zip(*peer["samples"], strict=True)
-                ax.plot(ts, losses, ".", color=color, alpha=0.35, markersize=4)
-        points = report["summary"][name]["curve"]
-        if points:
-            ts, losses = zip(*points, strict=True)
-            ax.step(ts, losses, where="post", color=color, label=LABELS[name])
-    ax.axhline(report["untrained_loss"], color="grey", linestyle="--", linewidth=0.8, label="untrained")
-    s = report["settings"]
-    ax.set_xlabel("wall-clock seconds since every peer of the arm was up")
-    ax.set_ylabel("held-out loss (nats/byte; dots: each peer, line: mean)")
-    ax.set_title(f"{s['peers']} peers, {s['mbit']:g} Mbit/s {s.get('link', 'pair')} links, {s['latency_ms']:g} ms, "
-                 f"H = {s['inner_steps']} "
-                 f"({report['model_mb_fp32']:.0f} MB model)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Held-out loss against wall-clock: each peer's samples as dots, the arm's mean curve as a line."""
+    with figure(path, figsize=(8, 5)) as (_, ax):
+        for index, (name, arm) in enumerate(report["arms"].items()):
+            color = f"C{index}"
+            for peer in arm["peers"]:
+                if peer["samples"]:
+                    ts, losses = zip(*peer["samples"], strict=True)
+                    ax.plot(ts, losses, ".", color=color, alpha=0.35, markersize=4)
+            points = report["summary"][name]["curve"]
+            if points:
+                ts, losses = zip(*points, strict=True)
+                ax.step(ts, losses, where="post", color=color, label=LABELS[name])
+        ax.axhline(report["untrained_loss"], color="grey", linestyle="--", linewidth=0.8, label="untrained")
+        s = report["settings"]
+        ax.set_xlabel("wall-clock seconds since every peer of the arm was up")
+        ax.set_ylabel("held-out loss (nats/byte; dots: each peer, line: mean)")
+        ax.set_title(f"{s['peers']} peers, {s['mbit']:g} Mbit/s {s.get('link', 'pair')} links, "
+                     f"{s['latency_ms']:g} ms, H = {s['inner_steps']} ({report['model_mb_fp32']:.0f} MB model)")
+        ax.legend(fontsize=8)

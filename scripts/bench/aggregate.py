@@ -1,23 +1,13 @@
-"""Robust aggregation benchmark: each aggregator over n float32 updates, as a multiple of one plain mean.
-
-The denominator is one pass of the plain mean over the same data, ``torch.stack(updates).mean(0)``
-on the pre-stacked [n, d] tensor with torch's default threads (the memory-bandwidth floor: read
-every value once); the same on one thread is a row beside it, since the kernels run on the
-calling thread by design (``robust_kernels``). Each aggregator row times the public call on the
-list of contributions, sanitizing included; targets apply to the paired ratio. Rows run
-interleaved (repetition k of every row before k + 1, one untimed warm-up first) so that load on
-the shared host hits all rows alike; each row reports the median of its repetitions::
+"""Each robust aggregator over n float32 updates as a multiple of one plain mean (the pre-stacked
+``stack(updates).mean(0)``: the memory-bandwidth floor), rows interleaved::
 
     .venv/bin/python scripts/bench/aggregate.py [--num_updates 16] [--numel 10000000] [--f 4]
-        [--repeats 5] [--json scripts/bench/results/aggregate.json]
-"""
+        [--repeats 5] [--json scripts/bench/results/aggregate.json]"""
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -26,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import markdown_table, write_json
 
 from gossamer.protocols.core import robust
 from gossamer.protocols.core.robust import Contribution
+from gossamer_harness.report import machine, markdown_table, write_result
 
 _HERE = Path(__file__).resolve().parent
 
@@ -42,7 +32,7 @@ TAU = 1.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num_updates", type=int, default=16)
     parser.add_argument("--numel", type=int, default=10_000_000, help="float32 values per update")
     parser.add_argument("--f", type=int, default=4, help="Byzantine budget passed to the robust aggregators")
@@ -127,22 +117,13 @@ def render(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     return caption + "\n\n" + markdown_table(header, lines)
 
 
-def machine() -> dict[str, Any]:
-    return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "load_average": os.getloadavg(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     before = machine()
     rows = summarize(run_interleaved(build_rows(args), args.repeats))
     table = render(rows, args)
     print(table)
-    write_json(args.json, {"machine": before, "load_average_after": os.getloadavg(),
-                           "args": {k: str(v) for k, v in vars(args).items()}, "targets": TARGETS,
-                           "rows": rows, "table_markdown": table})
+    write_result(args.json, {"targets": TARGETS, "rows": rows, "table_markdown": table}, before=before, args=args)
     print(f"\nwrote {args.json}", file=sys.stderr)
     return 0
 

@@ -1,46 +1,22 @@
-"""Context parallelism: one training step of a 4-member ring over emulated WAN links, compressed vs
-uncompressed keys and values, split into compute and exposed communication.
+"""One training step of a 4-member context-parallel ring over emulated WAN links, compressed vs
+dense keys and values, split into compute and exposed communication (docs/BENCHMARKS.md)::
 
-Four member processes (``_context_member.py``) each hold the whole model (byte LM, width 128,
-4 heads, d_head 32, 2 layers, context 2048) and one 512-token chunk of the same batch of
-``builtin:pydoc`` windows; every member sits behind its own ``WanProxy`` (default 300 Mbit/s and
-50 ms one way, each direction, per connection), and the members exchange the real coefficient
-messages as gossamer TCP frames. A repetition runs one step (forward + backward of the ring, the
-gradient shares each member ends with; no optimizer step) of every combination of coding (dense,
-r = 2, r = 1 with M = 4 by default) and link: through the proxies ("wan") and straight over
-loopback ("direct", the same processes, code and CPU contention without the emulated link).
-A third mode, "link-only", sends each member's frames of its last computed step of that coding
-again over the wan links in the ring's dependency order with no compute at all: what the link
-alone costs, i.e. the step time on a device infinitely faster than this one. Combinations are
-interleaved, one warm-up round first.
-
-Per combination and repetition: step time = last member's end - first member's start. Exposed
-communication = wan step - direct step of the same repetition (what the link adds on top of
-compute and transport software; the median of the paired differences). Compute = the busiest
-member's seconds inside ``RingMember.step`` on the wan run. Targets: exposed communication
-<= 20% of the step on the compressed path, and the compressed step >= 5x faster than dense::
-
-    nice -n 10 .venv/bin/python scripts/bench/context.py [--repeats 5] [--batch_size 4]
-        [--mbit 300] [--latency_ms 50] [--device auto] [--json scripts/bench/results/context.json]
-
-All four members share this machine's cores: with 2 cores, compute is slower than on four hosts,
-which hides more of the link behind it than a faster device would (see BENCHMARKS.md).
-"""
+    nice -n 10 .venv/bin/python scripts/bench/context.py [--repeats 5] [--batch_size 4] [--mbit 300] [--latency_ms 50]"""
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-from _common import MB, Scenario, ScenarioRun, machine_info, markdown_table, write_json
+from _common import Scenario, ScenarioRun
 from _context_member import MODES, member_worker
 
 from gossamer.protocols.context.core import SubspaceConfig
+from gossamer_harness.report import MB, load_average_text, machine, markdown_table, write_result
 
 CHUNKS = 4
 MODEL = {"d_model": 128, "n_layers": 2, "n_heads": 4, "context": 2048}
@@ -58,7 +34,7 @@ def parse_arm(label: str) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per combination")
     parser.add_argument("--batch_size", type=int, default=4, help="sequences of 2048 bytes per step")
     parser.add_argument("--arms", default=DEFAULT_ARMS, help="comma-separated: dense, rR, rR-mM")
@@ -160,16 +136,15 @@ def verdicts(rows: dict[str, dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    before = {**machine_info(), "load_average": os.getloadavg()}
+    before = machine()
     result = run(args)
     rows = summarise(result)
     table = render(rows, result["settings"])
     lines = verdicts(rows)
     print(table)
     print("\n".join(lines))
-    print(f"load average before {before['load_average']}, after {os.getloadavg()}")
-    write_json(args.json, {"machine": before, "load_average_after": os.getloadavg(), "rows": rows,
-                           "verdicts": lines, **result})
+    print(f"load average before {before['load_average']}, after {load_average_text()}")
+    write_result(args.json, {"rows": rows, "verdicts": lines, **result}, before=before)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,13 @@
-"""FoMoE local step time at r = 1 and r = 2 against the full replica, and sync bytes per round.
-
-**Step time.** One MoE byte LM shape (width 128, 4 blocks, 8 experts, top-2, expert hidden 256),
-one batch shape (16 windows x 64 bytes of ``builtin:pydoc``), one torch thread. Each row is a
-``FomoeReplica`` holding 8, 4 (r = 2 on four workers) or 2 (r = 1) of the 8 experts, all built
-from the same seed and fed the same batch sequence; a timed call is ``steps_per_rep`` real inner
-steps (skip-token forward, backward, clipping, AdamW). Rows run interleaved (repetition k of
-every row back to back, the order rotating; one untimed warm-up repetition). Reported: median ms
-per step, the speed-up over the full replica (ratio of medians, and the median of the per-
-repetition ratios), the speed-up torch's FLOP counter predicts for the same batch (full FLOPs /
-row FLOPs, forward + backward), and the skip fraction. Target: r = 1 at least 1.3x faster.
-
-**Sync bytes per round** (W = 4, H = ``inner_steps``). FoMoE and full-replica DiLoCo (r = W):
-one real ``simulate_round`` per arm, every update and aggregate tensor counted, checked equal to
-``sync_bytes``. Data parallel: the bytes of one real backward's gradients x W x H, up and down::
+"""FoMoE local step time at r = 1 and r = 2 against the full replica, and sync bytes per round
+(method and results: docs/BENCHMARKS.md, "FoMoE")::
 
     nice -n 10 .venv/bin/python scripts/bench/fomoe.py [--repeats 15] [--steps_per_rep 2]
-        [--inner_steps 25] [--device auto] [--json scripts/bench/results/fomoe.json]
-"""
+        [--inner_steps 25] [--device auto] [--json scripts/bench/results/fomoe.json]"""
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import MB, markdown_table, write_json
 from torch.utils.flop_counter import FlopCounterMode
 
 from gossamer.protocols.core.models import BatchSampler, load_text, next_byte_loss, split_text
@@ -45,6 +28,7 @@ from gossamer.protocols.fomoe.core import (
     sync_bytes,
     update_bytes,
 )
+from gossamer_harness.report import MB, machine, markdown_table, write_result
 
 _HERE = Path(__file__).resolve().parent
 CONFIG = MoEConfig(d_model=128, n_layers=4, n_heads=4, context=64, mlp_ratio=2, n_experts=8, top_k=2)
@@ -56,7 +40,7 @@ FULL_SYNC = "full replica (r = W = 4: DiLoCo's bytes, plus routing counts)"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--steps_per_rep", type=int, default=2, help="inner steps per timed call")
     parser.add_argument("--inner_steps", type=int, default=25, help="H, for the bytes per round")
@@ -170,18 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
-    load = os.getloadavg()
-    machine = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-               "platform": platform.platform(), "device": str(device), "load_average": load,
-               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    before = machine(device=str(device))
+    load = before["load_average"]
     steps = time_steps(args.repeats, args.steps_per_rep, device)
     flops = predicted_flops(device)
     sync = sync_rows(args.inner_steps, device)
     table = render(steps, flops, sync, args, load, device)
     print(table)
-    write_json(args.json, {"machine": machine, "load_average_after": os.getloadavg(),
-                           "args": {k: str(v) for k, v in vars(args).items()}, "config": CONFIG.to_dict(),
-                           "steps": steps, "flops": flops, "sync": sync, "table_markdown": table})
+    write_result(args.json, {"config": CONFIG.to_dict(), "steps": steps, "flops": flops, "sync": sync,
+                             "table_markdown": table}, before=before, args=args)
     print(f"\nwrote {args.json}", file=sys.stderr)
     return 0
 

@@ -1,36 +1,13 @@
-"""Inference benchmark: output bytes per second of BlockTrain passes vs the matched autoregressive
-pipeline, over three hosts behind emulated WAN links.
+"""Bytes per second of BlockTrain passes vs the matched autoregressive pipeline, three hosts behind
+emulated WAN links; target: the ratio is at least L / N (docs/BENCHMARKS.md, "Inference")::
 
-Three host processes (spawned) each serve one BlockTrain block and one stage of the matched causal
-LM (``protocols.blocktrain.ar_stage``: same width, heads and context, one layer per block, split into as many
-stages as there are blocks), with the real ``BlockHost`` / ``ArStageHost`` behind a ``TcpServer``;
-a ``WanProxy`` in front of each host shapes every connection into it (``--latency_ms`` one way,
-``--mbit`` each direction), so each hop of a pass (client -> host 1 -> host 2 -> host 3, and
-the answer back along the same connections) crosses one emulated link each way. The client (this
-process) generates ``L`` bytes for each ``--sizes`` L:
-
-- BlockTrain: ``BlockTrainClient.generate`` (segments of context // 2 new bytes, ``--passes``
-  refinement passes each), route block 2 -> 1 -> 0;
-- AR pipeline: ``ArClient.generate``, one pass stage 0 -> 1 -> 2 per byte.
-
-Both carry [1, T <= context, d_model] float32 activations between hosts. Weights are the seeded
-initialisation (this measures speed, not quality); each row also checks that the networked text
-equals the same generation in one process. Target: the BlockTrain/AR ratio of bytes per second is
-at least L / N, N = BlockTrain passes for the L bytes (one BlockTrain pass costs no more
-than one AR pass)::
-
-    .venv/bin/python scripts/bench/inference.py [--sizes 64 256 1024] [--latency_ms 50] [--mbit 100]
-        [--passes 4] [--json scripts/bench/results/inference.json]
-"""
+    .venv/bin/python scripts/bench/inference.py [--sizes 64 256 1024] [--latency_ms 50] [--mbit 100] [--passes 4]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import multiprocessing
-import os
-import platform
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -38,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import markdown_table, write_json
 
 from gossamer.peer.route.client import HostEntry, RemoteRoute
 from gossamer.peer.route.pool import HopPool
@@ -54,6 +30,7 @@ from gossamer.protocols.core.models import build_model
 from gossamer.protocols.core.models import generate as ar_generate
 from gossamer.transport.frames import Frame
 from gossamer.transport.tcp import HandlerError, TcpServer
+from gossamer_harness.report import machine, markdown_table, write_result
 from gossamer_harness.wan import LinkProfile, WanProxy
 
 _HERE = Path(__file__).resolve().parent
@@ -64,7 +41,7 @@ PROMPT = b"The "
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024],
                         help="bytes generated per row")
     parser.add_argument("--latency_ms", type=float, default=50.0, help="one-way latency of each hop")
@@ -248,9 +225,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    machine = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-               "platform": platform.platform(), "load_average": os.getloadavg(),
-               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    before = machine()
     procs, conns, addrs = start_hosts(args)
     started = time.perf_counter()
     try:
@@ -266,10 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc.join(10)
     table = render(rows, args)
     print(table)
-    write_json(args.json, {"machine": machine, "load_average_after": os.getloadavg(),
-                           "wall_s": time.perf_counter() - started,
-                           "args": {k: str(v) for k, v in vars(args).items()},
-                           "rows": rows, "hosts": hosts, "table_markdown": table})
+    write_result(args.json, {"wall_s": time.perf_counter() - started, "rows": rows, "hosts": hosts,
+                             "table_markdown": table}, before=before, args=args)
     print(f"\nwrote {args.json}", file=sys.stderr)
     return 0
 

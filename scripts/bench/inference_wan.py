@@ -1,29 +1,14 @@
 #!/usr/bin/env python3
-"""BlockTrain inference across real daemons: ``gossamer serve`` processes behind emulated WAN links,
-``gossamer generate`` as the client, BlockTrain passes vs the matched autoregressive pipeline.
-
-``inference.py`` runs the hosts' code in spawned worker processes that it wires itself. This
-benchmark runs what a user runs (README, "BlockTrain"): ``gossamer orchestrator`` publishes a
-BlockTrain run (d_model 128, 4 heads, context 64, three one-layer blocks, the seeded weights: no
-worker trains, so the servers load version 0), three ``gossamer serve --blocks k --ar_stages k``
-daemons each announce a ``WanProxy`` in front of their ports (``--mbit`` each direction,
-``--latency_ms`` one way), and for each ``--sizes`` L a ``gossamer generate --json`` process finds
-the route in the DHT and generates L bytes with ``--passes`` refinement passes per segment
-(BlockTrain), then with ``--baseline ar`` (one pass per byte). Every hop of a pass (client ->
-server -> server -> server, the answer back) crosses one emulated link each way. The figures are
-the client's own timing of the generation (``seconds`` in its JSON: the route is found before
-it); sizes and the two arms alternate over ``--repeats``. Target, as in ``inference.py``: the
-BlockTrain / AR ratio of bytes per second is at least L / N (N = BlockTrain passes)::
+"""``inference.py`` across real daemons: ``gossamer serve`` processes behind emulated WAN links,
+``gossamer generate`` as the client, BlockTrain passes vs the autoregressive pipeline::
 
     nice -n 10 .venv/bin/python scripts/bench/inference_wan.py [--sizes 64 256] [--repeats 2]
-        [--passes 4] [--mbit 100] [--latency_ms 50] [--json scripts/bench/results/inference_wan.json]
-"""
+        [--passes 4] [--mbit 100] [--latency_ms 50] [--json scripts/bench/results/inference_wan.json]"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import BenchError, machine_info, markdown_table, write_json
+from _common import BenchError
 from _wan_links import Links, Party
 
+from gossamer_harness.report import machine, markdown_table, write_result
 from gossamer_harness.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +65,7 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="inference_wan_"))
     (work / "run.toml").write_text(RUN_TOML.format(blocks=BLOCKS))
     links = Links(LinkProfile.from_mbit(args.mbit, args.latency_ms))
-    load_before, started = os.getloadavg(), time.monotonic()
+    before, started = machine(), time.monotonic()
     parties: list[Party] = []
     samples: list[dict[str, Any]] = []
     try:
@@ -107,10 +93,9 @@ def main() -> int:
             party.proc.stop()
         links.close()
     rows = summarise(samples, args.sizes)
-    report = {"settings": {k: v for k, v in vars(args).items() if k not in ("work", "json")},
-              "machine": machine_info(), "load_before": load_before, "load_after": os.getloadavg(),
-              "wall_s": time.monotonic() - started, "wire_bytes": wire, "samples": samples, "rows": rows}
-    write_json(args.json, report)
+    report = write_result(args.json, {"settings": {k: v for k, v in vars(args).items() if k not in ("work", "json")},
+                                      "wall_s": time.monotonic() - started, "wire_bytes": wire, "samples": samples,
+                                      "rows": rows}, before=before)
     print(render(report))
     print(f"\nJSON: {args.json}\nlogs: {work}", file=sys.stderr)
     return 0
@@ -144,8 +129,8 @@ def render(report: dict[str, Any]) -> str:
                       f"{row['speedup']:.2f}x", f"{row['target_speedup']:.2f}x", str(bt["retries"] + ar["retries"])])
     s = report["settings"]
     return (markdown_table(header, lines) + f"\n\nMedian of {s['repeats']} runs per cell; links {s['mbit']:g} Mbit/s, "
-            f"{s['latency_ms']:g} ms one way; load average {report['load_before'][0]:.1f} before, "
-            f"{report['load_after'][0]:.1f} after; {report['wire_bytes'] / 1e6:.1f} MB through the proxies.")
+            f"{s['latency_ms']:g} ms one way; load average {report['machine']['load_average'][0]:.1f} before, "
+            f"{report['load_average_after'][0]:.1f} after; {report['wire_bytes'] / 1e6:.1f} MB through the proxies.")
 
 
 if __name__ == "__main__":

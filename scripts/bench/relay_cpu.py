@@ -1,14 +1,7 @@
-"""CPU the relay path costs per relayed byte, spliced vs copied, on loopback (no root needed)::
+"""CPU seconds the relay path costs per relayed byte, spliced vs copied, on loopback (Linux, no
+root); CPU seconds show what the splice saves where a wall-clock ratio is noise::
 
-    nice -n 10 .venv/bin/python scripts/bench/relay_cpu.py [--size_mb 100] [--repeats 5] [--rounds 2]
-
-Per round and mode (``splice``, then ``copy``): a relay process, a receiver process holding a
-relay allocation (its ``TcpServer`` plus its ``RelayClient``) and a sender process
-(``_relay_peer.py``), one untimed warm-up request, then ``repeats`` timed ones; it prints each
-process's CPU seconds (user + system, from /proc) per request and the median wall time. CPU
-seconds move much less than wall time when other work shares the cores, so they show what the
-splice saves where a wall-clock ratio is noise. Linux only (/proc).
-"""
+    nice -n 10 .venv/bin/python scripts/bench/relay_cpu.py [--size_mb 100] [--repeats 5] [--rounds 2]"""
 
 from __future__ import annotations
 
@@ -75,7 +68,7 @@ def measure(mode: str, size_bytes: int, repeats: int) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("::")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size_mb", type=float, default=100.0, help="request size in MB (10^6 bytes)")
     parser.add_argument("--repeats", type=int, default=5, help="timed requests per round and mode")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of splice then copy")

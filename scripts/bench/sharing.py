@@ -1,22 +1,12 @@
-"""Secret-sharing benchmark: share generation throughput against the raw ChaCha20 keystream it consumes.
-
-Sharing n values draws 8 * n keystream bytes for the masks; the rest of ``share_float`` (range
-check, fixed-point encoding, the subtraction) is overhead on top of that. Every row is reported in
-MB/s of *keystream-equivalent* bytes, 8 per element (the size of one int64 share), so the ratio
-``share_float / raw_keystream`` is the share of sharing time spent producing the keystream; the
-target is >= 0.5. Rows, all on one thread, run interleaved (repetition k of every row before
-k + 1, one untimed warm-up first) so that load on the shared host hits them alike::
+"""Share generation throughput against the raw ChaCha20 keystream it consumes, in MB/s of
+keystream-equivalent bytes (8 per element); target ``share_float / raw_keystream`` >= 0.5::
 
     .venv/bin/python scripts/bench/sharing.py [--numel 4194304] [--repeats 7]
-        [--json scripts/bench/results/sharing.json]
-"""
+        [--json scripts/bench/results/sharing.json]"""
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
 import sys
 import time
@@ -25,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import MB, markdown_table, write_json
 
 from gossamer.crypto.sharing import MaskStream, encode, reconstruct, share_float
+from gossamer_harness.report import MB, machine, markdown_table, write_result
 
 _HERE = Path(__file__).resolve().parent
 
@@ -43,7 +33,7 @@ LABELS = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numel", type=int, default=4 * 1024 * 1024, help="float32 values shared per repetition")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", type=Path, default=_HERE / "results" / "sharing.json")
@@ -120,13 +110,6 @@ def render(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     return caption + "\n\n" + markdown_table(header, lines)
 
 
-def machine() -> dict[str, Any]:
-    return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "load_average": os.getloadavg(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
@@ -135,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(run_interleaved(build_rows(args.numel), args.repeats), args.numel)
     table = render(rows, args)
     print(table)
-    write_json(args.json, {"machine": before, "load_average_after": os.getloadavg(),
-                           "args": {k: str(v) for k, v in vars(args).items()}, "min_ratio": MIN_RATIO,
-                           "rows": rows, "table_markdown": table})
+    write_result(args.json, {"min_ratio": MIN_RATIO, "rows": rows, "table_markdown": table}, before=before, args=args)
     print(f"\nwrote {args.json}", file=sys.stderr)
     return 0 if rows[SHARE]["pass"] else 1
 

@@ -1,23 +1,12 @@
 #!/usr/bin/env python3
-"""Swarm benchmark: time from process start to "joined and visible to others", and idle memory.
+"""Time from process start to "joined and visible to the orchestrator" for N peers started at
+once, split into start -> ready and ready -> visible, and the idle daemons' memory::
 
-For each swarm size N (default 1, 4, 8) an orchestrator is started on loopback, then N peers are
-started at once through the CLI. A peer counts as visible when its id first appears in the
-orchestrator's live peer table (the orchestrator's ``peers`` events). The total is split into
-start -> ready (process start-up: imports, identity, DHT node, servers; the peer's own ``ready``
-event) and ready -> visible (record published, found and verified by the orchestrator). After all
-are visible and the swarm has idled for a few seconds, the resident memory of every peer daemon
-(and of its hivemind ``p2pd`` child) is read from /proc. Prints a markdown table and writes JSON.
-
-    .venv/bin/python scripts/bench/swarm.py [--sizes 1 4 8] [--repeats 3] [--json PATH]
-"""
+    .venv/bin/python scripts/bench/swarm.py [--sizes 1 4 8] [--repeats 3] [--json PATH]"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,6 +16,7 @@ from pathlib import Path
 from gossamer.crypto.identity import Identity
 from gossamer.peer.processes import child_pids
 from gossamer_harness.localproc import LOOPBACK, GossamerProcess, rss_bytes
+from gossamer_harness.report import machine, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,6 +69,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/bench/results/swarm.json")
     args = parser.parse_args()
+    before = machine()
     rows = []
     for size in args.sizes:
         joins, rss, p2pd, startup, network = [], [], [], [], []
@@ -96,9 +87,7 @@ def main() -> int:
                      "ready_to_visible_s": summarise(network), "daemon_rss_mb": summarise([r / 2**20 for r in rss]),
                      "p2pd_rss_mb": summarise([r / 2**20 for r in p2pd]), "raw": {"join": joins, "rss": rss, "p2pd": p2pd}})
     print_table(rows)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
-                                     "cpus": os.cpu_count(), "repeats": args.repeats, "rows": rows}, indent=2))
+    write_result(args.json, {"repeats": args.repeats, "rows": rows}, before=before)
     return 0
 
 

@@ -1,53 +1,12 @@
-"""TL++ step time, secure vs base mode on the same model and virtual batches, split into compute,
-share generation and transfer.
+"""TL++ step time, secure vs base, split into compute, share generation and transfer; targets:
+secure <= 1.5x base, share generation >= 0.5x the raw keystream (docs/BENCHMARKS.md)::
 
-Four measurements in one run, all on one torch thread:
-
-1. **Whole step over the network.** Two in-process TL++ networks (``gossamer_harness.localnet``):
-   the real orchestrator, data node and (secure) helper roles, each node and the helper behind its
-   own TcpServer on 127.0.0.1, every request over an encrypted link. Both networks have the same
-   identities and data shards, hence the same virtual batches, and the same digits_cnn (cut 3,
-   seed 0). A repetition runs the same virtual batch through the orchestrator's own step
-   (``TlppServerRole._one_step``: forward, server side, backward, optimizer step; weights go to the
-   nodes every step) in each mode, the mode that goes first alternating. Bytes per step are the
-   sum of every peer's ``tlpp_*`` sent counters; requests per step are the frames the servers got.
-2. **Its split.** The same parties' pure functions on the same batch, run one after the other in
-   this thread: *compute* is the model math (forward and backward below and above the cut, the
-   affine share ops ``server_logit_share`` / ``server_sum``, the optimizer step); *share
-   generation* is every ``share_float`` (masks from ``MaskStream`` plus encoding) and every
-   ``reconstruct_float``, timed by wrapping the two names in ``protocols.tlpp.core.secure`` while the party
-   functions run. *Transfer* = whole step - compute - share generation: tensor encoding,
-   ChaCha20-Poly1305, framing, loopback sockets, the event loop and thread hops. The nodes of the
-   network step compute concurrently (``asyncio.gather`` + ``to_thread``), so on a machine with
-   idle cores the serial sums overstate their share of the wall time and the residual understates
-   transfer.
-3. **Share generation vs raw keystream**: ``scripts/bench/sharing.py``'s rows (bulk, one large
-   tensor), and the same comparison on exactly the tensors one secure step shares.
-4. **Where the network step's time goes**: each request phase's wall time (the orchestrator's and
-   the nodes' ``SecureLinks.request`` wrapped), the empty-request round trip (a ping to the
-   helper), the CPU of the event-loop thread and of the worker threads per step, and a cProfile of
-   the event-loop thread after the timed steps. All five parties share this process: their
-   request handling (codec, AEAD, framing) runs on ONE event-loop thread and their model math in
-   worker threads on the same cores, which a deployment on separate hosts would run in parallel.
-
-This file runs the measurements; ``_tlpp_network`` holds the in-process networks, the network step,
-the request phases and the loop profile (1, 4), ``_tlpp_split`` the party split and the raw
-keystream (2, 3), ``_tlpp_report`` the summaries and tables.
-
-Targets: secure step <= 1.5x base at cut 3; share generation >= 0.5x the raw keystream rate::
-
-    .venv/bin/python scripts/bench/tlpp.py [--repeats 30] [--warmup 3] [--batch_size 96]
-        [--share_numel 4194304] [--share_repeats 7] [--profile_steps 10]
-        [--json scripts/bench/results/tlpp.json]
-"""
+    .venv/bin/python scripts/bench/tlpp.py [--repeats 30] [--warmup 3] [--batch_size 96] [--profile_steps 10]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import os
-import platform
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -56,7 +15,7 @@ from typing import Any
 
 import sharing as sharing_bench
 import torch
-from _common import BenchError, write_json
+from _common import BenchError
 from _tlpp_network import (
     MODES,
     NUM_NODES,
@@ -77,12 +36,13 @@ from gossamer.crypto.sharing import MaskStream
 from gossamer.protocols.tlpp.core import VirtualBatch
 from gossamer.protocols.tlpp.settings import TlppSettings
 from gossamer_harness.localnet import LocalNet
+from gossamer_harness.report import machine, write_result
 
 _HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=30, help="timed steps per mode")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per mode first")
     parser.add_argument("--batch_size", type=int, default=96, help=f"virtual batch over {NUM_NODES} nodes")
@@ -137,7 +97,13 @@ async def mode_step(setup: Setup, mode: str, batch: VirtualBatch) -> dict[str, A
 
 async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Every repetition: both modes' steps (the order alternates), the raw keystream of the secure
-    step's shared tensors, and the empty-request round trip; then the event-loop profiles."""
+    step's shared tensors, and the empty-request round trip; then the event-loop profiles.
+
+    *Transfer* = whole step - compute - share generation (encoding, AEAD, framing, sockets, the
+    event loop, thread hops). The network step's nodes compute concurrently, so on idle cores the
+    serial sums overstate their share and the residual understates transfer; and all five parties
+    share this process: their request handling runs on ONE event-loop thread, which a deployment
+    on separate hosts would run in parallel."""
     nets = await build_networks(args, tmp)
     try:
         setup = build_setup(nets)
@@ -161,13 +127,6 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await net.aclose()
 
 
-def machine() -> dict[str, Any]:
-    return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "load_average": os.getloadavg(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
@@ -180,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(measured, sharing_bench.summarize(bulk_seconds, args.share_numel))
     table = render(summary, args)
     print(table)
-    write_json(args.json, {"machine": before, "load_average_after": os.getloadavg(),
-                           "args": {k: str(v) for k, v in vars(args).items()}, **summary,
-                           "table_markdown": table})
+    write_result(args.json, {**summary, "table_markdown": table}, before=before, args=args)
     print(f"\nwrote {args.json}", file=sys.stderr)
     return 0 if summary["step_ratio"]["pass"] and summary["share_gen"]["pass"] else 1
 

@@ -1,32 +1,13 @@
 #!/usr/bin/env python3
-"""TL++ step time across real processes, on emulated WAN links and on loopback, secure vs base.
-
-``tlpp.py`` times the step with every party in one process (one event loop). This benchmark runs
-the parties as the README starts them: ``gossamer orchestrator``, ``gossamer helper`` (secure
-mode) and three ``gossamer peer --roles node`` / ``gossamer node --helper ...`` processes on
-``builtin:digits`` (a third each), one torch thread each. On the ``wan`` link every port a party
-listens on (HTTP, TCP) is behind its own ``WanProxy`` in this process (``--mbit`` each direction,
-``--latency_ms`` one way) and the party announces the proxy's port, so every request between two
-parties crosses one emulated link (the DHT is not shaped: it only carries records). ``loopback``
-runs the same processes with no proxy.
-
-Per run: ``--warmup`` + ``--steps`` virtual batches of ``--batch_size``; the orchestrator's
-``tlpp.step`` events give each step's wall time (from the first request of the batch to the
-optimizer step applied), the bytes it sent and received, and which nodes it used. Rows: the
-median step and its 10th-90th percentile over the timed steps, steps per second, the
-orchestrator's bytes per step, every proxy's bytes per step (all parties, records included), and
-secure / base paired within each repetition (the modes alternate which goes first). Repetitions
-interleave links and modes, so the rows share the machine's conditions::
+"""TL++ step time across real processes (as protocols/tlpp/README.md starts them), on emulated
+WAN links and on loopback, secure vs base (method and results: docs/BENCHMARKS.md)::
 
     nice -n 10 .venv/bin/python scripts/bench/tlpp_wan.py [--links wan loopback] [--modes base secure]
-        [--steps 30] [--warmup 3] [--repeats 2] [--mbit 100] [--latency_ms 50] [--batch_size 96]
-        [--json scripts/bench/results/tlpp_wan.json]
-"""
+        [--steps 30] [--warmup 3] [--repeats 2] [--mbit 100] [--latency_ms 50] [--batch_size 96]"""
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -34,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import BenchError, machine_info, write_json
+from _common import BenchError
 from _wan_links import Links, Party
 
+from gossamer_harness.report import load_average, machine, write_result
 from gossamer_harness.tlpp.runs import BASE_NODE_COMMAND, secure_tables
 from gossamer_harness.wan import LinkProfile
 
@@ -86,7 +68,7 @@ def start_parties(mode: str, work: Path, links: Links | None, s: argparse.Namesp
 def run_one(mode: str, link: str, work: Path, s: argparse.Namespace) -> dict[str, Any]:
     """One run of ``mode`` on ``link``: every step event of the orchestrator and the proxies' bytes."""
     links = Links(LinkProfile.from_mbit(s.mbit, s.latency_ms)) if link == "wan" else None
-    load_before = os.getloadavg()
+    load_before = load_average()
     parties: list[Party] = []
     try:
         parties = start_parties(mode, work, links, s)
@@ -104,7 +86,7 @@ def run_one(mode: str, link: str, work: Path, s: argparse.Namespace) -> dict[str
         if links is not None:
             links.close()
     return {"mode": mode, "link": link, "steps": steps, "finished": finished, "wire_bytes": wire,
-            "exit_codes": codes, "load_before": load_before, "load_after": os.getloadavg()}
+            "exit_codes": codes, "load_before": load_before, "load_after": load_average()}
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -165,7 +147,7 @@ def main() -> int:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="tlpp_wan_"))
     runs: list[dict[str, Any]] = []
-    started = time.monotonic()
+    before, started = machine(), time.monotonic()
     for repeat in range(args.repeats):
         for link in args.links:
             modes = args.modes if repeat % 2 == 0 else list(reversed(args.modes))
@@ -182,10 +164,9 @@ def main() -> int:
             by_mode = {r["mode"]: r["summary"]["median_ms"] for r in runs if r["link"] == link and r["repeat"] == repeat}
             if {"base", "secure"} <= by_mode.keys():
                 ratios.setdefault(link, []).append(by_mode["secure"] / by_mode["base"])
-    report = {"settings": {k: v for k, v in vars(args).items() if k not in ("work", "json")},
-              "machine": machine_info(), "wall_s": time.monotonic() - started, "runs": runs,
-              "secure_over_base": ratios}
-    write_json(args.json, report)
+    report = write_result(args.json, {"settings": {k: v for k, v in vars(args).items() if k not in ("work", "json")},
+                                      "wall_s": time.monotonic() - started, "runs": runs,
+                                      "secure_over_base": ratios}, before=before)
     print(render(report))
     print(f"\nJSON: {args.json}\nlogs: {work}", file=sys.stderr)
     return 0

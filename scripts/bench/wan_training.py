@@ -1,46 +1,8 @@
 #!/usr/bin/env python3
-"""Training over emulated WAN links, measured end to end: gossamer learners vs hivemind.Optimizer.
+"""Training over emulated WAN links end to end: gossamer learners (DiLoCo, gossip) vs hivemind's
+Optimizer, same model, data and AdamW per peer; JSON and a PNG of loss vs wall-clock (docs/BENCHMARKS.md)::
 
-Every arm trains the same ByteTransformer (same initialisation seed) on ``builtin:pydoc`` with
-``--peers`` peer processes, one torch thread each, for ``--budget_s`` seconds of wall-clock time
-after every peer of the arm is up. Each peer keeps its own shard and batch stream in every arm
-(shard index and sampler seed come from the peer's gossamer identity, made once and reused), and
-the same inner AdamW (lr, betas, weight decay, gradient clipping). Arms, one after the other:
-
-- ``gossamer_diloco``: real ``gossamer peer --roles learner`` daemons of one run (an orchestrator
-  publishes the manifest), DiLoCo: W1 = W2 = global, H inner steps per round, mean aggregator,
-  the manifest's defaults otherwise (heartbeat 5 s, W1 grace 2 s, W2 deadline 15 s);
-- ``gossamer_gossip``: the same daemons, gossip DiLoCo with EXPERIMENTS.md's best variant (g):
-  W1 ring, W2 ring on the embeddings + first layer + head;
-- ``gossamer_gossip_avg`` (only when named in ``--arms``): the gossip arm with plain averaging
-  as its outer step (outer lr 1, no momentum: the rule of hivemind's local updates), to tell the
-  outer optimizer's share of a difference from the system's;
-- ``hivemind_sync``: hivemind 1.1.12 ``Optimizer``, synchronous large batch (gradients accumulated
-  to ``peers x batch x --sync_accumulate`` samples, then all-reduced);
-- ``hivemind_local``: ``Optimizer(use_local_updates=True)``, parameters averaged in the
-  background every ``peers x batch x H`` samples (DiLoCo's communication period).
-
-Links: every port a peer listens on (gossamer's HTTP, TCP and DHT; hivemind's p2pd) is behind its
-own ``WanProxy`` in this process (``--mbit`` each direction, ``--latency_ms`` one way), and the
-peer announces the proxy's port instead of its own (gossamer: ``--announce_http_port``,
-``--announce_tcp_port``, ``--announce_maddrs``; hivemind: ``announce_maddrs``). So every
-connection between two peers crosses one emulated link. With ``--link access`` (the default) a
-peer's proxies share its access link: all its connections together get ``--mbit`` each way, as
-one home or office line would; ``--link pair`` shapes each connection on its own (a mesh of pair
-links: a peer with k neighbours gets k times the rate). The orchestrator's DHT is not behind a
-proxy.
-
-Measured per peer: held-out loss samples against wall-clock time (gossamer: every round;
-hivemind: after a new epoch, at most every ``--eval_every_s``), compute utilisation = time in
-inner steps / (wall - evaluation) over the rounds or steps completed, the blocking share (W1/W2
-waits; hivemind's epoch-starting ``opt.step``), rounds that ended partial and ledger balance
-problems (gossamer; hivemind: failure lines in its log), and the bytes every proxy forwarded.
-Writes JSON with every sample and a PNG of loss against wall-clock time::
-
-    nice -n 10 .venv/bin/python scripts/bench/wan_training.py [--peers 3] [--budget_s 150] [--mbit 100]
-        [--latency_ms 50] [--link access|pair] [--inner_steps 30] [--arms gossamer_diloco gossamer_gossip hivemind_sync hivemind_local]
-        [--json scripts/bench/results/wan_training.json] [--report_only]
-"""
+    nice -n 10 .venv/bin/python scripts/bench/wan_training.py [--peers 3] [--budget_s 150] [--mbit 100] [--link access|pair]"""
 
 from __future__ import annotations
 
@@ -59,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import machine_info, write_json
 from _wan_links import Links, free_port
 from _wan_training_report import plot, render, summarise
 
@@ -68,13 +29,14 @@ from gossamer.protocols.core.models import ModelConfig, build_model
 from gossamer.protocols.core.text_data import evaluate, load_text, split_text
 from gossamer.protocols.diloco.core.replica import DilocoConfig
 from gossamer_harness.localproc import GossamerProcess
+from gossamer_harness.report import load_average, machine, write_json, write_result
 from gossamer_harness.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 ARMS = ("gossamer_diloco", "gossamer_gossip", "hivemind_sync", "hivemind_local")
 EXTRA_ARMS = ("gossamer_gossip_avg",)  # only when named in --arms
-W2_SUBSET = ["embed", "pos", "blocks.0", "norm_f", "head"]  # EXPERIMENTS.md's subset: embeddings + layer0 + head
+W2_SUBSET = ["embed", "pos", "blocks.0", "norm_f", "head"]  # docs/EXPERIMENTS.md's subset: embeddings + layer0 + head
 FAILURE_WORDS = {"gossamer": ("ERROR", "Traceback"),
                  "hivemind": ("failed", "Failed", "timed out", "TimeoutError", "Traceback", "Exception")}
 START_TIMEOUT_S = 240.0
@@ -360,26 +322,26 @@ def main() -> int:
     baseline = untrained_loss(s)
     n_params = sum(p.numel() for p in build_model(ModelConfig.from_dict(s.model), seed=s.seed).parameters())
     links = Links(LinkProfile.from_mbit(s.mbit, s.latency_ms), shared=s.link == "access")
+    before = machine()
     arms: dict[str, Any] = {}
     try:
         for arm in args.arms:
             arm_work = work / arm
             arm_work.mkdir(exist_ok=True)
-            load_before = os.getloadavg()
+            load_before = load_average()
             print(f"[{arm}] starting ({s.peers} peers, {s.budget_s:.0f} s)", file=sys.stderr, flush=True)
             run = run_gossamer if arm.startswith("gossamer") else run_hivemind
             result = run(arm, s, arm_work, links, ids)
             result.update(wire_bytes=links.wire_bytes(), proxy=links.stats(),
-                          load_before=load_before, load_after=os.getloadavg())
+                          load_before=load_before, load_after=load_average())
             links.close_proxies()
             arms[arm] = result
             print(f"[{arm}] done; logs in {arm_work}", file=sys.stderr, flush=True)
     finally:
         links.close()
     report = {"settings": asdict(s), "parameters": n_params, "model_mb_fp32": n_params * 4 / 1e6,
-              "untrained_loss": baseline, "machine": machine_info(), "arms": arms}
-    report["summary"] = summarise(report)
-    write_json(args.json, report)
+              "untrained_loss": baseline, "arms": arms}
+    report = write_result(args.json, {**report, "summary": summarise(report)}, before=before)
     png = args.json.with_suffix(".png")
     plot(report, png)
     print(render(report))

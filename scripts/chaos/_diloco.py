@@ -1,5 +1,5 @@
 """Shared parts of the DiLoCo chaos scripts (``fault_matrix.py``, ``wan_faults.py``, ``churn.py``):
-the in-process run they all train, whether a set of learners agrees bit for bit, the load."""
+the in-process run they all train, whether a set of learners agrees bit for bit."""
 
 from __future__ import annotations
 
@@ -34,6 +34,3 @@ def bit_identical(roles: list[LearnerRole]) -> bool:
     return all(all(torch.equal(states[0][0][k], x[k]) and torch.equal(states[0][1][k], u[k]) for k in x)
                for x, u in states[1:])
 
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])

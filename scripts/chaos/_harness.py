@@ -1,20 +1,12 @@
-"""Shared parts of the chaos scripts: which code runs the daemons, RSS sampling, an honest prober,
-and the report.
-
-Each script runs its attacks against real daemons started through the CLI, twice side by side:
-once on this checkout ("fixed") and once on a git ref from before the fix ("before", built from
-``git archive`` into a scratch folder and put first on ``PYTHONPATH`` through a small
-``gossamer`` shim package), so every table compares the two on the same machine within minutes.
-Attackers connect from their own loopback address (``ATTACKER``, and more for the many-address
-rows); the daemons' own traffic and the honest prober come from 127.0.0.1, as peers on other
-hosts would.
-"""
+"""Shared parts of the attack scripts (``http_slots.py``, ``tcp_slots.py``): real daemons run on this
+checkout and on a git ref from before a fix (``baseline_code``: ``git archive`` behind a small
+``gossamer`` shim on ``PYTHONPATH``), RSS sampling, an honest prober from 127.0.0.1 while attackers
+connect from their own loopback addresses (``ATTACKER``), and the report."""
 
 from __future__ import annotations
 
 import asyncio
 import io
-import json
 import os
 import shutil
 import statistics
@@ -29,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gossamer_harness.localproc import LOOPBACK, GossamerProcess, rss_bytes
+from gossamer_harness.report import load_average_text, machine, markdown_table, write_json
 
 ATTACKER = "127.0.0.66"
 RESULTS = Path(__file__).parent / "results"
@@ -254,21 +247,12 @@ def mb(values: list[int], pick: Callable[[list[int]], float]) -> float | None:
     return round(pick(values) / MB, 1) if values else None
 
 
-def load_average() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.1f} / {five:.1f} / {fifteen:.1f}"
-
-
 def write_report(name: str, rows: list[dict[str, Any]], columns: list[tuple[str, str]], meta: dict[str, Any]) -> None:
     """Print a markdown table of ``rows`` and write them (and ``meta``) to results/<name>.json."""
-    print(f"\n{name}: load average (1/5/15 min) at the end {load_average()}; {meta.get('note', '')}")
-    print("| " + " | ".join(title for _, title in columns) + " |")
-    print("|" + "|".join("---" for _ in columns) + "|")
-    for row in rows:
-        print("| " + " | ".join(_cell(row.get(key)) for key, _ in columns) + " |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"meta": {**meta, "load_average": load_average()}, "rows": rows}, indent=2) + "\n")
+    print(f"\n{name}: load average (1/5/15 min) at the end {load_average_text()}; {meta.get('note', '')}")
+    print(markdown_table([title for _, title in columns], [[_cell(row.get(key)) for key, _ in columns] for row in rows]))
+    path = write_json(RESULTS / f"{name}.json", {"meta": {**meta, "load_average": load_average_text()},
+                                                 "machine": machine(), "rows": rows})
     print(f"wrote {path.relative_to(REPO)}")
 
 

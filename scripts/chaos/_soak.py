@@ -1,13 +1,7 @@
 """Shared parts of the soaks (``soak.py``, ``soak_tlpp.py``, ``soak_blocktrain.py``): sampling every
-process's ``/status`` (``process``: asyncio tasks, open file descriptors, resident memory,
-threads), the line fitted over the second half of the run, the pass rule and the report.
-
-Pass rule, "flat": over the second half of the run (the first half is warm-up: allocator pools,
-caches, a thread pool that grows on first use), resident memory grows less than 5 MB per 100
-units (rounds, steps, versions), and tasks, file descriptors and threads by less than 1. A leak
-grows with the work done; a count that only moves with the requests in flight does not, and
-over a long enough run its fitted slope is near 0.
-"""
+process's ``/status``, the line fitted over the second half of the run, the pass rule "flat"
+(``FLAT_PER_100``: growth per 100 rounds, steps or versions; a count that only moves with the
+requests in flight is no leak) and the report."""
 
 from __future__ import annotations
 
@@ -22,13 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gossamer_harness.report import load_average_text, machine, write_json
+
 SERIES = ("rss_bytes", "asyncio_tasks", "open_fds", "threads")
 STATUS_TIMEOUT_S = 30.0
 FLAT_PER_100 = {"rss_bytes": 5e6, "asyncio_tasks": 1.0, "open_fds": 1.0, "threads": 1.0}
-
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def status(http: str) -> dict[str, Any]:
@@ -100,7 +92,7 @@ def report(title: str, sampler: Sampler, *, half: float, unit: str, extra: dict[
     worst = {s: max(slopes[s].values()) if slopes[s] else 0.0 for s in SERIES}  # the most growth: a fall is no leak
     flat = {s: worst[s] < FLAT_PER_100[s] for s in SERIES}
     first = next(iter(sampler.https))
-    print(f"\n{title}; load before {load_before}, after {load()}\n")
+    print(f"\n{title}; load before {load_before}, after {load_average_text()}\n")
     print(f"| series | first value ({first}) | last value ({first}) | largest slope per 100 {unit}s, 2nd half "
           "(all processes) | flat |")
     print("|---|---|---|---|---|")
@@ -113,11 +105,9 @@ def report(title: str, sampler: Sampler, *, half: float, unit: str, extra: dict[
         print(line)
     print(f"ledgers with balance problems: {len(problems)}; /status reads that timed out ({STATUS_TIMEOUT_S:.0f} s): "
           f"{len(sampler.timeouts)} {sampler.timeouts[:5]}; exit codes {codes}; logs in {work}")
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({**extra, "title": title, "unit": unit, "slopes_per_100": slopes,
-                                     "flat": flat, "balance_problems": problems, "exit_codes": codes,
-                                     "status_timeouts": sampler.timeouts,
-                                     "samples": sampler.samples, "load_before": load_before, "load_after": load(),
-                                     "cpus": os.cpu_count()}))
+    write_json(json_path, {**extra, "title": title, "unit": unit, "slopes_per_100": slopes, "flat": flat,
+                           "balance_problems": problems, "exit_codes": codes, "status_timeouts": sampler.timeouts,
+                           "samples": sampler.samples, "load_before": load_before,
+                           "load_after": load_average_text(), "machine": machine()}, indent=None)
     return all(flat.values()) and not problems and not any(codes) and not sampler.timeouts
 

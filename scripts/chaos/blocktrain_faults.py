@@ -1,50 +1,25 @@
 #!/usr/bin/env python3
-"""Fault matrix for BlockTrain: block workers, the block coordinator and block servers (hosts),
-every single fault and every pair, injected deterministically by (peer, version, phase), then
-seeded random chaos (the seed is printed and in the JSON, so any run can be replayed).
+"""Fault matrix for BlockTrain: every single fault and every pair on workers, the coordinator and
+block servers (``gossamer_harness.blocktrain.faultcase``, checked by ``faultchecks``), then seeded
+random chaos (the seed is printed and in the JSON: any run replays); docs/RELIABILITY.md::
 
-Each case is one run on LocalNet (``protocols.blocktrain.faultcase``: a two-block stack, four
-workers, the coordinator, two servers holding both blocks, real HTTP/TCP servers in one process,
-signed messages) trained to ``--versions``, then two client passes through the servers. The
-faults and what each does to a worker, the coordinator and a host are tabled in that module's
-docstring (crash before a version, crash mid-send, crash mid-aggregate: the coordinator's only,
-slow send, hang); a crashed coordinator is started again at once from its checkpoints.
-
-The matrix: every single fault on w3, on the coordinator (version 1) and on h0; every pair of
-faults on two roles (both at version 1); every pair of kinds on two peers of one role (w2 + w3,
-h0 + h1, each kind with each, itself included) and on the coordinator at versions 1 and 2. A
-host's pass faults happen at the passes after training (version = ``--versions``). Chaos: one or
-two random faults on random peers and versions.
-
-Pass (``protocols.blocktrain.faultchecks``): the run finishes, every crash fired, every ledger
-of every coordinator life balances, no version waited past its deadline (plus the coordinator's
-own injected stall), every version that reached the disk is within 1e-5 of the protocol's result
-over exactly the updates its ledger used as they were sent, faulted workers' updates are used
-only as the protocol allows, every copy of a version (served, resumed, held by a server) is
-bit-identical, and the client's passes equal the protocol's pass over the final blocks bit for
-bit while a usable server is left (else fail naming the route).
-
-    .venv/bin/python scripts/chaos/blocktrain_faults.py [--chaos 8] [--seed N] [--json PATH]
-"""
+    .venv/bin/python scripts/chaos/blocktrain_faults.py [--chaos 8] [--seed N] [--json PATH]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import itertools
-import json
 import logging
-import os
 import random
 import tempfile
 from pathlib import Path
-
-from _diloco import load
 
 from gossamer.protocols.core.text_data import load_text
 from gossamer.protocols.registry import PLUGINS
 from gossamer_harness.blocktrain.faultcase import HOSTS, KINDS, PASS_FAULTS, WORKERS, CaseConfig, Fault
 from gossamer_harness.blocktrain.faultchecks import describe, run_case
+from gossamer_harness.report import load_average_text, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST = {"worker": "w3", "coordinator": "c", "host": "h0"}
@@ -116,7 +91,7 @@ def table(results: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--versions", type=int, default=3)
     parser.add_argument("--chaos", type=int, default=8, help="random cases after the matrix")
     parser.add_argument("--seed", type=int, default=None)
@@ -130,16 +105,14 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"chaos seed {seed} (replay: --seed {seed})", flush=True)
-    load_before = load()
+    load_before = load_average_text()
     results = asyncio.run(main_async(args, seed))
-    load_after = load()
+    load_after = load_average_text()
     print(f"\nBlockTrain fault matrix: {WORKERS} workers, {HOSTS} hosts, the coordinator, {args.versions} versions; "
           f"chaos seed {seed}; load before {load_before}, after {load_after}\n")
     print("\n".join(table(results)))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "seed": seed,
-                                     "results": results, "load_before": load_before, "load_after": load_after,
-                                     "cpus": os.cpu_count()}, indent=1, default=str))
+    write_result(args.json, {"seed": seed, "results": results, "load_before": load_before, "load_after": load_after},
+                 args=args, indent=1)
     if not all(r["passed"] for r in results):
         raise SystemExit(1)
 

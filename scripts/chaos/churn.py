@@ -1,26 +1,9 @@
 #!/usr/bin/env python3
-"""Churn: a gossip-DiLoCo run of real daemons where learners leave and join every few rounds, for
-100+ rounds; the run must never stall.
+"""Churn: a gossip-DiLoCo run of real daemons where learners leave (SIGTERM, SIGKILL), hang
+(SIGSTOP) and join every few rounds for 100+ rounds; it fails if the anchor learner stalls past
+``--stall_s`` (choices from ``--seed``: any run replays; docs/RELIABILITY.md, "Churn")::
 
-An orchestrator and ``--peers`` learners start through the CLI on 127.0.0.1 (one torch thread
-each; an open run, heartbeat 2 s so a record outlives its peer by at most 6 s). Learner 0 (the
-anchor) stays for the whole run. After every ``--every`` rounds of the anchor, one other learner,
-chosen at random, in turn leaves by a clean stop (SIGTERM: it writes its state), leaves by a
-crash (SIGKILL), or hangs (SIGSTOP to its process group, SIGCONT ``--hang_rounds`` rounds later:
-a suspended laptop; its record expires meanwhile, and when it wakes it is behind). A learner
-joins in the place of one that left, alternately a fresh identity and the one that left coming
-back with its identity and checkpoint directory (it resumes, then catches up). The
-choices come from ``--seed`` (printed; any run can be replayed).
-
-Measured: the rounds and wall-clock of the anchor, the longest gap between two of its rounds (the
-run stalls if it passes ``--stall_s``: the script fails), p50/p99 of its round time, the leaves
-and joins, how often the others adopted the swarm's state and how many rounds they finished, the
-anchor's held-out loss at the start and the end, and every ledger the anchor showed in
-``/status`` balanced. Round times are the anchor's own (``wall_s`` of its round events); the gap
-is between the script reading two of them (an upper bound).
-
-    .venv/bin/python scripts/chaos/churn.py [--peers 6] [--rounds 120] [--every 8] [--inner_steps 60] [--hang_rounds 4] [--seed N] [--json PATH]
-"""
+    .venv/bin/python scripts/chaos/churn.py [--peers 6] [--rounds 120] [--every 8] [--inner_steps 60] [--hang_rounds 4] [--seed N] [--json PATH]"""
 
 from __future__ import annotations
 
@@ -37,10 +20,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _diloco import load
-
 from gossamer.crypto.identity import Identity
 from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.report import load_average_text, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """
@@ -126,7 +108,7 @@ def status(http: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=120)
     parser.add_argument("--every", type=int, default=8, help="rounds of the anchor between two churn events")
@@ -138,8 +120,8 @@ def main() -> None:
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
-    print(f"churn seed {seed} (replay: --seed {seed}); load {load()}", flush=True)
-    load_before = load()
+    print(f"churn seed {seed} (replay: --seed {seed}); load {load_average_text()}", flush=True)
+    load_before = load_average_text()
     leaves, joins, problems = [], [], {}
     round_at: list[tuple[int, float]] = []
     round_s: list[float] = []  # the anchor's own measure of each round
@@ -208,7 +190,7 @@ def main() -> None:
                "heldout_start": first["heldout_loss"] if first else None,
                "heldout_end": last.get("heldout_loss") if last else None, "unbalanced_ledgers": len(problems)}
     print(f"\nChurn: {args.peers} learners, {args.rounds} rounds, one leaves and one joins every {args.every} rounds "
-          f"(seed {seed}); load before {load_before}, after {load()}\n")
+          f"(seed {seed}); load before {load_before}, after {load_average_text()}\n")
     print("| rounds (anchor) | wall (s) | leaves (clean / crash) | joins (fresh / returning) | hangs | adoptions of the swarm's "
           "state | rounds the others finished | longest gap between rounds (s) | round p50 / p99 (s) | "
           "held-out start -> end | unbalanced ledgers |")
@@ -218,11 +200,9 @@ def main() -> None:
     print(f"| {summary['rounds']} | {wall:.0f} | {len(leaves)} ({clean} / {len(leaves) - clean}) | {len(joins)} "
           f"({len(joins) - returning} / {returning}) | {len(hangs)} | {swarm.adopted} | {swarm.joiner_rounds} | {max(gaps):.1f} | {p50:.2f} / {p99:.2f} | "
           f"{summary['heldout_start']:.3f} -> {summary['heldout_end']:.3f} | {len(problems)} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,
-                                     "leaves": leaves, "joins": joins, "hangs": hangs, "round_at": round_at, "problems": problems,
-                                     "load_before": load_before, "load_after": load(), "cpus": os.cpu_count()},
-                                    indent=1))
+    write_result(args.json, {"summary": summary, "leaves": leaves, "joins": joins, "hangs": hangs, "round_at": round_at,
+                             "problems": problems, "load_before": load_before, "load_after": load_average_text()},
+                 args=args, indent=1)
     if problems:
         raise SystemExit(1)
 

@@ -1,42 +1,13 @@
-"""Chaos: every DHT attack of issue 10 at once, kept up for minutes, against a live DiLoCo run.
+"""Every DHT attack of issue 10 at once (``Attacker.cycle``) in windows alternating with clean ones
+against a live DiLoCo run, then a learner joining under attack; ``--source DIR``: the "before" daemons::
 
-An orchestrator and two learners run as real ``gossamer`` processes (through the CLI, on
-127.0.0.1; heartbeat 2 s). After a warm-up, ``--pairs`` pairs of windows of ``--window_s`` seconds
-alternate (so both kinds see the same drift in the machine's load): a clean window, then an attack
-window, in which an attacker's hivemind ``DHTNode`` (no validator: it stores whatever it is given)
-joins the swarm and every ``--every_s`` seconds writes what a hostile DHT member wrote when the
-holes were found (it leaves at the end of the window, taking what it stored):
-
-- ``hijack``: another key's validly signed record (bare, and inside an entry it signed) under the
-  subkey of every gossamer peer, dated to expire in 900 s;
-- ``pin``: each peer's own current value replayed with a 900 s expiration;
-- ``withdraw``: an empty value under the orchestrator's subkey (120 s);
-- ``wipe``: one plain (non-dictionary) value over the whole ``run/<id>/peers`` key (900 s);
-- ``manifest``: junk under the manifest key (under the owner's subkey and the attacker's);
-- ``flood``: ``--junk`` random subkeys under the peers key (at the start of each attack window
-  and again every 30 s).
-
-Measured over each kind of window: each learner's rounds per second and how many peers'
-parameters it mixed per round (``diloco.round`` events: a learner that lost its peers trains
-alone), the fewest live peers its table held (``peers`` events; 3 = orchestrator and both
-learners) and how often that table changed. (The JSON calls the windows without the attacker's
-node ``clean``; on code that stored the attacker's values, they are not: its damage outlives it.)
-Finally, under attack again, a new learner starts: seconds until it is ready, and the same
-figures for it over one window. ``--source DIR`` runs the
-daemons from another checkout (e.g. ``git archive`` of the code before the fix) while the
-attacker stays the same, to measure the "before" column.
-
-Prints a markdown table and writes JSON under ``scripts/chaos/results/``. The load average is
-recorded beside the figures. Run with ``nice -n 10``.
-"""
+    nice -n 10 .venv/bin/python scripts/chaos/dht_attacks.py [--pairs 3] [--window_s 20] [--source DIR] [--label after]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -52,6 +23,7 @@ from gossamer.peer.run.records import PeerRecord, seal_record
 from gossamer.transport.dht import KEY_PREFIX
 from gossamer.transport.dht.entries import seal_entry
 from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.report import machine, write_result
 
 RESULTS = Path(__file__).parent / "results"
 FAR_S = 900.0
@@ -154,6 +126,11 @@ class Attacker:
         self.stores["accepted" if ok else "refused"] += 1
 
     async def cycle(self, victims: list[str], owner: str) -> None:
+        """Write what a hostile DHT member wrote when the holes were found: ``hijack`` (another key's
+        validly signed record, bare and inside an entry, under every victim's subkey, 900 s),
+        ``pin`` (each victim's own value replayed for 900 s), ``withdraw`` (an empty value under
+        the owner's subkey), ``wipe`` (one plain value over the whole peers key), ``manifest``
+        (junk under the manifest key) and ``flood`` (``junk`` random subkeys, every 30 s)."""
         now = get_dht_time()
         record = PeerRecord(peer_id=self.mallory.peer_id, public_key=self.mallory.public_key, name="mallory",
                             http_addr="", tcp_addr="", roles=("learner",), version="x", round=0, timestamp=now)
@@ -300,7 +277,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window_s", type=float, default=20.0, help="length of each clean and each attack window")
     parser.add_argument("--pairs", type=int, default=3, help="clean and attack windows, alternating")
     parser.add_argument("--warmup_s", type=float, default=60.0, help="at most this long for both learners' 2 rounds")
@@ -314,15 +291,12 @@ def main() -> int:
         work = Path(tmp)
         if args.source is not None:
             os.environ["PYTHONPATH"] = str(shim_for(args.source.resolve(), work))
-        load_before = os.getloadavg()
+        before = machine()
         result = asyncio.run(scenario(work, args))
-    result.update(label=args.label, source=str(args.source or "this checkout"), load_before=load_before,
-                  load_after=os.getloadavg(), window_s=args.window_s, pairs=args.pairs, every_s=args.every_s, junk=args.junk,
-                  machine={"cpus": os.cpu_count(), "python": platform.python_version()},
-                  command=" ".join(sys.argv))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"dht_attacks_{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"## DHT attacks ({args.label}; load average {result['load_after'][0]:.1f})\n")
+    result.update(label=args.label, source=str(args.source or "this checkout"), window_s=args.window_s,
+                  pairs=args.pairs, every_s=args.every_s, junk=args.junk, command=" ".join(sys.argv))
+    result = write_result(RESULTS / f"dht_attacks_{args.label}.json", result, before=before)
+    print(f"## DHT attacks ({args.label}; load average {result['load_average_after'][0]:.1f})\n")
     print(table(result))
     return 0
 

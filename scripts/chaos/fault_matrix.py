@@ -1,46 +1,8 @@
 #!/usr/bin/env python3
-"""Fault matrix for gossip-DiLoCo learners: every single fault and every pair of faults, injected
-deterministically by (peer, round, phase), then seeded random chaos (the seed is printed and in
-the JSON, so any run can be replayed).
+"""Fault matrix for gossip-DiLoCo learners on LocalNet: every single fault and pair, then seeded
+chaos, every survivor's rounds rechecked (docs/RELIABILITY.md, "Faults survived: DiLoCo")::
 
-Each case is five learners on LocalNet (``peer.testing.localnet``: real roles behind real HTTP
-servers in one process, signed messages, one view of signed records) training a tiny byte LM for
-``--rounds`` rounds, mixing globally with an exact-average round every second round (the last
-round is one). W2 goes through ``--aggregator`` (default: the run's default, ``robust.DEFAULT``,
-the geometric median; ``mean`` is plain gossip DiLoCo; ``--aggregator_param KEY=VALUE``, repeated,
-sets its parameters, e.g. ``f=1``); ``--w1_clip_tau X`` > 0 makes W1 clipped gossip. Faults
-(``LocalNet`` injection):
-
-- ``crash_before``: the peer dies at its first message of the round (its parameters), before
-  anything of the round went out;
-- ``crash_mid_send``: the peer dies after one of its pseudo-gradients of the round went out;
-- ``slow_send``: the peer's pseudo-gradients of the round arrive ``--slow_s`` late (inside the
-  deadline);
-- ``crash_mid_aggregate``: the peer dies after it received the round's pseudo-gradients and
-  aggregated them, before its outer step applied them (``RoleContext.fault_point``).
-
-Not here: a peer whose inbox refuses a round (``tests/protocols/diloco/test_learners_localnet.py``:
-it waits its deadline out and is a deadline late after it, so which later windows it makes is a
-race by design), and a hung process (SIGSTOP), which needs processes: ``churn.py``'s crashes are
-the nearest.
-
-A crashed peer's record expires at once (a run with a short TTL), as ``--ttl_s`` would make it in
-a real run. Pass, for every case: every survivor finishes every round; every ledger balances; from
-the round after the last crash on, each survivor used exactly the other survivors' parameters and
-received exactly their pseudo-gradients, and used all of them (Krum and multi-Krum: those the rule
-selected; the recheck says which); every survivor's every round, recomputed from the protocol's
-pure functions (``protocols.diloco.core.learner_round``, and ``protocols.core.robust``'s aggregator and clipped
-gossip for a robust W2 and a clipped W1) over the contributions its ledger says it received and
-used, as they were sent, from its state at the end of the round before, is within 1e-5 (max abs)
-of what it applied (``tests/harness/diloco/recheck.py``); a peer that crashed mid-aggregate died with
-its round's outer step not taken; no wait went past its deadline (``w2_deadline_s`` =
-``w1_grace_s`` = 10 s, 1 s slack for the event loop); after the final exact-average round the
-survivors' parameters and outer momentum are bit-identical (not required with a clipped W1: each
-learner clips its neighbours' differences to its own parameters, so that round is no exact average).
-
-    .venv/bin/python scripts/chaos/fault_matrix.py [--rounds 4] [--chaos 8] [--seed N] [--json PATH]
-        [--aggregator NAME] [--aggregator_param KEY=VALUE ...] [--w1_clip_tau X]
-"""
+    .venv/bin/python scripts/chaos/fault_matrix.py [--rounds 4] [--chaos 8] [--seed N] [--aggregator NAME] [--w1_clip_tau X]"""
 
 from __future__ import annotations
 
@@ -49,7 +11,6 @@ import asyncio
 import itertools
 import json
 import logging
-import os
 import random
 import tempfile
 import time
@@ -58,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _diloco import bit_identical, load
+from _diloco import bit_identical
 from _diloco import run_config as diloco_run
 
 from gossamer.protocols.core.robust import AGGREGATORS, DEFAULT
@@ -66,6 +27,7 @@ from gossamer.protocols.diloco.learner import LearnerRole
 from gossamer.protocols.registry import PLUGINS
 from gossamer_harness.diloco.recheck import RoundStates, recheck
 from gossamer_harness.localnet import LocalNet
+from gossamer_harness.report import load_average_text, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = 5
@@ -218,7 +180,7 @@ def aggregator_param(text: str) -> tuple[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--chaos", type=int, default=8, help="random cases after the matrix")
     parser.add_argument("--seed", type=int, default=None)
@@ -231,11 +193,11 @@ def main() -> None:
     args = parser.parse_args()
     setup = Setup(aggregator=args.aggregator, params=dict(args.aggregator_param), w1_clip_tau=args.w1_clip_tau)
     logging.basicConfig(level=logging.ERROR)
-    load_before = load()
+    load_before = load_average_text()
     results = asyncio.run(main_async(args, setup))
     passed = sum(r["passed"] for r in results)
     print(f"\nDiLoCo fault matrix: {PEERS} learners, {args.rounds} rounds, W2 {setup.aggregator} {setup.params or ''}, "
-          f"W1 clip tau {setup.w1_clip_tau}; load before {load_before}, after {load()}\n")
+          f"W1 clip tau {setup.w1_clip_tau}; load before {load_before}, after {load_average_text()}\n")
     print("| cases | faults each | passed | survivors bit-identical | largest recheck gap | longest wait (s) "
           "| median case (s) |")
     print("|---|---|---|---|---|---|---|")
@@ -247,10 +209,8 @@ def main() -> None:
                   f"| {sum(r['passed'] for r in mine)} | {sum(r['identical'] for r in mine)} | "
                   f"{max(r['recheck_gap'] for r in mine):.1e} | "
                   f"{max(r['max_wait_s'] for r in mine):.1f} | {walls[len(walls) // 2]:.1f} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
-                                     "load_before": load_before, "load_after": load(), "cpus": os.cpu_count()},
-                                    indent=1, default=str))
+    write_result(args.json, {"results": results, "load_before": load_before, "load_after": load_average_text()},
+                 args=args, indent=1)
     if passed < len(results):
         raise SystemExit(1)
 

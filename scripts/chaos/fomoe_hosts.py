@@ -1,23 +1,9 @@
 #!/usr/bin/env python3
-"""FoMoE expert hosts as real daemons through the CLI on 127.0.0.1: the long end-to-end checks
-that the suite keeps in-process (``tests/protocols/fomoe/test_hosts_localnet.py``) and in one
-short README walk (``tests/e2e/test_readme.py``).
+"""FoMoE expert hosts as real daemons through the CLI: ``kill`` (one of four hosts SIGKILLed, the
+others re-place its experts and train on) and ``preset`` (``gossamer swarm --preset fomoe``); each
+failed check is named and the exit status is 1::
 
-``kill``: an orchestrator and four expert hosts (four experts, r = 2, no round limit) train; once
-every host is past round 0 one is SIGKILLed; the other three re-place its experts among
-themselves (none lost, every expert again on two), name it timed out, go on training with the
-held-out loss falling; ``gossamer status`` shows every expert with two live holders and three
-members; Ctrl+C stops each survivor cleanly, and their written parts hold every expert.
-
-``preset``: ``gossamer swarm --preset fomoe`` (the README's command): four hosts train 8 rounds
-with the held-out loss falling and about half the pairs skipped, each writes a checkpoint of its
-4 experts (every expert in two), and everything stops cleanly.
-
-    nice -n 10 .venv/bin/python scripts/chaos/fomoe_hosts.py [--scenario kill|preset|both] [--json PATH]
-
-Each check that fails is named; the exit status is 1 if any failed. Results (wall time, load,
-the losses seen, pass/fail) go to ``scripts/chaos/results/fomoe_hosts.json``.
-"""
+    nice -n 10 .venv/bin/python scripts/chaos/fomoe_hosts.py [--scenario kill|preset|both] [--json PATH]"""
 
 from __future__ import annotations
 
@@ -34,12 +20,9 @@ from typing import Any
 
 from gossamer.transport.safetensors_stream import load_file
 from gossamer_harness.fomoe.hosts import kill_one_host
+from gossamer_harness.report import load_average_text, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load() -> str:
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def preset(work: Path) -> dict[str, Any]:
@@ -71,14 +54,14 @@ SCENARIOS = {"kill": kill_one_host, "preset": preset}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", choices=[*SCENARIOS, "both"], default="both")
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/fomoe_hosts.json")
     args = parser.parse_args()
     chosen = list(SCENARIOS) if args.scenario == "both" else [args.scenario]
     results = []
     for name in chosen:
-        load_before, started = load(), time.monotonic()
+        load_before, started = load_average_text(), time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"gossamer-fomoe-{name}-") as tmp:
             try:
                 seen, failure = SCENARIOS[name](Path(tmp)), ""
@@ -86,13 +69,12 @@ def main() -> None:
                 seen, failure = {}, traceback.format_exc()[-2000:]
         results.append({"scenario": name, "passed": not failure, "failure": failure, "seen": seen,
                         "wall_s": round(time.monotonic() - started, 1), "load_before": load_before,
-                        "load_after": load()})
+                        "load_after": load_average_text()})
     print("| scenario | passed | wall s | load before / after | seen |\n|---|---|---|---|---|")
     for r in results:
         print(f"| {r['scenario']} | {'yes' if r['passed'] else 'NO'} | {r['wall_s']} | {r['load_before']} / "
               f"{r['load_after']} | {json.dumps(r['seen']) if r['passed'] else r['failure'][:300]} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     sys.exit(0 if all(r["passed"] for r in results) else 1)
 
 

@@ -1,26 +1,8 @@
-"""Chaos: a learner's HTTP data plane under the attacks of issue 10, before and after the fix.
+"""A learner's HTTP data plane under the attacks of issue 10 (big bodies, slow bodies, slow headers
+from 16 addresses), before and after the fix, while an honest prober asks for ``/healthz``
+(SECURITY.md); ``--long``: the issue's figures::
 
-Two real learner daemons (and an orchestrator) train a tiny DiLoCo run; the attacker, on its own
-loopback address, goes for learner l0's HTTP port while an honest prober asks l0 for
-``/healthz`` every 0.25 s from 127.0.0.1 and the learners keep exchanging parameters and
-pseudo-gradients. Scenarios, one after the other on the same daemons:
-
-- ``big bodies``: two connections PUT ``/diloco/params/0`` under a stranger's envelope with a
-  body of ``--big_mib`` MiB each, sent as fast as the learner takes it;
-- ``slow bodies``: ``--slow_connections`` connections send the same headers with a 1 MB body and
-  then one byte every ``--drip_s`` for ``--slow_s``;
-- ``slow headers, 16 addresses``: ``--slow_connections`` connections spread over 16 attacker
-  addresses send a request line and then one header byte every ``--drip_s``, reconnecting when
-  cut: the limit of a per-address cap (an attacker with enough addresses still fills every slot
-  for up to ``header_timeout_s`` at a time).
-
-Per scenario: l0's RSS before, at its peak during and ``--cool_s`` after the attack; the honest
-probes served (%), their latency; the rounds l0 finished during the attack and the peers'
-pseudo-gradients it had to time out. Quick: the defaults (~6 min in all). Long (the issue's
-figures): ``--big_mib 1024 --slow_s 90 --drip_s 20 --cool_s 30``.
-
-    nice -n 10 .venv/bin/python scripts/chaos/http_slots.py [--baseline_ref e9bd123] [--long]
-"""
+    nice -n 10 .venv/bin/python scripts/chaos/http_slots.py [--baseline_ref e9bd123] [--long]"""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 #!/usr/bin/env python3
-"""Soak: a long gossip-DiLoCo run of real daemons, and whether anything grows that should not.
+"""Soak: a long gossip-DiLoCo run of real daemons and whether anything grows that should not
+(``_soak``'s rule over the second half), with p50/p99 of the round time::
 
-An orchestrator and ``--peers`` learners start through the CLI on 127.0.0.1 (one torch thread
-each) and train a very small byte LM for ``--rounds`` rounds with few inner steps, so that rounds
-are short and many. After every ``--every``-th round of learner 0 the script reads each learner's
-``/status`` (``process``: asyncio tasks, open file descriptors, resident memory, threads; and the
-balance of the ledgers it shows); learner 0's ``round`` events give its round times (its own
-``wall_s``) and the balance of every one of its rounds. Over the second half of the run (the
-first half is warm-up: allocator pools, caches, a thread pool growing on first use) it fits a
-line to each series and reports the slope per 100 rounds, with the pass rule "flat" of ``_soak``:
-RSS grows less than 5 MB per 100 rounds, tasks, fds and threads by less than 1 (growth only; a
-count that falls is no leak). Also: p50/p99 of the round time.
-
-    .venv/bin/python scripts/chaos/soak.py [--peers 8] [--rounds 200] [--every 1] [--json PATH]
-"""
+    .venv/bin/python scripts/chaos/soak.py [--peers 8] [--rounds 200] [--every 1] [--json PATH]"""
 
 from __future__ import annotations
 
@@ -24,10 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _soak import Sampler, load, report
+from _soak import Sampler, report
 
 from gossamer.crypto.identity import Identity
 from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.report import load_average_text
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """
@@ -67,13 +57,13 @@ def finished(learner: GossamerProcess) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--every", type=int, default=1, help="sample /status after every this many rounds")
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/soak.json")
     args = parser.parse_args()
-    load_before = load()
+    load_before = load_average_text()
     work = Path(tempfile.mkdtemp(prefix="gossamer-soak-"))  # kept: the logs of a failed soak are its evidence
     (work / "run.toml").write_text(RUN.format(rounds=args.rounds, peers=args.peers))
     procs: list[GossamerProcess] = []

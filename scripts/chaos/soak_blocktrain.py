@@ -1,18 +1,8 @@
 #!/usr/bin/env python3
-"""Soak: a long BlockTrain run of real daemons (an orchestrator with the block coordinator, three
-block workers), and whether anything grows that should not.
+"""Soak: a long BlockTrain run of real daemons (the coordinator, three block workers, three blocks)
+and whether anything grows that should not, with the coordinator's ledgers checked every version::
 
-The processes start through the CLI on 127.0.0.1 (one torch thread each) and train three small
-blocks on ``builtin:pydoc`` until every block reaches ``--versions`` (few local steps per update,
-so versions are short and many). After every version the coordinator closes, the script reads
-each process's ``/status`` (tasks, file descriptors, resident memory, threads; ``_soak``) and the
-balance of the coordinator's ledgers (``balance_problems`` of each closed version ledger
-``/status`` shows: an update both used and rejected, a duplicate, an expected worker neither
-used, rejected nor timed out). Progress is the sum of the blocks'
-versions; slopes are fitted over the second half; p50/p99 of the time between versions::
-
-    .venv/bin/python scripts/chaos/soak_blocktrain.py [--versions 200] [--json PATH]
-"""
+    .venv/bin/python scripts/chaos/soak_blocktrain.py [--versions 200] [--json PATH]"""
 
 from __future__ import annotations
 
@@ -23,9 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from _soak import Sampler, load, report
+from _soak import Sampler, report
 
 from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.report import load_average_text
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
@@ -55,11 +46,11 @@ sample_bytes = 0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--versions", type=int, default=200, help="versions per block")
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/soak_blocktrain.json")
     args = parser.parse_args()
-    load_before = load()
+    load_before = load_average_text()
     work = Path(tempfile.mkdtemp(prefix="gossamer-soak-blocktrain-"))  # kept: the logs are the evidence
     (work / "run.toml").write_text(RUN.format(blocks=BLOCKS, versions=args.versions, workers=WORKERS))
 

@@ -1,16 +1,8 @@
 #!/usr/bin/env python3
-"""Soak: a long TL++ run of real daemons (orchestrator, helper in secure mode, three data nodes on
-``builtin:digits``), and whether anything grows that should not.
+"""Soak: a long TL++ run of real daemons (orchestrator, helper in secure mode, three data nodes)
+and whether anything grows that should not, with every step's ledger checked::
 
-The parties start through the CLI on 127.0.0.1 (one torch thread each) and train the digits CNN
-for ``--steps`` virtual batches. Every ``--every`` steps the script reads each party's
-``/status`` (tasks, file descriptors, resident memory, threads; ``_soak``) and, from every
-``tlpp.step`` event, the step's wall time and its ledger's ``balance_problems`` (a node both used
-and dropped, one expected and never accounted for, a duplicate). Slopes are fitted over the
-second half of the run; p50/p99 of the step time; the held-out loss at the start and the end::
-
-    .venv/bin/python scripts/chaos/soak_tlpp.py [--mode secure] [--steps 2000] [--every 10] [--json PATH]
-"""
+    .venv/bin/python scripts/chaos/soak_tlpp.py [--mode secure] [--steps 2000] [--every 10] [--json PATH]"""
 
 from __future__ import annotations
 
@@ -21,9 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from _soak import Sampler, load, report
+from _soak import Sampler, report
 
 from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.report import load_average_text
 from gossamer_harness.tlpp.runs import BASE_NODE_COMMAND, secure_tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,13 +41,13 @@ min_nodes = {nodes}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=("base", "secure"), default="secure")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--every", type=int, default=10, help="sample /status every this many steps")
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/soak_tlpp.json")
     args = parser.parse_args()
-    load_before = load()
+    load_before = load_average_text()
     work = Path(tempfile.mkdtemp(prefix="gossamer-soak-tlpp-"))  # kept: the logs are the evidence
     nodes = [f"node{i}" for i in range(NODES)]
     secure, node_command = secure_tables(work, nodes) if args.mode == "secure" else ("", BASE_NODE_COMMAND)

@@ -1,23 +1,8 @@
-"""Chaos: a block server's TCP data plane under the attacks of issue 10, before and after the fix.
+"""A block server's TCP data plane under the attacks of issue 10 (idle sockets, slow frames, from
+16 addresses, big unauthenticated claims), before and after the fix, while an honest client asks
+for ``blocktrain.embedding`` (SECURITY.md); ``--long``: the issue's pace::
 
-A real BlockTrain run (an orchestrator holding the blocks, one ``gossamer serve`` process serving
-all of them); the attacker, on its own loopback address, goes for the block server's TCP port
-while an honest client asks it for ``blocktrain.embedding`` on a fresh connection every 0.25 s
-from 127.0.0.1. Scenarios, one after the other on the same daemons:
-
-- ``idle sockets``: ``--connections`` sockets that connect and never send a byte;
-- ``slow frames``: as many sockets sending one byte of a frame every ``--drip_s``;
-  (in both, a socket the server cuts or refuses connects again);
-- ``slow frames, 16 addresses``: the same spread over 16 attacker addresses;
-- ``big claims``: ``--claims`` connections announce ``--claim_mib`` MiB ``blocktrain.traverse`` payloads
-  and send zeros as fast as the server reads them, without ever authenticating.
-
-Per scenario: the server's RSS before, at its peak and ``--cool_s`` after; the honest requests
-served (%) and their latency; how the attack connections ended. Quick: the defaults (~5 min in
-all). Long (the issue's pace): ``--long`` (attacks of 90 s, a byte every 20 s, 4 GiB claims).
-
-    nice -n 10 .venv/bin/python scripts/chaos/tcp_slots.py [--baseline_ref e9bd123] [--long]
-"""
+    nice -n 10 .venv/bin/python scripts/chaos/tcp_slots.py [--baseline_ref e9bd123] [--long]"""
 
 from __future__ import annotations
 

@@ -1,53 +1,23 @@
 #!/usr/bin/env python3
-"""Fault matrix for TL++ (data nodes, the orchestrator, the helper): every single fault and every
-pair of faults, injected deterministically by (peer, step, phase), then seeded random chaos (the
-seed is printed and in the JSON, so any run can be replayed).
+"""Fault matrix for TL++ on LocalNet (data nodes, the orchestrator, the helper): every single fault
+and every pair (``gossamer_harness.tlpp.fault_runs``), then seeded random chaos, every applied step
+rechecked against the protocol (docs/RELIABILITY.md, "Faults survived: TL++")::
 
-Each case is one TL++ run on LocalNet (``protocols.tlpp.fault_runs``: the real roles behind
-real TCP servers in one process, encrypted links, signed records): base mode with three data
-nodes (SGD), secure mode with four and the helper (Adam; k = 2 nodes), digits shards, ``--steps``
-steps, the orchestrator writing its state every step. Faults (the table in ``fault_runs``):
-``crash_before``, ``crash_mid_send``, ``crash_mid_aggregate`` (the orchestrator and the helper;
-a node aggregates nothing), ``slow`` (a stall inside the deadline) and ``hang`` (a stall past
-it: the process stopped, its record live), on a node, the orchestrator or the helper. A crashed
-orchestrator, or one stopped by a failed helper, is restarted as an operator would (same identity
-and checkpoint folder; the helper too after it failed). ``--deadline_s`` (3 s) is both
-``node_timeout_s`` and ``helper_timeout_s``; a slow peer stalls ``--slow_s`` (1 s), a hung one the
-deadline + 1 s.
-
-The matrix: every single fault in step 1 (base: node2 and the orchestrator; secure: node3, the
-orchestrator and the helper), then every pair of faults on two different peers in step 1 (base:
-node1 + node2, node2 + orchestrator; secure: node2 + node3, node3 + orchestrator, node3 +
-helper, helper + orchestrator). Chaos: ``--chaos`` cases of one or two faults of random kinds on
-random peers of a random mode, in random steps 0..steps-2.
-
-Pass (``protocols.tlpp.fault_checks``): the run finishes; every stop is the one its fault
-explains (killed: an orchestrator crash; ``HelperFailed``: a helper fault) and left nothing of
-its step applied; each restart resumed from exactly its last step's state; every ledger of every
-life balances; every applied step is within 1e-5 (base) or 5e-5 (secure's fixed point) of the
-protocol's gradient over exactly the nodes its ledger says it used (``recheck``); failed nodes
-are never used from their step on, and later steps used every node they planned; no step waited
-past its deadline (one per hung peer) + 3 s; and in base mode a case that lost no node ends
-bit-identical to the run without faults.
-
-    .venv/bin/python scripts/chaos/tlpp_faults.py [--steps 4] [--chaos 12] [--seed N] [--deadline_s 3] [--json PATH]
-"""
+    .venv/bin/python scripts/chaos/tlpp_faults.py [--steps 4] [--chaos 12] [--seed N] [--deadline_s 3] [--json PATH]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import itertools
-import json
 import logging
 import os
 import random
 import tempfile
 from pathlib import Path
 
-from _diloco import load
-
 from gossamer.protocols.registry import PLUGINS
+from gossamer_harness.report import load_average_text, write_result
 from gossamer_harness.tlpp.fault_runs import PHASES, Fault, RunShape, identities, reference, run_case
 from gossamer_harness.tlpp.recheck import Kept
 
@@ -131,7 +101,7 @@ def table(results: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--chaos", type=int, default=12, help="random cases after the matrix")
     parser.add_argument("--seed", type=int, default=None)
@@ -142,16 +112,13 @@ def main() -> None:
     logging.basicConfig(level=logging.CRITICAL)
     seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
     print(f"chaos seed {seed} (replay: --seed {seed})", flush=True)
-    loads = {"load_before": load()}
+    loads = {"load_before": load_average_text()}
     results = asyncio.run(main_async(args, seed))
-    loads["load_after"] = load()
+    loads["load_after"] = load_average_text()
     print(f"\nTL++ fault matrix: {args.steps} steps a case; load before {loads['load_before']}, after "
           f"{loads['load_after']} (1, 5, 15 min; {os.cpu_count()} cpus); chaos seed {seed}\n")
     table(results)
-    report = {"args": {k: str(v) for k, v in vars(args).items()}, "seed": seed, **loads, "cpus": os.cpu_count(),
-              "results": results}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1, default=str))
+    write_result(args.json, {"seed": seed, **loads, "results": results}, args=args, indent=1)
     raise SystemExit(0 if all(r["passed"] for r in results) else 1)
 
 

@@ -1,49 +1,27 @@
 #!/usr/bin/env python3
-"""Network faults for gossip-DiLoCo learners through gossamer's WAN proxy (``transport.wan``).
+"""Network faults for gossip-DiLoCo learners on LocalNet behind ``gossamer_harness.wan`` links:
+slow links, stalls, resets, blackhole, partition, 1-byte slicing on one learner's link (``CASES``);
+every case must finish every round, within its deadlines (docs/RELIABILITY.md, "Network faults")::
 
-Four learners on LocalNet (real roles, real HTTP, one process), each behind its own WAN link
-(``LocalNet.shape``: everything sent to a learner crosses its link), train ``--rounds`` rounds
-mixing globally, with an exact-average round every second round. Per case, every link gets a base
-profile, and learner l3's link a fault for a window of rounds (applied when l0 has finished the
-round before the window, healed when it has finished the window's last round):
-
-- ``10mbit_50ms`` / ``1mbit_200ms_jitter``: every link 10 Mbit/s 50 ms, or 1 Mbit/s 200 ms +-50 ms;
-- ``stalls``: 5% of chunks stalled 0.2 s (a retransmission);
-- ``resets``: l3's link resets half of its connections partway;
-- ``blackhole``: l3's link delays everything by an hour (bytes go in, nothing comes out);
-- ``partition``: l3's link refuses every connection, then heals;
-- ``sliced``: l3's link forwards everything one byte per write (``LinkProfile.slice_bytes``), both
-  ways, so its HTTP server and the clients reading its answers parse every message a byte or two
-  per read. Not every link: a one-byte slice costs a pass of the one event loop all the links and
-  learners share, and twelve sliced links carried too little (~60 kB/s in all, load 9) for the
-  10 s deadlines, so that run measured the emulator's throughput, not the learners.
-
-Pass, for every case: every learner finishes every round (the run does not stall), every ledger
-balances, no wait went past its deadline (10 s, with 1 s slack for the event loop), and after the
-final exact-average round the learners that mixed with everyone in it are bit-identical. Reported:
-the round from which every learner's every round is complete (back in step after the fault).
-
-    .venv/bin/python scripts/chaos/wan_faults.py [--rounds 8] [--cases NAME ...] [--json PATH]
-"""
+    .venv/bin/python scripts/chaos/wan_faults.py [--rounds 8] [--cases NAME ...] [--json PATH]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _diloco import bit_identical, load
+from _diloco import bit_identical
 from _diloco import run_config as diloco_run
 
 from gossamer.protocols.diloco.learner import LearnerRole
 from gossamer.protocols.registry import PLUGINS
 from gossamer_harness.localnet import LocalNet
+from gossamer_harness.report import load_average_text, write_result
 from gossamer_harness.wan import LinkProfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,17 +116,17 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--cases", nargs="+", choices=[case.name for case in CASES],
                         default=[case.name for case in CASES], help="the cases to run (default: all)")
     parser.add_argument("--json", type=Path, default=ROOT / "scripts/chaos/results/wan_faults.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    load_before = load()
+    load_before = load_average_text()
     results = asyncio.run(main_async(args))
     print(f"\nDiLoCo over WAN links: {PEERS} learners, {args.rounds} rounds, l3's fault in rounds 1-2; "
-          f"load before {load_before}, after {load()}\n")
+          f"load before {load_before}, after {load_average_text()}\n")
     print("| case | passed | wall (s) | partial rounds (of all learners') | every round complete from | "
           "longest wait (s) | learners complete in the last round, bit-identical |")
     print("|---|---|---|---|---|---|---|")
@@ -156,10 +134,8 @@ def main() -> None:
         print(f"| {r['case']} | {'yes' if r['passed'] else 'NO'} | {r['wall_s']:.1f} | {r['partial_rounds']} of "
               f"{PEERS * args.rounds} | {r['in_step_from']} | {r['max_wait_s']:.1f} | {r['complete_in_last_round']}, "
               f"{'yes' if r['identical'] else 'NO'} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
-                                     "load_before": load_before, "load_after": load(), "cpus": os.cpu_count()},
-                                    indent=1))
+    write_result(args.json, {"results": results, "load_before": load_before, "load_after": load_average_text()},
+                 args=args, indent=1)
     if not all(r["passed"] for r in results):
         raise SystemExit(1)
 

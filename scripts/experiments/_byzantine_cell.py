@@ -1,13 +1,8 @@
-"""One cell of the Byzantine grid: a DiLoCo run on a shared model, one aggregator, f attackers, one attack.
-
-``Cohort``: the honest learners (real inner AdamW phases through ``DilocoReplica``), all starting
-every round from the same x, which the aggregate moves with DiLoCo's outer Nesterov step.
-``Target``: the aggregation point under attack, with its state across rounds and the knowledge an
-attacker has of it (rule, parameters, momenta, previous aggregate: see
-``protocols.core.attacks.adaptive``). ``Attacker``: what the f Byzantine learners send each round.
-Non-arrivals go to the aggregator as failures through ``robust.aggregate_or_degrade``, as in
-the network learner (``protocols/diloco/aggregate.py``).
-"""
+"""One cell of the Byzantine grid (``byzantine.py``): a DiLoCo run on a shared model, one
+aggregator, f attackers, one attack; ``Cohort`` the honest learners, ``Target`` the aggregation
+point under attack and what an attacker knows of it, ``Attacker`` what the f Byzantine learners
+send. Non-arrivals reach the aggregator as failures (``robust.aggregate_or_degrade``), as in the
+network learner."""
 
 from __future__ import annotations
 

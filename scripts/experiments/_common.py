@@ -1,18 +1,11 @@
-"""Shared parts of the protocol experiments: set-up, the byte-LM task, timing, tables, results.
-
-Every experiment is one process on one device, with fixed seeds, built from the committed protocol
-code. ``TextTask`` holds a text's split (``builtin:pydoc``, ``package:NAME`` or a file), one
-contiguous training shard per learner and the held-out part; samplers are seeded per learner so
-runs repeat exactly. Results go to ``scripts/experiments/results/<name>.json`` and ``<name>.md``.
-"""
+"""Shared parts of the protocol experiments: set-up, the byte-LM task (``TextTask``: one contiguous
+training shard per learner and the held-out part of ``builtin:pydoc``, ``package:NAME`` or a file,
+samplers seeded per learner so runs repeat exactly) and timing. Results go to ``RESULTS_DIR``."""
 
 from __future__ import annotations
 
-import datetime
 import fnmatch
 import importlib.metadata
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -113,30 +106,3 @@ def median_time_s(step: Callable[[], Any], *, warmup: int, repeats: int, device:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub markdown table; floats are printed as given (format them before)."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def environment() -> dict[str, Any]:
-    """What ran the experiment (for the JSON header)."""
-    return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "threads": torch.get_num_threads(),
-    }
-
-
-def write_results(name: str, payload: dict[str, Any], markdown: str) -> tuple[Path, Path]:
-    """Write ``<name>.json`` and ``<name>.md`` under the results folder; return both paths."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = RESULTS_DIR / f"{name}.json", RESULTS_DIR / f"{name}.md"
-    json_path.write_text(json.dumps({"environment": environment(), **payload}, indent=1) + "\n")
-    md_path.write_text(markdown + "\n")
-    return json_path, md_path

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-MB = 1e6
+from gossamer_harness.report import MB, figure, markdown_table
 
 
 def _curve(arm: dict[str, Any], comm_key: str) -> list[tuple[float, float]]:
@@ -55,7 +54,7 @@ def _paired(arm: list[float], dense: list[float]) -> str:
     return f"{statistics.fmean(diffs):+.3f} +- {2 * se:.3f}"
 
 
-def render_tables(result: dict[str, Any], markdown_table: Callable) -> str:
+def render_tables(result: dict[str, Any]) -> str:
     arms, settings = result["arms"], result["settings"]
     dense = arms.get("dense")
     dense_bytes = None if dense is None else dense["steps"][0]["kv_bytes"] + dense["steps"][0]["dkv_bytes"]
@@ -95,28 +94,20 @@ def render_tables(result: dict[str, Any], markdown_table: Callable) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """Held-out loss against steps and against emulated wall-clock, one line per arm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
-    equal = result["equal_time"]
-    for label, arm in result["arms"].items():
-        by_step.plot([e["step"] for e in arm["evals"]], [e["loss"] for e in arm["evals"]], label=label)
-        curve = equal["curves"][label]
-        by_time.plot([t for t, _ in curve], [loss for _, loss in curve], label=label)
-    if "dense_loopback" in equal:
-        curve = equal["dense_loopback"]["curve"]
-        by_time.plot([t for t, _ in curve], [loss for _, loss in curve], "k:", label="dense, loopback")
-    by_time.axvline(equal["budget_s"], color="grey", linewidth=0.8)
-    settings = result["settings"]
-    by_step.set(xlabel="step", ylabel="held-out loss (nats / byte)", title="equal steps")
-    by_time.set(xlabel=f"emulated seconds ({settings['mbit']:g} Mbit/s, {settings['latency_ms']:g} ms)",
-                title="equal wall-clock (compute + measured link time)")
-    for axes in (by_step, by_time):
-        axes.axhline(result["unigram_nats"], color="grey", linestyle="--", linewidth=0.8)
-        axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    with figure(path, ncols=2, figsize=(11, 4.2)) as (_, (by_step, by_time)):
+        equal = result["equal_time"]
+        for label, arm in result["arms"].items():
+            by_step.plot([e["step"] for e in arm["evals"]], [e["loss"] for e in arm["evals"]], label=label)
+            curve = equal["curves"][label]
+            by_time.plot([t for t, _ in curve], [loss for _, loss in curve], label=label)
+        if "dense_loopback" in equal:
+            curve = equal["dense_loopback"]["curve"]
+            by_time.plot([t for t, _ in curve], [loss for _, loss in curve], "k:", label="dense, loopback")
+        by_time.axvline(equal["budget_s"], color="grey", linewidth=0.8)
+        settings = result["settings"]
+        by_step.set(xlabel="step", ylabel="held-out loss (nats / byte)", title="equal steps")
+        by_time.set(xlabel=f"emulated seconds ({settings['mbit']:g} Mbit/s, {settings['latency_ms']:g} ms)",
+                    title="equal wall-clock (compute + measured link time)")
+        for axes in (by_step, by_time):
+            axes.axhline(result["unigram_nats"], color="grey", linestyle="--", linewidth=0.8)
+            axes.legend()

@@ -1,13 +1,6 @@
-"""Replaying one training step's real coefficient messages over emulated WAN links, without compute.
-
-``RingLinks`` holds one gossamer ``TcpServer`` per ring member on loopback, a ``WanProxy`` in front
-of each (the link profile in both directions), and a connection from every member to every other
-both through the proxy ("wan") and straight to the server ("direct"). ``replay`` sends a step's
-frames (the exact headers and payloads ``encode_message`` made of what the members sent) in the
-ring's dependency order (``message_plan``: a member sends, or passes on, a message once every
-message it depends on has been delivered to it) and returns the seconds until the last one has
-arrived: the time the step's communication takes on that link when no compute stands in its way.
-"""
+"""Replaying one training step's real coefficient messages over emulated WAN links without compute
+(``RingLinks``): the time the step's communication takes on that link when no compute stands in
+its way."""
 
 from __future__ import annotations
 
@@ -27,7 +20,9 @@ Frames = Mapping[tuple[int, int, tuple[str, int, int, int | None]], tuple[dict[s
 
 
 class RingLinks:
-    """The servers, proxies and connections of a ring of ``chunks`` members (module docstring)."""
+    """The servers, proxies and connections of a ring of ``chunks`` members: one ``TcpServer`` per
+    member on loopback, a ``WanProxy`` in front of each (the link profile both ways), and from every
+    member a connection to every other through the proxy ("wan") and straight ("direct")."""
 
     def __init__(self, servers: list[TcpServer], proxies: list[WanProxy], timeout_s: float) -> None:
         self.servers, self.proxies, self.timeout_s = servers, proxies, timeout_s
@@ -64,7 +59,10 @@ class RingLinks:
         return self._arrived.setdefault(delivery, asyncio.Event())
 
     async def replay(self, plan: Sequence[PlannedSend], frames: Frames, *, link: str) -> float:
-        """Seconds from the first send until every planned message has arrived (module docstring)."""
+        """Seconds from the first send until every planned message has arrived: the step's frames
+        (the exact headers and payloads ``encode_message`` made) sent in the ring's dependency order
+        (``message_plan``: a member sends, or passes on, a message once every message it depends on
+        has been delivered to it) over ``link``."""
         self._arrived = {}
         start = time.perf_counter()
 

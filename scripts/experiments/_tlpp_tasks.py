@@ -1,16 +1,7 @@
-"""The TL++ experiment's datasets, split ONE CLASS PER NODE, and the model each one trains.
-
-Both datasets are read with the data nodes' own loader (``gossamer.protocols.tlpp.data``):
-
-- ``digits``: sklearn's 8x8 digits, its stratified 20 % test split (split seed 0), node k = the
-  training samples of class k; model: the built-in ``digits_cnn``; pixels in [0, 1], not normalised
-  (the set-up of the first TL++ table, reproduced exactly).
-- ``fashion-mnist``: Debian's ``dataset-fashion-mnist`` (28x28), node k = the first ``per_class``
-  training images of class k, the whole 10,000-image test file held out; model: the 4-stage CNN
-  declared below (the README's example declaration); inputs normalised per channel with the
-  statistics pooled from the nodes' counts and sums (``protocols.tlpp.core.normalize``), the same
-  ``Normalize`` layer in every arm.
-"""
+"""The TL++ experiment's datasets, split ONE CLASS PER NODE and read with the data nodes' own loader,
+and the model each trains (``load_task``): ``digits`` (8x8, the built-in ``digits_cnn``, pixels in
+[0, 1]) and ``fashion-mnist`` (28x28, the 4-stage CNN below, inputs normalised per channel from
+statistics pooled from the nodes' counts and sums)."""
 
 from __future__ import annotations
 

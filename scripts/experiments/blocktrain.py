@@ -1,28 +1,8 @@
-"""BlockTrain against an end-to-end causal LM on built-in text, with its two ablations and generation.
+"""BlockTrain against an end-to-end causal LM on ``builtin:pydoc``, with its two ablations (target
+leakage, six workers) and generation quality by passes per segment; BlockTrain's held-out CE is
+that of the logits after ONE pass (docs/EXPERIMENTS.md)::
 
-One process, one device, fixed seeds, ``builtin:pydoc`` bytes (the held-out part is the last 5%).
-
-- **BlockTrain**: B = 4 one-layer blocks of width 128 (``protocols.blocktrain.core``), one block per
-  step round-robin, 4 x ``steps`` steps, so each block gets ``steps`` updates.
-- **End-to-end**: a 4-layer ``ByteTransformer`` of the same width; held-out CE after ``steps``
-  steps (equal per-layer updates) and after 4 x ``steps`` (equal optimizer steps). A 1-layer one
-  at ``steps`` is a reference for what a single block could reach alone.
-- **Target leakage**: BlockTrain with sigma in [0.002, 80] instead of [1, 10].
-- **Six workers**: blocks 0 and 1 held by two workers each, blocks 2 and 3 by one (1.5 on average);
-  each worker trains its own replica on its own sixth of the training bytes for ``steps`` steps;
-  replicas of one block are averaged every ``average_every`` steps, as the block coordinator's
-  versioned checkpoint does (AdamW state stays with the worker).
-- **Generation**: for held-out prompts, ``protocols.blocktrain.core.generate`` with 1, 2, 4 and
-  context // 2 (= exact autoregressive) passes per segment; each continuation is scored by the
-  end-to-end model (4 x steps) as nats/byte, and greedy continuations by the byte-match rate with
-  the true held-out continuation.
-
-Held-out CE for BlockTrain is the next-byte CE of the logits after ONE pass
-(``heldout_ce``); the mean of the softmax over 4 passes is reported next to it. Writes
-``scripts/experiments/results/blocktrain[_quick].{json,md}``::
-
-    .venv/bin/python scripts/experiments/blocktrain.py [--quick] [--steps N] [--device cpu]
-"""
+    .venv/bin/python scripts/experiments/blocktrain.py [--quick] [--steps N] [--device cpu]"""
 
 from __future__ import annotations
 
@@ -33,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
-from _common import markdown_table, model_config, set_up, write_results
+from _common import RESULTS_DIR, model_config, set_up
 
 from gossamer.protocols.blocktrain.core import (
     BlockStack,
@@ -56,6 +36,7 @@ from gossamer.protocols.core.models import (
     split_text,
 )
 from gossamer.protocols.core.models import generate as generate_e2e
+from gossamer_harness.report import machine, markdown_table, write_result
 
 WORKER_BLOCKS = (0, 0, 1, 1, 2, 3)
 """Six workers: the block each one trains (1.5 workers per block on average)."""
@@ -265,12 +246,13 @@ def render(s: Settings, rows: list[dict], gens: list[dict], edges: dict[str, lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: 100 updates per block/layer")
     parser.add_argument("--steps", type=int, help="updates per block/layer (default 600, quick 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
     args = parser.parse_args(argv)
+    before = machine()
     device = set_up(args.device)
     s = Settings(seed=args.seed)
     s = replace(s, steps=args.steps or (100 if args.quick else s.steps))
@@ -310,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(s, rows, gens, edges)
     print(markdown)
     name = "blocktrain" + ("_quick" if args.quick else "") + (f"_seed{s.seed}" if s.seed else "")
-    write_results(name, {"settings": asdict(s), "band_edges": edges, "worker_blocks": WORKER_BLOCKS, "rows": rows,
-                         "generation": gens}, markdown)
+    write_result(RESULTS_DIR / f"{name}.json", {"settings": asdict(s), "band_edges": edges, "worker_blocks": WORKER_BLOCKS,
+                                                "rows": rows, "generation": gens},
+                 before=before, markdown=markdown, indent=1)
     return 0
 
 

@@ -1,16 +1,7 @@
-"""Adaptive Byzantine attacks against every robust aggregator in DiLoCo with a shared model.
+"""Adaptive Byzantine attacks against every robust aggregator in DiLoCo with a shared model, each
+cell's final held-out loss minus the clean run's (docs/EXPERIMENTS.md)::
 
-Eight learners train a 118,528-parameter byte LM on their own shards of ``builtin:pydoc`` for 40
-outer rounds of 8 inner AdamW steps; each round the honest pseudo-gradients and f Byzantine ones
-go through an aggregator in place of DiLoCo's mean (``_byzantine_cell``). Every aggregator x every
-attack x every f the aggregator allows x 3 seeds; each cell is reported as its final held-out loss
-minus the clean run of the same aggregator, f setting and seed (all learners honest), with the
-spread over seeds. Cells run in ``--workers`` processes. Writes
-``scripts/experiments/results/byzantine[_quick].{json,md}``::
-
-    nice -n 10 .venv/bin/python scripts/experiments/byzantine.py [--quick] [--workers 2] [--seeds 3]
-        [--fs 1,2,3] [--attacks ...] [--aggregators ...] [--name byzantine] [--device cpu]
-"""
+    nice -n 10 .venv/bin/python scripts/experiments/byzantine.py [--quick] [--workers 2] [--seeds 3] [--fs 1,2,3]"""
 
 from __future__ import annotations
 
@@ -28,9 +19,10 @@ from pathlib import Path
 
 import torch
 from _byzantine_cell import AGGREGATORS, ATTACKS, MOMENTUM_RULES, Settings, calibrate_tau, refusal, run_cell
-from _common import TextTask, markdown_table, model_config, set_up, write_results
+from _common import RESULTS_DIR, TextTask, model_config, set_up
 
 from gossamer.protocols.core.models import build_model
+from gossamer_harness.report import machine, markdown_table, write_result
 
 F_DEPENDENT = ("trimmed_mean", "krum", "multi_krum")
 """Aggregators whose clean run depends on the f they are configured with (the others only check it)."""
@@ -194,7 +186,7 @@ def render(cells: dict, refused: dict, s: Settings, *, aggregators: list[str], a
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CI smoke run: 3 rounds of 2 steps, one seed, f=2")
     parser.add_argument("--fs", default=None, help="comma-separated f values (default 1,2,3)")
     parser.add_argument("--attacks", default=",".join(ATTACKS))
@@ -208,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report_only", action="store_true",
                         help="run nothing: tabulate the cells --checkpoint holds (a cell with fewer seeds says so)")
     args = parser.parse_args(argv)
+    before = machine()
     if args.report_only and args.checkpoint is None:
         parser.error("--report_only needs --checkpoint")
     device = set_up(args.device)
@@ -246,10 +239,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"load average {load_before[0]:.1f} before, {context['load_average_after'][0]:.1f} after.")
     print(markdown)
     name = args.name or ("byzantine_quick" if args.quick else "byzantine")
-    write_results(name, {"settings": asdict(s), **context, "fs": fs, "attacks": attacks, "aggregators": aggregators,
-                         "seeds": seeds, "refused": refused, "cells": cells,
-                         "command": "scripts/experiments/byzantine.py " + " ".join(argv if argv is not None else sys.argv[1:])},
-                  markdown)
+    command = "scripts/experiments/byzantine.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_result(RESULTS_DIR / f"{name}.json", {"settings": asdict(s), **context, "fs": fs, "attacks": attacks,
+                                                "aggregators": aggregators, "seeds": seeds, "refused": refused,
+                                                "cells": cells, "command": command},
+                 before=before, markdown=markdown, indent=1)
     return 0
 
 

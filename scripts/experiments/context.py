@@ -1,30 +1,7 @@
-"""Compressed context parallelism: ring attention with dense vs subspace-coded keys and values.
+"""Compressed context parallelism: ring attention with dense vs subspace-coded keys and values,
+each step's messages replayed over emulated WAN links (docs/EXPERIMENTS.md)::
 
-Byte-level LM (``ByteTransformer``: width 128, 4 heads of d_head 32, 2 layers) on ``builtin:pydoc``
-windows of 2048 bytes, each split over a ring of 4 members (512 bytes each). Arms: dense keys and
-values (plain ring attention) and subspace coding at r = 2 and r = 1 (93.75% and 96.9% fewer K/V
-numbers), each with M = 1 and M = 4 subspaces per head. Every arm trains on the same batches, in
-the same order, from the same seed, with AdamW (linear warm-up, cosine decay, clip 1.0; bases
-without weight decay, tangent-projected gradients and a QR retraction after every step); every
-step is a real ring step (``protocols.context.core.run_ring``: 4 ``RingMember`` state machines, the
-real coefficient messages), the members' gradient shares are summed and applied.
-
-Arms run interleaved (step k of every arm before step k+1), so the shared machine's load falls
-on all alike. Per step: the K/V payload bytes sent, the busiest member's compute seconds, and the
-time that step's real messages (``encode_message`` frames) take to cross 4 gossamer TCP servers,
-each behind a ``WanProxy`` (300 Mbit/s and 50 ms one way by default), replayed in the ring's
-dependency order without compute (``_ring_links.py``), and once more over plain loopback.
-Emulated wall-clock per step = compute + WAN communication, as if nothing overlapped (an upper
-bound for every arm; ``scripts/bench/context.py`` measures the overlap of a real ring).
-
-Held-out loss (nats per byte) every ``eval_every`` steps on fixed windows of the held-out 5%, and
-at the end on ``final_windows`` windows, where each arm's difference from dense is paired per
-window (mean +- 2 standard errors over windows). Writes
-``results/context[_seedN][_quick].{json,md,png}``::
-
-    nice -n 10 .venv/bin/python scripts/experiments/context.py [--quick] [--steps 140]
-        [--batch_size 2] [--arms dense,r2,r1,r2-m4,r1-m4] [--device auto]
-"""
+    nice -n 10 .venv/bin/python scripts/experiments/context.py [--quick] [--steps 140] [--arms dense,r2,r1,r2-m4,r1-m4]"""
 
 from __future__ import annotations
 
@@ -40,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import RESULTS_DIR, markdown_table, set_up, write_results
+from _common import RESULTS_DIR, set_up
 from _context_report import equal_time_losses, plot, render_tables
 from _ring_links import RingLinks
 
@@ -58,6 +35,7 @@ from gossamer.protocols.context.core import (
 )
 from gossamer.protocols.context.core.subspace import basis_parameters
 from gossamer.protocols.core.models import BatchSampler, ModelConfig, load_text, split_text
+from gossamer_harness.report import machine, write_result
 from gossamer_harness.wan import LinkProfile
 
 MODEL = ModelConfig(d_model=128, n_layers=2, n_heads=4, context=2048)
@@ -210,7 +188,7 @@ async def run(settings: Settings, device: torch.device) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> tuple[Settings, str, bool]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a 1-2 minute smoke run")
     parser.add_argument("--device", default="auto")
     for name, value in asdict(Settings()).items():
@@ -224,14 +202,15 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, str, bool]:
 
 def main(argv: list[str] | None = None) -> None:
     settings, device_name, quick = parse_args(argv)
+    before = machine()
     device = set_up(device_name)
     result = asyncio.run(run(settings, device))
     result["load_average"] = os.getloadavg()
     result["equal_time"] = equal_time_losses(result)
     name = "context" + (f"_seed{settings.seed}" if settings.seed else "") + ("_quick" if quick else "")
-    markdown = render_tables(result, markdown_table)
+    markdown = render_tables(result)
     print(markdown)
-    write_results(name, result, markdown)
+    write_result(RESULTS_DIR / f"{name}.json", result, before=before, markdown=markdown, indent=1)
     plot(result, RESULTS_DIR / f"{name}.png")
 
 

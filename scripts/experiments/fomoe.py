@@ -1,26 +1,7 @@
-"""FoMoE partial-expert replicas against full-replica DiLoCo on a tiny MoE byte LM (one process).
+"""FoMoE partial-expert replicas (r = 2, r = 1) against full-replica DiLoCo and the bytes of data
+parallel, on a tiny MoE byte LM, four non-IID workers in one process (docs/EXPERIMENTS.md)::
 
-Four workers, each on its own contiguous (so non-IID) shard of ``builtin:pydoc``, simulated in one
-process through the committed protocol code, every arm from the same initial model and the same
-batches:
-
-- **full-replica DiLoCo**: every worker holds all 8 experts; plain DiLoCo over every parameter
-  (``protocols.diloco.core.mixing.simulate_round``, W1 = W2 = global);
-- **FoMoE r = 2** (4 of 8 experts per worker) and **FoMoE r = 1** (2 of 8):
-  ``protocols.fomoe.core.simulate_round`` (skip-token inner steps, dense over all, each expert over its
-  holders weighted by pairs run);
-- **synchronous data parallel**: bytes only (every worker sends its gradient and gets the mean at
-  every step).
-
-After every round: held-out loss of the swarm's model (dense part + each expert from a holder, all
-experts run), routing stability (share of probe tokens whose top-1 expert, per block, is the same
-as after the previous round), the load on the busiest expert over the probe set, and the bytes
-moved so far (FoMoE: counted from the tensors of every update and aggregate). Writes
-``scripts/experiments/results/fomoe[_quick][_seedN].{json,md,png}``::
-
-    nice -n 10 .venv/bin/python scripts/experiments/fomoe.py [--quick] [--rounds 24] [--inner_steps 25]
-        [--seed 0] [--device auto]
-"""
+    nice -n 10 .venv/bin/python scripts/experiments/fomoe.py [--quick] [--rounds 24] [--inner_steps 25] [--seed 0]"""
 
 from __future__ import annotations
 
@@ -31,9 +12,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
-from _common import RESULTS_DIR, TextTask, markdown_table, set_up, write_results
+from _common import RESULTS_DIR, TextTask, set_up
 
 from gossamer.protocols.core.models import load_parameters, next_byte_loss
 from gossamer.protocols.diloco.core.mixing import MixingPlan
@@ -52,6 +34,7 @@ from gossamer.protocols.fomoe.core import (
     simulate_round,
     sync_bytes,
 )
+from gossamer_harness.report import figure, machine, markdown_table, write_result
 
 WORKERS = tuple(f"worker{i}" for i in range(4))
 ARMS = {"diloco": ("full-replica DiLoCo (8 of 8 experts each)", None),
@@ -213,33 +196,29 @@ def render(results: dict, s: Settings, ddp_bytes: int, baseline: float, layout: 
         markdown_table(headers, rows), "Held-out loss of the swarm's model by round:", curve])
 
 
-def plot(results: dict, ddp_bytes: int, path: os.PathLike) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_bytes, by_steps) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in results.values():
-        rows = r["rows"][1:]
-        by_bytes.plot([x["bytes"] / 1e6 for x in rows], [x["heldout_loss"] for x in rows], marker=".", label=r["label"])
-        by_steps.plot([x["steps"] for x in r["rows"]], [x["heldout_loss"] for x in r["rows"]], label=r["label"])
-    by_bytes.axvline(ddp_bytes / 1e6, color="grey", linestyle="--", label="data parallel, same steps")
-    by_bytes.set(xscale="log", xlabel="MB moved (all workers, up + down)", ylabel="held-out loss (nats/byte)")
-    by_steps.set(xlabel="inner steps per worker", ylabel="held-out loss (nats/byte)")
-    by_bytes.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def plot(result: dict, path: Path) -> None:
+    """Held-out loss against the bytes moved and against the inner steps, one line per arm."""
+    with figure(path, ncols=2, figsize=(11, 4), dpi=120) as (_, (by_bytes, by_steps)):
+        for r in result["arms"].values():
+            rows = r["rows"][1:]
+            by_bytes.plot([x["bytes"] / 1e6 for x in rows], [x["heldout_loss"] for x in rows], marker=".",
+                          label=r["label"])
+            by_steps.plot([x["steps"] for x in r["rows"]], [x["heldout_loss"] for x in r["rows"]], label=r["label"])
+        by_bytes.axvline(result["ddp_bytes"] / 1e6, color="grey", linestyle="--", label="data parallel, same steps")
+        by_bytes.set(xscale="log", xlabel="MB moved (all workers, up + down)", ylabel="held-out loss (nats/byte)")
+        by_steps.set(xlabel="inner steps per worker", ylabel="held-out loss (nats/byte)")
+        by_bytes.legend(fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 rounds of 5 inner steps")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--inner_steps", type=int)
     parser.add_argument("--seed", type=int, default=0, help="model init, data order and placement")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     args = parser.parse_args(argv)
+    before = machine()
     device = set_up(args.device)
     s = Settings(rounds=args.rounds or (4 if args.quick else Settings.rounds),
                  inner_steps=args.inner_steps or (5 if args.quick else Settings.inner_steps), seed=args.seed)
@@ -261,9 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(results, s, ddp_bytes, unigram_loss(task), layout)
     print(markdown)
     name = "fomoe" + ("_quick" if args.quick else "") + (f"_seed{s.seed}" if s.seed else "")
-    write_results(name, {"settings": asdict(s), "ddp_bytes": ddp_bytes, "unigram_loss": unigram_loss(task),
-                         "load_average": os.getloadavg(), "arms": results}, markdown)
-    plot(results, ddp_bytes, RESULTS_DIR / f"{name}.png")
+    result = write_result(RESULTS_DIR / f"{name}.json", {"settings": asdict(s), "ddp_bytes": ddp_bytes,
+                                                        "unigram_loss": unigram_loss(task), "arms": results},
+                          before=before, markdown=markdown, indent=1)
+    plot(result, RESULTS_DIR / f"{name}.png")
     return 0
 
 

@@ -1,30 +1,9 @@
 #!/usr/bin/env python3
-"""FoMoE on the network vs the protocol it implements: expert hosts over real HTTP against
-``protocols.fomoe.core.simulate_round``, then the replication arms and a host killed mid-run.
+"""FoMoE on the network vs the protocol it implements: four ``expert-host`` roles on LocalNet
+(``gossamer_harness.localnet``) against ``protocols.fomoe.core.simulate_round`` (every host's loss
+and every parameter must equal it), then r = 1, 2, 4 and a host killed mid-run (docs/EXPERIMENTS.md)::
 
-Four ``expert-host`` roles run in one process on ``peer.testing.localnet`` (each behind its own
-HTTP server on 127.0.0.1, signed messages, the commit exchange, the whole round of
-``protocols/fomoe/host.py``). Their identities are derived from the seed and chosen so that the
-four hosts train on the four contiguous quarters of the text (shard = peer id mod 4: non-IID).
-
-Arms, per seed:
-
-- ``simulation r = 2``: the same four peers in one process through ``simulate_round`` (no
-  network): models from the run's seed, the placement of ``place_experts`` over the same ids,
-  each peer's sampler seeded from its id as a host seeds it. The network is faithful if every
-  host's held-out loss after every round, and every parameter at the end, equal this arm's.
-- ``network r = 2``, ``network r = 1``, ``network r = 4`` (every host holds every expert: the
-  full-replica DiLoCo case): loss of the swarm's model (dense part, each expert from a holder, all
-  experts run), the pairs skipped, and the update bytes every host counted against
-  ``all_to_all_bytes`` (the formula for peers that send their updates straight to each other).
-- ``network r = 2, one killed``: host 3 is killed after round ``--kill_after``; the three left
-  re-place its experts, no expert is lost, and training goes on.
-
-    nice -n 10 .venv/bin/python scripts/experiments/fomoe_network.py --seeds 0 1   # ~10 min of CPU
-    nice -n 10 .venv/bin/python scripts/experiments/fomoe_network.py --quick        # 3 rounds of 4 steps
-
-Results: ``results/fomoe_network.{json,md}`` (``fomoe_network_quick`` for ``--quick``).
-"""
+    nice -n 10 .venv/bin/python scripts/experiments/fomoe_network.py [--seeds 0 1] [--quick]"""
 
 from __future__ import annotations
 
@@ -39,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import markdown_table, set_up, write_results
+from _common import RESULTS_DIR, set_up
 
 from gossamer.crypto.identity import Identity
 from gossamer.peer.run.manifest import run_config_from_dict
@@ -56,6 +35,7 @@ from gossamer.protocols.fomoe.core import (
 from gossamer.protocols.fomoe.host import ExpertHostRole
 from gossamer.protocols.registry import PLUGINS
 from gossamer_harness.localnet import LocalNet
+from gossamer_harness.report import machine, markdown_table, write_result
 
 HOSTS = 4
 
@@ -169,7 +149,7 @@ class Resident(torch.nn.Module):
 def simulation(s: Settings, seed: int, device: torch.device) -> dict[str, Any]:
     """The same four peers through ``simulate_round``, built as a host builds itself."""
     settings = PLUGINS.plugin("fomoe").read_settings(run_config_from_dict(s.run(seed=seed, replication=2)))
-    split = split_text(load_text(settings.data_source), heldout_fraction=settings.heldout_fraction)
+    split = split_text(load_text(settings.text.data_source), heldout_fraction=settings.text.heldout_fraction)
     ids = [identity.peer_id for identity in identities(seed)]
     placement = place_experts(ids, n_experts=s.n_experts, replication=2, round=0, seed=seed)
     replicas = [FomoeReplica(p, build_moe_model(settings.model, seed=seed, device=device), placement.resident(p),
@@ -204,12 +184,13 @@ ARMS = (("network r = 4 (full replica)", 4, False), ("network r = 2", 2, False),
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 4 steps: checks the script runs")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--arms", nargs="+", default=[label for label, _, _ in ARMS], help="network arms to run")
     args = parser.parse_args(argv)
+    before = machine()
     device = set_up(args.device)
     s = Settings()
     if args.quick:
@@ -241,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         results["seeds"][str(seed)] = per_seed
     markdown = render(results, s)
     name = "fomoe_network_quick" if args.quick else "fomoe_network"
-    write_results(name, results, markdown)
+    write_result(RESULTS_DIR / f"{name}.json", results, before=before, markdown=markdown, indent=1)
     print(markdown)
     return 0
 

@@ -1,17 +1,8 @@
-"""Does hivemind's own libp2p circuit relay make a NATed peer reachable? (issue 18, first bullet)
+"""Does hivemind's own libp2p circuit relay make a NATed peer reachable? Three hosts in network
+namespaces (relay, nat, pub), each a real p2pd under a ``DHTNode``, per option combination (root;
+docs/BENCHMARKS.md, "libp2p circuit relay")::
 
-Three hosts in network namespaces (``gossamer_harness.netns.NetLab``): ``relay`` (public, the
-bootstrap peer that should serve circuit relay v2), ``nat`` (inbound TCP SYNs dropped; bootstraps
-from the relay, optionally with auto-relay), ``pub`` (a second public peer). Each runs in its own
-process: a real ``hivemind.P2P`` daemon (p2pd) under a real ``DHTNode``. For each option
-combination it measures when (if ever) ``nat`` announces a ``/p2p-circuit`` address, and whether
-``pub`` can reach ``nat``: a DHT ping by peer id (what hivemind's DHT does), a binary stream by
-peer id (what a libp2p data plane would do), and the same stream after dialling ``nat``'s circuit
-address through the relay explicitly. p2pd's own log (``GOLOG_LOG_LEVEL=debug``) is kept per host
-and grepped for the reason a step fails. Needs root.
-
-    sudo nice -n 10 .venv/bin/python scripts/experiments/libp2p_relay.py [--wait 30]
-"""
+    sudo nice -n 10 .venv/bin/python scripts/experiments/libp2p_relay.py [--wait 30]"""
 
 from __future__ import annotations
 
@@ -25,6 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gossamer_harness.report import load_average_text, machine, write_result
 
 RESULTS = Path(__file__).parent / "results"
 ECHO = "gossamer-relay-echo"
@@ -235,7 +228,7 @@ def _cell(step: dict | None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wait", type=float, default=30.0, help="seconds nat waits for a circuit address")
     parser.add_argument("--only", default="", help="run only combos whose name starts with these letters")
     parser.add_argument("--out", default="libp2p_relay.json", help="file name under results/")
@@ -247,6 +240,7 @@ def main() -> None:
     if args.role:
         asyncio.run(drive(args.role, args.ip, Path(args.dir), json.loads(args.spec), args.wait))
         return
+    before = machine()
     from gossamer_harness.netns import NetLab
 
     if why := NetLab.unavailable():
@@ -257,8 +251,7 @@ def main() -> None:
             continue
         rows.append(run_combo(index, name, relay_opts, nat_opts, args.wait))
         print(f"done: {name}", file=sys.stderr, flush=True)
-    load = os.getloadavg()
-    print(f"load average before/after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; circuit wait {args.wait:.0f} s\n")
+    print(f"load average at the end: {load_average_text()}; circuit wait {args.wait:.0f} s\n")
     print("| combination | nat circuit addr | pub DHT ping by id | pub stream by id | pub dials relay circuit "
           "| pub stream after dial |")
     print("|---|---|---|---|---|---|")
@@ -272,8 +265,7 @@ def main() -> None:
         for step in ("stream_by_id", "circuit_dial", "stream_after_dial"):
             if row["pub"].get(step, {}).get("error"):
                 print(f"  {step}: {row['pub'][step]['error']}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / args.out).write_text(json.dumps({"load": load, "wait_s": args.wait, "rows": rows}, indent=1))
+    write_result(RESULTS / args.out, {"wait_s": args.wait, "rows": rows}, before=before, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,7 @@
-"""TL++ traversal learning against centralized training, FedAvg and sequential split learning.
+"""TL++ traversal learning against centralized, FedAvg and split learning, one class per node over 10
+data nodes, the same sample budget per arm; bytes checked against the formulas (docs/EXPERIMENTS.md)::
 
-Two datasets, each split ONE CLASS PER NODE over 10 data nodes (the extreme non-IID case of the
-traversal-learning paper; ``_tlpp_tasks``): sklearn's 8x8 digits with the built-in ``digits_cnn``,
-and Fashion-MNIST (28x28, Debian's ``dataset-fashion-mnist``) with a declared 4-stage CNN and
-per-channel normalisation pooled from the nodes' counts and sums. Arms, all with Adam, the same
-learning rate and the same sample budget (steps x batch size):
-
-- ``centralized``: one model on the same virtual batches (same order) as TL++;
-- ``tlpp_cut{1,2,3}``: TL++ base mode, real per-node copies of the node side loaded each step
-  from the orchestrator's weights, activations / cut gradients / node gradients handed over;
-- ``tlpp_secure_cut3``: ``protocols.tlpp.core.secure.secure_step`` (shares in Z_2^64, orchestrator + helper);
-- ``fedavg``: each round every node downloads the model, runs E local steps (batch B / nodes, a
-  fresh local Adam) on its one class, uploads it; the server averages weighted by node size;
-- ``split_seq``: vanilla split learning at cut 1: node 1 trains with the server on its data (one
-  pass), hands its node-side weights to node 2, ... (each node keeps its own Adam state).
-
-Bytes are counted from the tensors handed between parties and compared with the formulas in
-``protocols.tlpp.core`` (element sizes from the dtype; node-side weights include the normalisation
-buffers). ``--dtype float64`` runs the same arms in float64, where TL++ base and centralized
-training agree to round-off (float32 adds the same terms in another order). Writes
-``scripts/experiments/results/tlpp[_fashion-mnist][_float64][_quick].{json,md}``::
-
-    nice -n 10 .venv/bin/python scripts/experiments/tlpp.py [--dataset digits|fashion-mnist] [--quick]
-        [--epochs 30] [--seeds 3] [--arms ...] [--dtype float32|float64] [--per_class 1000] [--jobs 1]
-"""
+    nice -n 10 .venv/bin/python scripts/experiments/tlpp.py [--dataset digits|fashion-mnist] [--quick] [--dtype float64]"""
 
 from __future__ import annotations
 
@@ -40,17 +18,17 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _common import markdown_table, set_up, write_results
+from _common import RESULTS_DIR, set_up
 from _tlpp_tasks import DATASETS, Task, accuracy, load_task
 
 from gossamer.crypto.sharing import SharingError
 from gossamer.protocols.tlpp.core import (
     VirtualBatchScheduler,
-    affine_server,
+    affine_layer,
     full_sync_step_bytes,
     node_backward,
     node_forward,
-    server_step,
+    orchestrator_step,
     split_model,
     sum_grads,
     tlpp_secure_step_bytes,
@@ -58,6 +36,7 @@ from gossamer.protocols.tlpp.core import (
 )
 from gossamer.protocols.tlpp.core.secure import ByteLedger, secure_step
 from gossamer.protocols.tlpp.data import DataSourceError
+from gossamer_harness.report import machine, markdown_table, write_result
 
 DEFAULT_ARMS = {"digits": ("centralized", "tlpp_cut1", "tlpp_cut2", "tlpp_cut3", "tlpp_secure_cut3", "fedavg",
                            "split_seq"),
@@ -147,10 +126,10 @@ def tlpp_base(task: Task, s: Settings, seed: int, device: torch.device, *, cut: 
             local[n].load_state_dict(ledger.send("orchestrator", n, node_side.state_dict()))
             acts[n] = ledger.send(n, "orchestrator", node_forward(local[n], xs[n]))
             labels[n] = ledger.send(n, "orchestrator", ys[n])
-        step = server_step(server_side, acts, labels)
+        step = orchestrator_step(server_side, acts, labels)
         node_grads = [ledger.send(n, "orchestrator", node_backward(local[n], xs[n], ledger.send(
             "orchestrator", n, step.cut_grads[n]))) for n in xs]
-        _apply(model, opt, sum_grads(node_grads) | step.server_grads)
+        _apply(model, opt, sum_grads(node_grads) | step.orchestrator_grads)
         run.steps += 1
         run.formula_bytes += tlpp_step_bytes(batch_size=len(batch.order), cut_numel=cut_numel,
                                              node_numel=_params(node_side),
@@ -175,8 +154,8 @@ def tlpp_secure(task: Task, s: Settings, seed: int, device: torch.device) -> Arm
         run.steps += 1
         run.counted_bytes += step.ledger.total_bytes
         run.formula_bytes += tlpp_secure_step_bytes(
-            batch_size=len(batch.order), cut_numel=affine_server(server_side).in_features, num_classes=10,
-            node_numel=_params(node_side), server_numel=_numel(server_side),
+            batch_size=len(batch.order), cut_numel=affine_layer(server_side).in_features, num_classes=10,
+            node_numel=_params(node_side), orchestrator_numel=_numel(server_side),
             buffer_numel=_buffers(node_side), active_nodes=len(xs), dtype=task.dtype)
     run.accuracy, run.final = accuracy(model, task), _final(model)
     return run
@@ -229,9 +208,9 @@ def split_sequential(task: Task, s: Settings, seed: int, device: torch.device, *
                 if run.steps >= total_steps:
                     break
                 x, y = task.xs[n][idx], task.ys[n][idx]
-                step = server_step(server_side, {n: ledger.send(n, "server", node_forward(local[n], x))},
+                step = orchestrator_step(server_side, {n: ledger.send(n, "server", node_forward(local[n], x))},
                                    {n: ledger.send(n, "server", y)})
-                _apply(server_side, server_opt, step.server_grads)
+                _apply(server_side, server_opt, step.orchestrator_grads)
                 _apply(local[n], node_opts[n], node_backward(local[n], x, ledger.send("server", n,
                                                                                        step.cut_grads[n])))
                 run.steps += 1
@@ -326,7 +305,7 @@ class Job:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
     parser.add_argument("--quick", action="store_true", help="smoke run: 4 epochs (fashion-mnist: 1), 1 seed")
     parser.add_argument("--epochs", type=int)
@@ -337,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes, one (arm, seed) each at a time")
     args = parser.parse_args(argv)
+    before = machine()
     device = set_up(args.device)
     quick_epochs = 4 if args.dataset == "digits" else 1
     s = Settings(epochs=args.epochs or (quick_epochs if args.quick else Settings.epochs),
@@ -368,11 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown)
     name = "tlpp" + ("" if args.dataset == "digits" else f"_{args.dataset}") + \
         ("" if args.dtype == "float32" else f"_{args.dtype}") + ("_quick" if args.quick else "")
-    write_results(name, {"settings": asdict(s), "dataset": args.dataset, "dtype": args.dtype,
+    write_result(RESULTS_DIR / f"{name}.json", {
+                         "settings": asdict(s), "dataset": args.dataset, "dtype": args.dtype,
                          "per_class": args.per_class if args.dataset == "fashion-mnist" else None,
                          "stages": [list(stage) for stage in task.stages], "normalization": task.normalization,
                          "full_sync_step_bytes": full_sync, "run_s": time.perf_counter() - start, "arms": summary},
-                    markdown)
+                 before=before, markdown=markdown, indent=1)
     return 0
 
 

@@ -1,14 +1,5 @@
-"""Summaries, tables and the plot of ``diloco_variants.py``.
-
-Gap to DiLoCo = (held-out loss of the arm - DiLoCo's) / DiLoCo's, per round, with DiLoCo run on
-the same text and seed; "mean of replicas" is what each learner holds, "replicas' average" is what
-a run could publish. The gap's slope is a least-squares line over the last 20 rounds, in
-percentage points per 10 rounds; the worst gap is the largest of the last 10 rounds (between two
-exact averages the replicas are further from DiLoCo than at them), and the mean gap over the last
-20 rounds and over each 5-round period (what a learner holds on average, not only at the rounds an
-exact average lands on). Consensus distance: ``protocols.core.consensus.consensus_distance``
-of the parameters after the outer step (what the next round starts from), over all parameters.
-"""
+"""Summaries, tables and the plot of ``diloco_variants.py``: each arm's gap to DiLoCo of the same
+text and seed, its slope and worst value, and the consensus distance (definitions: ``_arm_summary``)."""
 
 from __future__ import annotations
 
@@ -16,8 +7,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from _common import markdown_table
-from diloco_cost import LINKS_MBIT, MODELLED_H, MODELLED_STEP_S, RTT_S
+from _diloco_cost import LINKS_MBIT, MODELLED_H, MODELLED_STEP_S, RTT_S
+
+from gossamer_harness.report import figure, markdown_table
 
 TARGET_GAP_PCT = 3.0
 WINDOW = 20
@@ -43,6 +35,11 @@ def _cd(run: dict, stage: str = "x_next") -> list[float]:
 
 
 def _arm_summary(runs: list[dict], diloco: dict[int, dict]) -> dict[str, Any]:
+    """Gap to DiLoCo = (held-out loss of the arm - DiLoCo's) / DiLoCo's per round ("mean of replicas":
+    what each learner holds; "replicas' average": what a run could publish); its slope is a
+    least-squares line over the last ``WINDOW`` rounds (points per 10 rounds), the worst gap the
+    largest of the last ``LAST``, the mean gap over the window and over each ``PERIOD``; consensus
+    distance of the parameters after the outer step (``protocols.core.consensus``), all parameters."""
     per_seed = []
     for run in runs:
         base = _mean_curve(diloco[run["seed"]])
@@ -157,39 +154,29 @@ def render(payload: dict, arms: list) -> str:
     return "\n\n".join(parts)
 
 
-def save_plot(payload: dict, arms: list, path: Path) -> None:
+def plot(payload: dict, path: Path) -> None:
     """Per text: held-out loss, gap to DiLoCo and consensus distance per round (mean over seeds,
-    band = min..max over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    band = min..max over seeds); one colour per arm, in the order the arms ran."""
     summary = payload["summary"]
-    fig, axes = plt.subplots(len(summary), 3, figsize=(17, 4.6 * len(summary)), squeeze=False)
-    colours = {arm.key: f"C{i}" for i, arm in enumerate(arms)}
-    for row, (source, by_arm) in zip(axes, summary.items(), strict=True):
-        for arm in arms:
-            if arm.key not in by_arm:
-                continue
-            r = by_arm[arm.key]
-            style = {"label": arm.key, "color": colours[arm.key], "linestyle": "--" if "private" in arm.key else "-"}
-            for ax, field in zip(row, ("curve", "gap_pct", "cd"), strict=True):
-                if field != "curve" and arm.key == "diloco":
-                    continue
-                series = [p[field] for p in r["per_seed"]]
-                xs = range(1, len(series[0]) + 1)
-                ax.plot(xs, [statistics.fmean(v) for v in zip(*series, strict=True)], **style)
-                ax.fill_between(xs, [min(v) for v in zip(*series, strict=True)],
-                                [max(v) for v in zip(*series, strict=True)], color=colours[arm.key], alpha=0.15)
-        titles = ("held-out loss (mean of replicas)", "gap to DiLoCo (%)", "consensus distance after the step")
-        for ax, title in zip(row, titles, strict=True):
-            ax.set_title(f"{source.split('/')[0]}: {title}", fontsize=10)
-            ax.set_xlabel("round")
-            ax.grid(alpha=0.3)
-        row[1].axhline(TARGET_GAP_PCT, color="black", linewidth=0.8, linestyle=":")
-        row[2].set_yscale("log")
-        row[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    keys = list(dict.fromkeys(key for by_arm in summary.values() for key in by_arm))
+    colours = {key: f"C{i}" for i, key in enumerate(keys)}
+    with figure(path, nrows=len(summary), ncols=3, figsize=(17, 4.6 * len(summary)), squeeze=False) as (_, axes):
+        for row, (source, by_arm) in zip(axes, summary.items(), strict=True):
+            for key, r in by_arm.items():
+                style = {"label": key, "color": colours[key], "linestyle": "--" if "private" in key else "-"}
+                for ax, field in zip(row, ("curve", "gap_pct", "cd"), strict=True):
+                    if field != "curve" and key == "diloco":
+                        continue
+                    series = [p[field] for p in r["per_seed"]]
+                    xs = range(1, len(series[0]) + 1)
+                    ax.plot(xs, [statistics.fmean(v) for v in zip(*series, strict=True)], **style)
+                    ax.fill_between(xs, [min(v) for v in zip(*series, strict=True)],
+                                    [max(v) for v in zip(*series, strict=True)], color=colours[key], alpha=0.15)
+            titles = ("held-out loss (mean of replicas)", "gap to DiLoCo (%)", "consensus distance after the step")
+            for ax, title in zip(row, titles, strict=True):
+                ax.set_title(f"{source.split('/')[0]}: {title}", fontsize=10)
+                ax.set_xlabel("round")
+                ax.grid(alpha=0.3)
+            row[1].axhline(TARGET_GAP_PCT, color="black", linewidth=0.8, linestyle=":")
+            row[2].set_yscale("log")
+            row[0].legend(fontsize=7)

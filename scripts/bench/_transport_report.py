@@ -1,11 +1,11 @@
-"""Ratios against the targets, and the markdown table of the transport benchmark."""
+"""Ratios of the transport benchmark against its targets, and its Markdown table."""
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
 
-from _common import MB, markdown_table
+from gossamer_harness.report import MB, markdown_table
 
 LINK = "link"
 """Denominator name of the WAN rows: the emulated link's rate."""

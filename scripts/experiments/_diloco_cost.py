@@ -1,18 +1,6 @@
-"""What each learner of a Gossip DiLoCo arm sends per round, and the compute utilisation it allows.
-
-Bytes are counted from the tensors an arm mixes. A gossip mix sends its tensors to each neighbour
-(2 copies on a shared uplink for ring or random_k); a global mix is a ring all-reduce (2(n-1)/n x
-the bytes), overlapped with the inner phase for W1 (the paper's "overlapped global averaging") and
-blocking for W2 (DiLoCo's). W1 sends the full parameters, and as much again for the outer momentum
-when the round mixes it; W2 the covered pseudo-gradients. DiLoCo sends no W1 (its replicas are
-identical, so m = x); data parallel all-reduces the gradient every inner step. A periodic exact
-average (every k rounds) is that round with a global W1 of parameters and momentum and a global W2
-over every parameter. (The network learner realises a global mix as n - 1 sends rather than an
-all-reduce, so for large n it sends more than modelled here.)
-
-Utilisation = compute / wall over a cycle of rounds, each round's wall = max(compute, overlapped
-sends) + blocking sends, each exchange costing one RTT plus bytes / link rate.
-"""
+"""What each learner of a gossip-DiLoCo arm sends per round, counted from the tensors the arm mixes,
+and the compute utilisation it allows on a link (``cost_rows``); the network learner realises a
+global mix as n - 1 sends rather than the all-reduce modelled here, so for large n it sends more."""
 
 from __future__ import annotations
 
@@ -52,8 +40,12 @@ def _copies(kind: str, n: int) -> float:
 def round_exchanges(plan: MixingPlan | None, *, exact: bool, n: int, full_bytes: int, subset_bytes: int,
                     inner_steps: int, shared_momentum: bool = False, w1_blocking: bool = False) -> list[Exchange]:
     """What each learner sends in one round of ``plan`` (None: data parallel); ``exact``: one of
-    the plan's periodic exact averages; ``w1_blocking``: W1 mixes the parameters after the outer
-    step, so the next round waits for it."""
+    the plan's periodic exact averages (a global W1 of parameters and momentum and a global W2 over
+    every parameter); ``w1_blocking``: W1 mixes the parameters after the outer step, so the next
+    round waits for it. A gossip mix sends its tensors to each neighbour; a global mix is a ring
+    all-reduce (2(n-1)/n x the bytes), overlapped with the inner phase for W1 and blocking for W2.
+    W1 sends the parameters (twice that with the outer momentum), W2 the covered pseudo-gradients;
+    DiLoCo sends no W1 (its replicas are identical); data parallel all-reduces every inner step."""
     allreduce = _copies("global", n)
     if plan is None:
         return [Exchange("gradient all-reduce", allreduce * full_bytes, True, inner_steps)]
@@ -82,8 +74,8 @@ def cycle(plan: MixingPlan | None, **sizes: Any) -> list[list[Exchange]]:
 
 
 def utilisation(rounds: list[list[Exchange]], *, step_s: float, inner_steps: int, link_mbit: float) -> float:
-    """compute / wall over ``rounds``: overlapped sends hide behind the inner phase, blocking ones
-    (each with one RTT) add to it."""
+    """compute / wall over ``rounds``: each round's wall = max(compute, overlapped sends) + blocking
+    sends, each exchange costing one RTT plus bytes / link rate."""
     def seconds(e: Exchange) -> float:
         return e.per_round * (RTT_S + 8 * e.size_bytes / (link_mbit * 1e6))
 
