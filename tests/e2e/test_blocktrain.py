@@ -39,10 +39,11 @@ from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.safetensors_stream import load_file
 from gossamer.transport.tcp import TcpConfig, tcp_connect
-from gossamer_harness.localproc import LOOPBACK, GossamerProcess, gossamer
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, Processes, gossamer
 
-# Each test may pay for the module fixtures (training, then serving); their waits are bounded one by one.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+# Each test may pay for the module fixtures (training, then serving); every wait follows the
+# processes' progress, and the limit is the last resort (the file takes two minutes at load 2)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 MODEL = {"d_model": 32, "n_heads": 2, "context": 32, "num_blocks": 3}
 VERSIONS = 6
@@ -71,12 +72,13 @@ min_workers = 3
 
 
 class Run:
-    """The processes of the shared run and what they announced."""
+    """The processes of the shared run (in ``processes``: each ends with the module) and what they
+    announced."""
 
-    def __init__(self, work: Path) -> None:
-        self.work = work
+    def __init__(self, work: Path, processes: Processes) -> None:
+        self.work, self.processes = work, processes
         (work / "run.toml").write_text(RUN)
-        self.orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events",
+        self.orch = processes.start(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events",
                                      *LOOPBACK, "--threads", "1", "--identity_path", str(work / "owner.pem"),
                                      "--checkpoint_dir", str(work / "ckpt")], log_path=work / "orch.log")
         self.ready = self.orch.wait_ready()
@@ -91,36 +93,30 @@ class Run:
         path = self.work / f"{name}.pem"
         self.ids[name] = (Identity.load(path) if path.exists() else Identity.create(path)).peer_id
         identity = str(path)
-        self.procs[name] = GossamerProcess([command[0], *self.join([]), *command[1:], "--events", *LOOPBACK,
-                                            "--threads", "1", "--identity_path", identity],
-                                           log_path=self.work / f"{name}.log")
+        self.procs[name] = self.processes.start([command[0], *self.join([]), *command[1:], "--events", *LOOPBACK,
+                                                 "--threads", "1", "--identity_path", identity],
+                                                log_path=self.work / f"{name}.log")
         return self.procs[name]
 
     def kill(self, name: str) -> None:
         """SIGKILL the process and its p2pd child (they share a process group)."""
-        os.killpg(self.procs[name].proc.pid, signal.SIGKILL)
+        self.procs[name].signal_group(signal.SIGKILL)
         self.procs[name].stop()
 
     def generate(self, *extra: str) -> tuple[int, dict | None, str]:
         result = gossamer(["generate", *self.join([]), "--json", "--new_bytes", "48", "--passes", "3",
-                           "--seed", "5", "--temperature", "0.8", *(extra or ("--timeout_s", "20")), "The "],
-                          timeout_s=90)
+                           "--seed", "5", "--temperature", "0.8", *(extra or ("--timeout_s", "20")), "The "])
         return result.returncode, json.loads(result.stdout) if result.returncode == 0 else None, result.stderr
 
-    def stop(self) -> None:
-        for proc in [*self.procs.values(), self.orch]:
-            if proc.proc.poll() is None:
-                os.kill(proc.proc.pid, signal.SIGCONT)
-            proc.stop()
+    def others(self, *but: GossamerProcess) -> list[GossamerProcess]:
+        """Every process of the run still running, but ``but``: what a wait also watches."""
+        return [proc for proc in [self.orch, *self.procs.values()] if proc.proc.poll() is None and proc not in but]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory):
-    shared = Run(tmp_path_factory.mktemp("blocktrain"))
-    try:
-        yield shared
-    finally:
-        shared.stop()
+    with Processes() as processes:
+        yield Run(tmp_path_factory.mktemp("blocktrain"), processes)
 
 
 def trained_stack(run: Run) -> torch.nn.Module:
@@ -147,7 +143,8 @@ def trained(run: Run) -> dict:
     # far from its target. (Waiting for every block to close one, w0 slowed by a loaded machine had
     # its first version closed only after the others' blocks had finished: nothing left to reassign.)
     while True:
-        event = run.orch.wait_event(lambda e: e["event"] in ("blocktrain.version", "blocktrain.assignment"), timeout_s=60)
+        event = run.orch.wait_event(lambda e: e["event"] in ("blocktrain.version", "blocktrain.assignment"),
+                                    also=run.others())
         if event["event"] == "blocktrain.assignment":
             assignment = event["assignment"]
         elif everyone <= set(assignment):
@@ -157,9 +154,10 @@ def trained(run: Run) -> dict:
 
     run.kill("w0")
     covered = run.orch.wait_event(lambda e: e["event"] == "blocktrain.assignment" and victim not in e["assignment"]
-                                  and orphan in e["assignment"].values(), timeout_s=60)
-    after = run.orch.wait_event(lambda e: e["event"] == "blocktrain.version" and e["block"] == orphan, timeout_s=60)
-    finished = run.orch.wait_event(lambda e: e["event"] == "blocktrain.finished", timeout_s=90)
+                                  and orphan in e["assignment"].values(), also=run.others())
+    after = run.orch.wait_event(lambda e: e["event"] == "blocktrain.version" and e["block"] == orphan,
+                                also=run.others())
+    finished = run.orch.wait_event(lambda e: e["event"] == "blocktrain.finished", also=run.others())
     return {"victim": victim, "survivors": {run.ids["w1"], run.ids["w2"]}, "covered": covered, "after": after,
             "finished": finished}
 
@@ -172,8 +170,9 @@ def serve(run: Run, names: list[str]) -> None:
         if name in names:
             run.start(name, ["serve", "--blocks", blocks])
     for name in names:
-        run.tcp[name] = run.procs[name].wait_ready()["tcp"]
-        run.procs[name].wait_event(lambda e: e["event"] == "blocktrain.serving", timeout_s=60)
+        proc = run.procs[name]
+        run.tcp[name] = proc.wait_ready(also=run.others(proc))["tcp"]
+        proc.wait_event(lambda e: e["event"] == "blocktrain.serving", also=run.others(proc))
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +266,7 @@ async def test_malformed_frames_are_refused_and_the_server_keeps_serving(run: Ru
 
 def test_serve_refuses_a_block_the_run_does_not_have(run: Run) -> None:
     result = gossamer(["serve", *run.join([]), "--blocks", "7", *LOOPBACK, "--identity_path",
-                       str(run.work / "bad.pem")], timeout_s=60)
+                       str(run.work / "bad.pem")])
 
     assert result.returncode == 2, result.stderr
     assert "error: --blocks [7]: the run has blocks 0..2" in result.stderr

@@ -2,7 +2,7 @@
 r = 2) train with the held-out loss falling; one is SIGKILLed, and the other three re-place its
 experts among themselves with none lost and go on training; ``gossamer status`` shows every
 expert with two live holders; Ctrl+C stops each host cleanly, writing its part
-(``peer.testing.fomoe_hosts.kill_one_host``, which ``scripts/chaos/fomoe_hosts.py`` runs too, beside
+(``gossamer_harness.fomoe.hosts.kill_one_host``, which ``scripts/chaos/fomoe_hosts.py`` runs too, beside
 the preset run: ``gossamer swarm --preset fomoe``, 8 rounds, checkpoints of every expert in two)."""
 
 from __future__ import annotations

@@ -5,20 +5,20 @@ stops cleanly."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gossamer.transport.safetensors_stream import load_file
+from gossamer_harness.localproc import gossamer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+# The run goes on as long as the swarm's processes are busy; this limit is the last resort (the
+# run takes about a minute at load 2, and many times that on a machine as loaded as a busy CI host)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def test_demo_preset_trains_and_exits_cleanly(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "gossamer.peer.cli", "swarm", "--preset", "demo", "--workdir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=400)
+    result = gossamer(["swarm", "--preset", "demo", "--workdir", str(tmp_path)])
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "all 4 peers see each other" in out

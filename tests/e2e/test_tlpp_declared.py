@@ -14,11 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gossamer_harness.localproc import LOOPBACK, gossamer
+from gossamer_harness.localproc import LOOPBACK, Processes, gossamer
 from tests.e2e.test_tlpp import secure_tables, start
 from tests.protocols.tlpp.harness import digits_28
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the waits follow progress: this is the last resort
 
 STEPS = 8
 RUN = """
@@ -53,26 +53,22 @@ helper_wait_s = 5.0
 
 
 @pytest.mark.parametrize("mode", ["base", "secure"])
-def test_a_declared_model_trains_on_28x28_npz_files_brought_by_the_data_owners(tmp_path: Path, mode: str) -> None:
+def test_a_declared_model_trains_on_28x28_npz_files_brought_by_the_data_owners(processes: Processes, tmp_path: Path,
+                                                                             mode: str) -> None:
     owners = digits_28(tmp_path, owners=3)
     tables, node_command = secure_tables(tmp_path, ["node0", "node1"]) if mode == "secure" else \
         ("", ["peer", "--roles", "node"])
     (tmp_path / "run.toml").write_text(RUN.format(mode=mode, test=json.dumps(owners[2]), steps=STEPS) + tables)
-    orch = start(tmp_path, "orch", ["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm"])
-    procs = []
-    try:
-        ready = orch.wait_ready()
-        join = ["--run", ready["run_id"], "--initial_peers", *ready["maddrs"]]
-        if mode == "secure":
-            procs.append(start(tmp_path, "helper", ["helper", *join]))
-        procs += [start(tmp_path, f"node{i}", [*node_command, *join, "--data", owners[i]]) for i in range(2)]
-        node_ids = sorted(proc.wait_ready()["peer_id"] for proc in procs[-2:])
-        normalized = orch.wait_event(lambda e: e["event"] == "tlpp.normalized", timeout_s=90)
-        steps = [orch.wait_event(lambda e: e["event"] == "tlpp.step", timeout_s=90) for _ in range(STEPS)]
-        finished = orch.wait_event(lambda e: e["event"] == "tlpp.finished", timeout_s=90)
-    finally:
-        for proc in [*procs, orch]:
-            proc.stop()
+    orch = start(processes, tmp_path, "orch", ["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm"])
+    ready = orch.wait_ready()
+    join = ["--run", ready["run_id"], "--initial_peers", *ready["maddrs"]]
+    procs = [start(processes, tmp_path, "helper", ["helper", *join])] if mode == "secure" else []
+    procs += [start(processes, tmp_path, f"node{i}", [*node_command, *join, "--data", owners[i]]) for i in range(2)]
+    node_ids = sorted(proc.wait_ready()["peer_id"] for proc in procs[-2:])
+    normalized = orch.wait_event(lambda e: e["event"] == "tlpp.normalized", also=procs)
+    steps = [orch.wait_event(lambda e: e["event"] == "tlpp.step", also=procs) for _ in range(STEPS)]
+    finished = orch.wait_event(lambda e: e["event"] == "tlpp.finished", also=procs)
+    processes.close()
 
     union = np.concatenate([np.load(path)["x"] for path in owners[:2]]).astype(np.float64)
     assert normalized["nodes"] == node_ids and normalized["samples"] == len(union)
@@ -102,18 +98,17 @@ def test_a_declared_model_trains_on_28x28_npz_files_brought_by_the_data_owners(t
     assert torch.isfinite(checkpoint["3.0.weight"]).all()
 
 
-def test_a_node_whose_data_does_not_fit_the_declared_input_refuses_to_start(tmp_path: Path) -> None:
+def test_a_node_whose_data_does_not_fit_the_declared_input_refuses_to_start(processes: Processes,
+                                                                           tmp_path: Path) -> None:
     owners = digits_28(tmp_path, owners=3)
     np.savez(tmp_path / "eight.npz", x=np.zeros((5, 8, 8)), y=np.zeros(5, dtype=int))
     (tmp_path / "run.toml").write_text(RUN.format(mode="base", test=json.dumps(owners[2]), steps=STEPS))
-    orch = start(tmp_path, "orch", ["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm"])
-    try:
-        ready = orch.wait_ready()
-        result = gossamer(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], *LOOPBACK,
-                           "--roles", "node", "--data", str(tmp_path / "eight.npz"),
-                           "--identity_path", str(tmp_path / "node.pem")], timeout_s=120)
-    finally:
-        orch.stop()
+    orch = start(processes, tmp_path, "orch", ["orchestrator", "-c", str(tmp_path / "run.toml"), "--new_swarm"])
+    ready = orch.wait_ready()
+    result = gossamer(["peer", "--run", ready["run_id"], "--initial_peers", *ready["maddrs"], *LOOPBACK,
+                       "--roles", "node", "--data", str(tmp_path / "eight.npz"),
+                       "--identity_path", str(tmp_path / "node.pem")])
+    processes.close()
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and len(errors) == 1, result.stderr[-2000:]

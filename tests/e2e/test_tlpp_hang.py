@@ -11,7 +11,7 @@ that outlasts its deadline, then continued with SIGCONT.
   request it slept through is not taken for its peer's timeout (``pacing.within``).
 - A hung helper misses ``helper_timeout_s``: secure training stops with one typed error
   (``tlpp.error`` of kind ``HelperFailed``, a checkpoint, exit code 1), the stopped step applied
-  nothing and its ledger balances (RELIABILITY.md, "Faults survived: TL++")."""
+  nothing and its ledger balances (docs/RELIABILITY.md, "Faults survived: TL++")."""
 
 from __future__ import annotations
 
@@ -27,10 +27,12 @@ import pytest
 from safetensors.torch import load_file
 
 from gossamer.peer.kit.state_tree import unpack_state
-from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, Processes
 from gossamer_harness.tlpp.runs import BASE_NODE_COMMAND, secure_tables
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+# Every wait follows the processes' progress; the limit is the last resort (each test takes about a
+# minute at load 2, and many times that on a machine as loaded as a busy CI host)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 NODE_TIMEOUT_S = 3.0
 HELPER_TIMEOUT_S = 3.0
@@ -54,18 +56,22 @@ node_timeout_s = {node_timeout_s}
 helper_timeout_s = {helper_timeout_s}
 helper_wait_s = 2.0
 """
-WAIT_S = 90.0  # every wait on an event: generous for a busy 2-core machine
+OWN_WORK_S = 5.0
+"""What a step may take besides waiting out its deadlines, at least: the orchestrator's own work
+(a step without a hung peer takes tens of milliseconds at load 2); on a loaded machine, three
+times the slowest step of the run that waited for nobody, if longer."""
 
 
 class Run:
-    """An orchestrator, in secure mode a helper, and three data nodes, as processes."""
+    """An orchestrator, in secure mode a helper, and three data nodes, as processes (in
+    ``processes``: they end with the test)."""
 
-    def __init__(self, work: Path, *, mode: str, steps: int) -> None:
+    def __init__(self, processes: Processes, work: Path, *, mode: str, steps: int) -> None:
         tables, node_command = secure_tables(work, [f"node{i}" for i in range(3)]) if mode == "secure" else \
             ("", BASE_NODE_COMMAND)
         (work / "run.toml").write_text(RUN.format(mode=mode, steps=steps, node_timeout_s=NODE_TIMEOUT_S,
                                                   helper_timeout_s=HELPER_TIMEOUT_S, heartbeat_s=HEARTBEAT_S) + tables)
-        self.work = work
+        self.work, self.processes = work, processes
         self.procs: list[GossamerProcess] = []
         self.orch = self._start("orch", ["orchestrator", "-c", str(work / "run.toml"), "--new_swarm"])
         ready = self.orch.wait_ready()
@@ -79,44 +85,29 @@ class Run:
         self.ids = [node.latest["ready"]["peer_id"] for node in self.nodes]
 
     def _start(self, name: str, args: list[str]) -> GossamerProcess:
-        proc = GossamerProcess([*args, "--events", *LOOPBACK, "--threads", "1", "--identity_path",
-                                str(self.work / f"{name}.pem"), "--checkpoint_dir", str(self.work / "ckpt")],
-                               log_path=self.work / f"{name}.log")
+        proc = self.processes.start([*args, "--events", *LOOPBACK, "--threads", "1", "--identity_path",
+                                     str(self.work / f"{name}.pem"), "--checkpoint_dir", str(self.work / "ckpt")],
+                                    log_path=self.work / f"{name}.log")
         self.procs.append(proc)
         return proc
 
     def steps(self, until: Callable[[dict], bool], kinds: tuple[str, ...] = ("tlpp.step",)) -> list[dict]:
         """The orchestrator's events of ``kinds`` up to the first that satisfies ``until``."""
         events: list[dict] = []
-        while not events or not until(events[-1]):
-            events.append(self.orch.wait_event(lambda e: e["event"] in kinds, timeout_s=WAIT_S))
-            for proc in self.procs:
-                proc.pump()  # no process blocks on a full stdout pipe while the test reads another
+        while not events or not until(events[-1]):  # the others' events are read meanwhile (no full pipe)
+            events.append(self.orch.wait_event(lambda e: e["event"] in kinds, also=self.procs))
         return events
 
     def status(self) -> dict:
-        with urllib.request.urlopen(f"http://{self.http}/status", timeout=10) as response:
+        with urllib.request.urlopen(f"http://{self.http}/status", timeout=60) as response:
             return json.loads(response.read())
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.proc.poll() is None:
-                os.killpg(proc.proc.pid, signal.SIGCONT)  # a stopped process cannot take SIGTERM
-        for proc in self.procs:  # the orchestrator first: no steps against nodes that are leaving
-            proc.stop()
 
 
 @pytest.fixture
-def runs(tmp_path: Path) -> Iterator[Callable[..., Run]]:
-    made: list[Run] = []
-
-    def make(**kwargs) -> Run:
-        made.append(Run(tmp_path, **kwargs))
-        return made[-1]
-
-    yield make
-    for run in made:
-        run.close()
+def runs(processes: Processes, tmp_path: Path) -> Callable[..., Run]:
+    """``runs(mode=..., steps=...)`` starts a run whose processes end with the test (a stopped one
+    is continued first: it could not take SIGTERM)."""
+    return lambda **kwargs: Run(processes, tmp_path, **kwargs)
 
 
 @contextmanager
@@ -132,12 +123,14 @@ def stopped(proc: GossamerProcess) -> Iterator[None]:
 def check_ledgers(steps: list[dict]) -> None:
     """Every step once and in order, every ledger balances, and no step waited past its deadlines:
     one forward and one backward phase, each cut at its deadline, plus the orchestrator's own work
-    (a generous 5 s on a busy host; a step without a hung peer takes tens of milliseconds)."""
+    (``OWN_WORK_S``, or three times the slowest step that waited for nobody: as slow as the machine)."""
     numbers = [e["step"] for e in steps]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
+    unhindered = [e["wall_s"] for e in steps if e["applied"] and not e["rejected"]]
+    own_work_s = max(OWN_WORK_S, 3 * max(unhindered, default=0.0))
     for e in steps:
         assert e["balance_problems"] == [], e
-        assert e["wall_s"] <= sum(e["deadline_s"].values()) + 5.0, e
+        assert e["wall_s"] <= sum(e["deadline_s"].values()) + own_work_s, (own_work_s, e)
 
 
 def hang_a_node(run: Run) -> tuple[list[dict], dict, list[dict]]:
@@ -180,14 +173,14 @@ def test_a_hung_orchestrator_is_waited_on_and_goes_on_from_the_step_it_stopped_i
     before = run.steps(lambda e: e["step"] >= 5)
     with stopped(run.orch):
         for node in run.nodes:  # the orchestrator's record expires: each node sees it gone, and waits
-            node.wait_event(lambda e: e["event"] == "peers" and orchestrator not in e["peer_ids"], timeout_s=WAIT_S)
+            node.wait_event(lambda e: e["event"] == "peers" and orchestrator not in e["peer_ids"], also=run.procs)
         served = [node_status(node) for node in run.nodes]
         for node in run.nodes:
             node.pump()
         assert [node_status(node) for node in run.nodes] == served, "a node serves requests only"
         assert all(proc.proc.poll() is None for proc in run.procs[1:]), "the nodes and the helper wait"
     after = run.steps(lambda e: e["step"] == 59)
-    finished = run.orch.wait_event(lambda e: e["event"] == "tlpp.finished", timeout_s=WAIT_S)
+    finished = run.orch.wait_event(lambda e: e["event"] == "tlpp.finished", also=run.procs)
 
     check_ledgers(before + after)  # steps 0..59, each once, in order: it went on where it stopped
     assert (before + after)[0]["step"] == 0
@@ -202,13 +195,13 @@ def test_secure_a_hung_node_is_left_out_and_a_hung_helper_stops_training_with_he
     with stopped(run.helper):
         steps += run.steps(lambda e: e["event"] == "tlpp.error", kinds=("tlpp.step", "tlpp.error"))
     error = steps.pop()
-    exited = run.orch.wait_event(lambda e: e["event"] == "exited", timeout_s=WAIT_S)
+    exited = run.orch.wait_event(lambda e: e["event"] == "exited", also=run.procs)
 
     check_ledgers(steps)
     assert all(e["applied"] for e in steps[-3:]), steps[-3:]
     assert error["kind"] == "HelperFailed" and f"no response within {HELPER_TIMEOUT_S} s" in error["message"], error
     assert error["step"] == steps[-1]["step"] + 1, "it stopped in the step after the last one it applied"
-    assert exited["code"] == 1 and f"error: role tlpp-server failed: tlpp-server: {error['message']}" in run.orch.log()
+    assert exited["code"] == 1 and f"error: role tlpp-orchestrator failed: tlpp-orchestrator: {error['message']}" in run.orch.log()
     state = unpack_state(load_file(run.work / "ckpt" / "hang-secure-tlpp-state.safetensors"))
     assert state["step"] == error["step"] and Path(error["checkpoint"]).is_file()
     assert state["version"] == sum(e["applied"] for e in steps), "the stopped step applied nothing"

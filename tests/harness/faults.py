@@ -1,13 +1,6 @@
-"""Fault injection for a ``LocalNet``: faults declared by (peer, step, operation), never by
-subclassing a role's internals (torchft's ``EventInjector`` is the model).
-
-``LocalNet.fail``, ``slow`` and ``crash`` declare them (see the ``localnet`` docstring for what
-each does); this module keeps what was declared (``FaultPlan``) and applies it where a peer's
-traffic comes in: a TCP frame (``Faults.check_frame``), an HTTP request (``Faults.middleware``:
-the receiver's own faults first, then the faults of the request's signed sender) and a phase a
-role marks (``Faults.fault_point``). A crash kills the peer as another process would: in the
-background, through ``LocalNet.kill``.
-"""
+"""Fault injection for a ``LocalNet``: the faults its ``fail``, ``slow`` and ``crash`` declared by
+(peer, step, operation) (``FaultPlan``), applied where a peer's traffic comes in (``Faults``), never
+by subclassing a role's internals (torchft's ``EventInjector`` is the model)."""
 
 from __future__ import annotations
 
@@ -57,7 +50,11 @@ class FaultPlan:
 
 
 class Faults:
-    """The fault injection of one ``LocalNet``: what was declared, and where it is applied."""
+    """The fault injection of one ``LocalNet``: what was declared, and where it is applied: a TCP
+    frame (``check_frame``), an HTTP request (``middleware``: the receiver's own faults first, then
+    the faults of the request's signed sender) and a phase a role marks (``fault_point``). What each
+    fault does: the ``LocalNet`` docstring. A crash kills the peer as another process would: in the
+    background, through ``LocalNet.kill``."""
 
     def __init__(self, net: LocalNet) -> None:
         self.net = net

@@ -1,41 +1,6 @@
-"""An in-process network of peers for tests and benchmarks: any protocol's real roles, each peer
-behind its own real HTTP and TCP servers on 127.0.0.1 (port 0), found through real signed records
-in one shared, verified ``PeerView``.
-
-What a daemon adds around its roles is left out on purpose: no process per peer, no heartbeat
-loop (``publish`` writes every live peer's record into the view, and a role's ``announce`` does
-it at once), and no DHT unless asked for (``dht=True`` starts one real hivemind node, shared by
-every peer, which the roles that read the DHT themselves need). Everything the roles use is the
-real thing: settings read from a signed manifest by the protocol's plugin, the transports, the
-HTTP client, signatures, admission.
-
-Outsiders: ``outsider(identity, record)`` puts a record signed by an identity that is not one of
-the net's peers into the view, as anyone can write one into the DHT of an open run (a hostile
-peer's, a free identity's). ``skip(seconds)`` moves the network's clock forward, as if its peers
-had been up that much longer (tenure, ``peer.run.tenure``, is measured on this clock).
-
-Faults are declared by (peer, step, operation), never by subclassing internals (they are kept
-and applied by ``peer.testing.faults``):
-``fail(name, step, op)`` makes that peer refuse the requests of ``op`` for ``step`` as a crashed
-host would leave them unanswered. For a TCP frame, step and op are its header's ``step`` and
-``op``; for an HTTP request, the route's ``{round}`` (or ``{step}``) and ``{kind}`` (or, without
-a kind, the request path). Faults of a sender, seen by every receiver of its signed HTTP
-messages: ``slow(name, seconds, op=..., step=...)`` holds them that long before they are handled
-(a slow sender or link; every step when ``step`` is None), and ``crash(name, step, op, after=k)``
-lets ``k`` of them for (step, op) through and kills the peer at the next (a crash before a round's
-exchange with ``after=0``, mid-send with ``after >= 1``); ``crash(name, step, phase)`` with a
-phase a role marks (``RoleContext.fault_point``) kills it there (a learner's ``aggregate``: after
-it received the round's contributions, before it applied them). Links: ``shape(name, up, down)`` puts a
-WAN proxy (latency, jitter, rate, stalls, resets, refusals) in front of the peer's HTTP server and
-points its record there; shaping it again on the same port resets what was in flight (a
-partition is a link that refuses every connection; it heals when shaped back). ``kill(name)`` closes a peer's servers and roles; its record stays in
-the view until the run's TTL, as a killed process's would; ``stop(name)`` is a clean shutdown
-(the roles write their checkpoints too). ``received`` keeps every TCP request
-each peer got, as sent, so a test can replay or tamper with a real one; with ``keep_sent``,
-``sent`` keeps every HTTP body a peer sent and its recipient took (``peer.testing.taps``), and
-``watchers`` see every event a role emits, as it is emitted (a test can read the role's state at
-that instant).
-"""
+"""An in-process network of peers for tests and benchmarks (``LocalNet``): any protocol's real roles,
+each peer behind its own real HTTP and TCP servers on 127.0.0.1, found through real signed records
+in one shared, verified ``PeerView``; faults declared by (peer, step, operation)."""
 
 from __future__ import annotations
 
@@ -119,7 +84,43 @@ class LocalPeer:
 
 
 class LocalNet:
-    """The peers of one test; build with ``await LocalNet.create(...)``, end with ``await aclose()``."""
+    """The peers of one test; build with ``await LocalNet.create(...)``, end with ``await aclose()``.
+
+    What a daemon adds around its roles is left out on purpose: no process per peer, no heartbeat
+    loop (``publish`` writes every live peer's record into the view, and a role's ``announce``
+    does it at once), and no DHT unless asked for (``dht=True`` starts one real hivemind node,
+    shared by every peer, which the roles that read the DHT themselves need). Everything the roles
+    use is the real thing: settings read from a signed manifest by the protocol's plugin, the
+    transports, the HTTP client, signatures, admission.
+
+    Outsiders: ``outsider(identity, record)`` puts a record signed by an identity that is not one
+    of the net's peers into the view, as anyone can write one into the DHT of an open run (a
+    hostile peer's, a free identity's). ``skip(seconds)`` moves the network's clock forward, as if
+    its peers had been up that much longer (tenure, ``peer.run.tenure``, is measured on this clock).
+
+    Faults are declared by (peer, step, operation), never by subclassing internals (they are kept
+    and applied by ``gossamer_harness.faults``): ``fail(name, step, op)`` makes that peer refuse the
+    requests of ``op`` for ``step`` as a crashed host would leave them unanswered. For a TCP frame,
+    step and op are its header's ``step`` and ``op``; for an HTTP request, the route's ``{round}``
+    (or ``{step}``) and ``{kind}`` (or, without a kind, the request path). Faults of a sender, seen
+    by every receiver of its signed HTTP messages: ``slow(name, seconds, op=..., step=...)`` holds
+    them that long before they are handled (a slow sender or link; every step when ``step`` is
+    None), and ``crash(name, step, op, after=k)`` lets ``k`` of them for (step, op) through and
+    kills the peer at the next (a crash before a round's exchange with ``after=0``, mid-send with
+    ``after >= 1``); ``crash(name, step, phase)`` with a phase a role marks
+    (``RoleContext.fault_point``) kills it there (a learner's ``aggregate``: after it received the
+    round's contributions, before it applied them).
+
+    Links: ``shape(name, up, down)`` puts a WAN proxy (latency, jitter, rate, stalls, resets,
+    refusals) in front of the peer's HTTP server and points its record there; shaping it again on
+    the same port resets what was in flight (a partition is a link that refuses every connection;
+    it heals when shaped back). ``kill(name)`` closes a peer's servers and roles; its record stays
+    in the view until the run's TTL, as a killed process's would; ``stop(name)`` is a clean
+    shutdown (the roles write their checkpoints too). ``received`` keeps every TCP request each peer
+    got, as sent, so a test can replay or tamper with a real one; with ``keep_sent``, ``sent``
+    keeps every HTTP body a peer sent and its recipient took (``gossamer_harness.taps``), and
+    ``watchers`` see every event a role emits, as it is emitted (a test can read the role's state
+    at that instant)."""
 
     def __init__(self, *, manifest: Manifest, owner: Identity, plugins: PluginRegistry, workdir: Path,
                  http_client: HttpClient, membership: DhtMembership | None, device: torch.device) -> None:
@@ -135,9 +136,9 @@ class LocalNet:
         self.view = PeerView(Admission(manifest), ttl_s=manifest.ttl_s)
         self.view_refreshed = asyncio.Condition()
         self.peers: dict[str, LocalPeer] = {}
-        self.faults = Faults(self)  # ``peer.testing.faults``: what fail, slow and crash declared
+        self.faults = Faults(self)  # ``gossamer_harness.faults``: what fail, slow and crash declared
         self.received: dict[str, list[Frame]] = {}
-        self.sent: SentBodies | None = None  # ``create(keep_sent=True)``: see ``peer.testing.taps``
+        self.sent: SentBodies | None = None  # ``create(keep_sent=True)``: see ``gossamer_harness.taps``
         self.watchers: list[Callable[[str, str, Mapping[str, Any]], None]] = []  # (peer, event, fields)
         self._publishing: set[asyncio.Task[None]] = set()
         self._records: dict[str, tuple[bytes, float]] = {}
@@ -265,7 +266,7 @@ class LocalNet:
     # -- faults -----------------------------------------------------------------------------------
 
     def fail(self, name: str, step: int, op: str) -> None:
-        """Peer ``name`` refuses the requests of ``op`` for ``step`` (see the module docstring)."""
+        """Peer ``name`` refuses the requests of ``op`` for ``step`` (see the ``LocalNet`` docstring)."""
         self.faults.fail(name, step, op)
 
     def slow(self, name: str, seconds: float, *, op: str, step: int | None = None) -> None:
@@ -283,7 +284,7 @@ class LocalNet:
         self.faults.crash(name, step, op, after=after, expire=expire)
 
     async def shape(self, name: str, up: LinkProfile | None, down: LinkProfile | None = None) -> None:
-        """Put a WAN link (``transport.wan.WanProxy``) in front of the peer's HTTP server, on the
+        """Put a WAN link (``gossamer_harness.wan.WanProxy``) in front of the peer's HTTP server, on the
         same port as its link before if it had one (connections through the old link are reset):
         others reach it through the link from now on. ``up`` shapes what others send it, ``down``
         its answers; ``up`` None takes the link away."""

@@ -1,16 +1,6 @@
-"""Network namespaces for NAT tests and benchmarks: hosts on one private bridge, some of them
-"behind NAT" (they open connections out, nobody opens one in), optionally on a shaped link.
-
-``NetLab.create(prefix, hosts)`` builds a switch namespace holding a bridge and one namespace per
-host, joined to it by a veth pair and numbered ``10.77.0.<i+1>/24``. A host marked private gets a
-stateless filter on the bridge port towards it (``tc``: a u32 match sends every TCP SYN without
-ACK, i.e. every connection someone else opens to it, to a queue of length 0) while its own
-outbound connections work (their SYN+ACK answers pass): what a NAT or a default-deny firewall does
-to inbound connections. ``tc`` is used rather than nftables because it ships with iproute2, which
-namespaces need anyway, and needs no netfilter or tc action modules (this kernel has neither).
-``shape(host, rate_mbit)`` puts a token-bucket filter on a host's egress. Needs root;
-``NetLab.unavailable()`` says why not when it cannot work here. ``aclose`` removes everything.
-"""
+"""Network namespaces for NAT tests and benchmarks (``NetLab``): hosts on one private bridge, some
+of them "behind NAT" (they open connections out, nobody opens one in), optionally on a shaped link.
+Needs root and iproute2; ``NetLab.unavailable()`` says why not when it cannot work here."""
 
 from __future__ import annotations
 
@@ -37,7 +27,15 @@ def _run(*args: str) -> None:
 
 @dataclass
 class NetLab:
-    """Namespaces of one test; see the module docstring."""
+    """Namespaces of one test. ``create(prefix, hosts)`` builds a switch namespace holding a bridge
+    and one namespace per host, joined to it by a veth pair and numbered ``10.77.0.<i+1>/24``. A
+    host marked private gets a stateless filter on the bridge port towards it (``tc``: a u32 match
+    sends every TCP SYN without ACK, i.e. every connection someone else opens to it, to a queue of
+    length 0) while its own outbound connections work (their SYN+ACK answers pass): what a NAT or
+    a default-deny firewall does to inbound connections. ``tc`` rather than nftables: it ships with
+    iproute2, which namespaces need anyway, and needs no netfilter or tc action modules (this
+    kernel has neither). ``shape(host, rate_mbit)`` puts a token-bucket filter on a host's egress;
+    ``wrapper(host)`` runs a command there; ``aclose`` removes everything."""
 
     prefix: str
     hosts: dict[str, str] = field(default_factory=dict)  # host name -> namespace

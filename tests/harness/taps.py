@@ -1,12 +1,6 @@
-"""What a ``LocalNet``'s peers sent, kept beside them for a test to check against: the bodies of
-every HTTP PUT a peer made that its recipient answered with success, by sender, recipient and
-path, as sent (so what the recipient decoded: the messages are signed over their bytes).
-
-A peer's ``http_client`` is the net's shared one seen through a ``TappedClient``: every call
-goes to the shared client unchanged; only a PUT's body is copied on the way. Nothing in the roles
-changes. Kept only when the net is created with ``keep_sent=True`` (every body until the net
-closes: a short test's, not a long run's).
-"""
+"""What a ``LocalNet``'s peers sent, for a test to check against (``LocalNet.create(keep_sent=True)``):
+the body of every HTTP PUT a peer made that its recipient took, by sender, recipient and path, as
+sent (what the recipient decoded: messages are signed over their bytes); nothing in the roles changes."""
 
 from __future__ import annotations
 
@@ -21,7 +15,8 @@ from gossamer.transport.safetensors_stream import decode_safetensors
 
 
 class SentBodies:
-    """The bodies the net's peers PUT and their recipients took, by (sender, recipient, path)."""
+    """The bodies the net's peers PUT and their recipients took, by (sender, recipient, path):
+    every one until the net closes (a short test's, not a long run's)."""
 
     def __init__(self) -> None:
         self._bodies: dict[tuple[str, str, str], bytes] = {}
@@ -40,7 +35,9 @@ class SentBodies:
 
 
 class TappedClient:
-    """``client`` as peer ``sender`` uses it, its successful PUT bodies kept in ``sent``;
+    """``client`` as peer ``sender`` uses it (a peer's ``http_client`` in a net that keeps what was
+    sent): every call goes to ``client`` unchanged, a PUT's body is copied on the way and kept in
+    ``sent`` once the recipient took it;
     ``recipient_of(host:port)`` names the live peer an address belongs to (None: none of the net's);
     it must not raise (whatever this raises, the role takes for a failed send)."""
 

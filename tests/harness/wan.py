@@ -1,43 +1,7 @@
-"""WAN emulation: an asyncio TCP proxy that adds latency, jitter, a bandwidth cap, drops, resets and
-slicing (a stream delivered a few bytes, or one byte, per write).
-
-The kernels the tests and benchmarks run on have no ``netem``, so a ``WanProxy`` stands in for an
-internet link between two loopback endpoints::
-
-    proxy = await WanProxy.create("127.0.0.1", server_port, up=LinkProfile.from_mbit(100, 50))
-    host, port = proxy.address          # connect here instead of to the server
-    ...
-    await proxy.aclose()
-
-``up`` shapes bytes from the connecting client to the target, ``down`` the way back (default: the
-same profile). Each accepted connection gets one ``Pipe`` per direction (see ``wan_link``).
-``LinkProfile(slice_bytes=1)`` forwards a direction one byte per write, so the endpoint's frame
-and body parsers see every partial read there is (``wan_link``: what slicing costs).
-
-When the proxy's port must be known before its target exists (a peer that announces the proxy's
-port as its own from its first record), open the listening socket first and hand it over later::
-
-    listener = listen_socket("127.0.0.1", 0)       # its port goes into the peer's --announce_http_port
-    ...                                            # start the peer, learn where it listens
-    proxy = await WanProxy.create("127.0.0.1", peer_port, up=..., listener=listener)
-
-Connections that arrive in between wait in the listen backlog and are served once the proxy runs.
-
-By default every connection is its own link at the profile's rate. Proxies in front of one peer's
-ports can share that peer's access link instead (``AccessLink``: one token bucket per direction
-for all their connections), so a peer with several neighbours divides its bandwidth among them::
-
-    access = AccessLink.from_mbit(100)
-    http = await WanProxy.create("127.0.0.1", http_port, up=profile, access=access)
-    tcp = await WanProxy.create("127.0.0.1", tcp_port, up=profile, access=access)
-
-Connection semantics: EOF from one side is forwarded (after the link's latency) as
-``shutdown(SHUT_WR)`` to the other, so half-closed request/response exchanges work; the proxy
-closes both sockets once both directions have reached EOF. Any socket error (a reset, a write to a
-closed peer) or an injected reset aborts both sides with SO_LINGER 0, so each endpoint sees a
-reset. A refused connection (``up.refuse_probability``, or ``max_connections`` reached) is
-aborted at once and never reaches the target.
-"""
+"""WAN emulation (``WanProxy``): an asyncio TCP proxy that shapes each connection like an internet
+link between two loopback endpoints, with latency, jitter, a bandwidth cap (per connection, or one
+peer's shared ``AccessLink``), drops, resets, refusals and slicing; a ``Pipe`` per direction
+(``wan_link``)."""
 
 from __future__ import annotations
 
@@ -171,7 +135,46 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 class WanProxy:
-    """A TCP proxy to one target that shapes each connection like a WAN link (module docstring)."""
+    """A TCP proxy to one target that shapes each connection like a WAN link: latency, jitter, a
+    bandwidth cap, drops, resets and slicing (a stream delivered a few bytes, or one byte, per write).
+
+    The kernels the tests and benchmarks run on have no ``netem``, so a ``WanProxy`` stands in for an
+    internet link between two loopback endpoints::
+
+        proxy = await WanProxy.create("127.0.0.1", server_port, up=LinkProfile.from_mbit(100, 50))
+        host, port = proxy.address          # connect here instead of to the server
+        ...
+        await proxy.aclose()
+
+    ``up`` shapes bytes from the connecting client to the target, ``down`` the way back (default: the
+    same profile). Each accepted connection gets one ``Pipe`` per direction (see ``wan_link``).
+    ``LinkProfile(slice_bytes=1)`` forwards a direction one byte per write, so the endpoint's frame
+    and body parsers see every partial read there is (``wan_link``: what slicing costs).
+
+    When the proxy's port must be known before its target exists (a peer that announces the proxy's
+    port as its own from its first record), open the listening socket first and hand it over later::
+
+        listener = listen_socket("127.0.0.1", 0)       # its port goes into the peer's --announce_http_port
+        ...                                            # start the peer, learn where it listens
+        proxy = await WanProxy.create("127.0.0.1", peer_port, up=..., listener=listener)
+
+    Connections that arrive in between wait in the listen backlog and are served once the proxy runs.
+
+    By default every connection is its own link at the profile's rate. Proxies in front of one peer's
+    ports can share that peer's access link instead (``AccessLink``: one token bucket per direction
+    for all their connections), so a peer with several neighbours divides its bandwidth among them::
+
+        access = AccessLink.from_mbit(100)
+        http = await WanProxy.create("127.0.0.1", http_port, up=profile, access=access)
+        tcp = await WanProxy.create("127.0.0.1", tcp_port, up=profile, access=access)
+
+    Connection semantics: EOF from one side is forwarded (after the link's latency) as
+    ``shutdown(SHUT_WR)`` to the other, so half-closed request/response exchanges work; the proxy
+    closes both sockets once both directions have reached EOF. Any socket error (a reset, a write to a
+    closed peer) or an injected reset aborts both sides with SO_LINGER 0, so each endpoint sees a
+    reset. A refused connection (``up.refuse_probability``, or ``max_connections`` reached) is
+    aborted at once and never reaches the target.
+    """
 
     def __init__(self, listener: socket.socket, target: tuple[int, tuple], *, up: LinkProfile,
                  down: LinkProfile, options: ProxyOptions, access: AccessLink | None = None) -> None:

@@ -1,27 +1,6 @@
-"""One direction of one emulated WAN connection: the link profile and the pipe that applies it.
-
-A pipe is a reader task and a writer task joined by a queue bounded in bytes and in chunks:
-
-- the reader receives a chunk (up to ``chunk_bytes``) from its source socket, charges it to a
-  token bucket (the serialisation delay), stamps it with its due time = end of serialisation +
-  latency + jitter (+ ``retransmit_delay_s`` if the chunk is "dropped"), never earlier than the
-  previous chunk's due time, queues it, and sleeps until the bucket is out of debt before the next
-  receive (so the proxy holds what is in flight on the link, not a backlog);
-- the writer sleeps until each chunk's due time and sends it to the destination socket: in one
-  call, or with ``slice_bytes`` set, in slices of at most that many bytes (memoryviews of the
-  chunk, nothing copied), each its own ``sock_sendall`` followed by a pass of the event loop.
-
-Due times are absolute (``loop.time()``), so a timer that fires late does not slow the link
-down: the queue holds a bandwidth-delay product in flight and throughput reaches the rate.
-
-Slicing changes how bytes arrive, not when a chunk is due or how the bandwidth is charged (the
-reader charges whole chunks as before): the proxy's sockets have TCP_NODELAY, so every slice
-leaves as its own segment and the receiving endpoint reads its frames a slice at a time, the way
-a peer behind a tiny MSS or a dripping middlebox would deliver them. A slice costs a syscall and
-a pass of the loop, so 1-byte slices carry about 100 kB/s per direction (measured on a busy
-2-core machine): the link then runs at the lower of that and its rate, and the bounded queue pushes back
-on the sender as always. ``DirectionCounters.writes`` counts the sends.
-"""
+"""One direction of one emulated WAN connection (``wan``): the link profile (``LinkProfile``), the
+token bucket that charges its bandwidth, possibly shared by a peer's connections (``AccessLink``),
+and the pipe that applies it (``Pipe``: due times absolute, so late timers never slow the link)."""
 
 from __future__ import annotations
 
@@ -76,7 +55,7 @@ class LinkProfile:
         refuse_probability: per new connection, the chance it is closed at once (reset) without
             reaching the target. The proxy reads it from its ``up`` profile.
         slice_bytes: forward in writes of at most this many bytes, each sent on its own (1: the
-            receiver sees its frames a byte at a time; module docstring); None: a chunk per write.
+            receiver sees its frames a byte at a time; ``Pipe``); None: a chunk per write.
         seed: seed of the ``random.Random`` the proxy owns for this direction (None: from the OS).
     """
 
@@ -246,7 +225,31 @@ class InjectedReset(Exception):
 
 
 class Pipe:
-    """Moves bytes from ``src`` to ``dst`` through one ``LinkProfile`` (see the module docstring)."""
+    """Moves bytes from ``src`` to ``dst`` through one ``LinkProfile``: one direction of one
+    emulated WAN connection.
+
+    A pipe is a reader task and a writer task joined by a queue bounded in bytes and in chunks:
+
+    - the reader receives a chunk (up to ``chunk_bytes``) from its source socket, charges it to a
+      token bucket (the serialisation delay), stamps it with its due time = end of serialisation +
+      latency + jitter (+ ``retransmit_delay_s`` if the chunk is "dropped"), never earlier than the
+      previous chunk's due time, queues it, and sleeps until the bucket is out of debt before the next
+      receive (so the proxy holds what is in flight on the link, not a backlog);
+    - the writer sleeps until each chunk's due time and sends it to the destination socket: in one
+      call, or with ``slice_bytes`` set, in slices of at most that many bytes (memoryviews of the
+      chunk, nothing copied), each its own ``sock_sendall`` followed by a pass of the event loop.
+
+    Due times are absolute (``loop.time()``), so a timer that fires late does not slow the link
+    down: the queue holds a bandwidth-delay product in flight and throughput reaches the rate.
+
+    Slicing changes how bytes arrive, not when a chunk is due or how the bandwidth is charged (the
+    reader charges whole chunks as before): the proxy's sockets have TCP_NODELAY, so every slice
+    leaves as its own segment and the receiving endpoint reads its frames a slice at a time, the way
+    a peer behind a tiny MSS or a dripping middlebox would deliver them. A slice costs a syscall and
+    a pass of the loop, so 1-byte slices carry about 100 kB/s per direction (measured on a busy
+    2-core machine): the link then runs at the lower of that and its rate, and the bounded queue pushes back
+    on the sender as always. ``DirectionCounters.writes`` counts the sends.
+    """
 
     def __init__(self, src: socket.socket, dst: socket.socket, profile: LinkProfile, *,
                  rng: random.Random, counters: DirectionCounters, queue_bytes: int, queue_chunks: int,
