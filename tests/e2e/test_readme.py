@@ -1,15 +1,8 @@
-"""Every ``gossamer`` command line README.md shows, run as written: the docs and the tests cannot
-drift apart. The commands are read from the README's code blocks (a trailing ``\\`` continues a
-line, ``# ...`` is a comment), each TOML block is written to the file its first-line comment
-names, and the placeholders are filled from the live run: ``RUN`` and ``MADDR`` from what the
-orchestrator prints, ``PUBLIC_IP`` with 127.0.0.1 and the fixed ports with free ones, ``K`` with
-each data owner's index, ``CHECKPOINT`` with the path a learner printed on Ctrl+C. Every process
-runs with its own home folder (a volunteer is another host), except the run owner's commands.
-
-Each README section with commands is walked by one test here; ``test_every_readme_command_is_walked``
-fails when a section or a command appears that no walk runs. ``swarm --preset demo`` is
-tests/e2e/test_swarm.py's, ``swarm --preset fomoe`` scripts/chaos/fomoe_hosts.py's (too long for the suite).
-"""
+"""Every ``gossamer`` command line of README.md and the protocol READMEs, run as written: each
+``## `` section with commands (found in whichever README holds it) has one walk here, which writes
+its TOML blocks and fills the placeholders (RUN, MADDR, PUBLIC_IP, K, CHECKPOINT) from the live run,
+each volunteer with its own home folder; ``test_every_readme_command_is_walked`` fails on a section
+or command no walk runs (``STORIES`` repeat a walked section's lines; ``ELSEWHERE`` run elsewhere)."""
 
 from __future__ import annotations
 
@@ -30,25 +23,33 @@ from gossamer.crypto.identity import Identity
 from tests.protocols.tlpp.harness import digits_28
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
-README = Path(__file__).parents[2] / "README.md"
+ROOT = Path(__file__).parents[2]
 BIN = Path(sys.executable).parent
 WALKED = {"Identity", "Host a run (orchestrator)", "Join a run (volunteer)", "Train a model together (gossip DiLoCo)",
           "Split learning on private data (TL++)", "TL++ on your own data: declare a model, bring an .npz",
           "BlockTrain: train blocks apart, serve them across hosts",
           "Long sequences over slow links (compressed context parallelism)",
           "Partial-expert replicas of an MoE LM (FoMoE)", "A local swarm"}
+# README.md's user stories whose commands are lines of a protocol README's section, walked there
+STORIES = {"Host the TL++ helper (a second operator)": "Split learning on private data (TL++)",
+           "Serve a trained model, query it over TCP": "BlockTrain: train blocks apart, serve them across hosts"}
 ELSEWHERE = {"gossamer swarm --preset demo": "tests/e2e/test_swarm.py",
              "gossamer swarm --preset context": "tests/e2e/test_context.py",
              "gossamer swarm --preset fomoe": "scripts/chaos/fomoe_hosts.py",
              # minutes of training: its checks run in tests/peer/cli (it starts) and
-             # tests/protocols/blocktrain/test_coordinator.py (the closing sample); README.md quotes a run
+             # tests/protocols/blocktrain/test_coordinator.py (the closing sample); its README quotes a run
              "gossamer swarm --preset blocktrain": "tests/peer/cli/test_cli.py"}
 
 
-def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Per ``## `` section: its gossamer command lines, and its TOML files by name."""
+def readmes() -> list[Path]:
+    """README.md and every protocol's README, the files whose commands are walked."""
+    return [ROOT / "README.md", *sorted(ROOT.glob("protocols/*/README.md"))]
+
+
+def sections_in(readme: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Per ``## `` section of one README: its gossamer command lines, and its TOML files by name."""
     out: dict[str, tuple[list[str], dict[str, str]]] = {}
-    for part in README.read_text().split("\n## ")[1:]:
+    for part in readme.read_text().split("\n## ")[1:]:
         title, _, body = part.partition("\n")
         commands, files = [], {}
         for lang, block in re.findall(r"```(\w*)\n(.*?)```", body, flags=re.S):
@@ -63,6 +64,24 @@ def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
                     commands.append(" ".join(line.split()))
         if commands:
             out[title.strip()] = (commands, files)
+    return out
+
+
+def homes() -> dict[str, list[Path]]:
+    """Each section with commands, and the READMEs that hold it (one, unless a heading is repeated)."""
+    found: dict[str, list[Path]] = {}
+    for readme in readmes():
+        for title in sections_in(readme):
+            found.setdefault(title, []).append(readme)
+    return found
+
+
+def sections() -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Every section with commands, from whichever README holds it."""
+    out: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for readme in readmes():
+        for title, found in sections_in(readme).items():
+            out.setdefault(title, found)
     return out
 
 
@@ -193,8 +212,15 @@ def walk_of(tmp_path: Path):
 
 
 def test_every_readme_command_is_walked() -> None:
+    where = homes()
+    repeated = {title: [str(path.relative_to(ROOT)) for path in paths] for title, paths in where.items() if len(paths) > 1}
+    assert not repeated, f"a section heading in two READMEs (which one is walked?): {repeated}"
     found = sections()
-    assert set(found) == WALKED, f"README sections with commands that no walk runs: {set(found) ^ WALKED}"
+    assert set(found) == WALKED | set(STORIES), \
+        f"README sections with commands that no walk runs: {set(found) ^ (WALKED | set(STORIES))}"
+    for story, section in STORIES.items():
+        unwalked = [line for line in found[story][0] if line not in found[section][0]]
+        assert not unwalked, f"{story!r} shows commands that {section!r} does not: {unwalked}"
 
 
 def test_identity(walk_of) -> None:
