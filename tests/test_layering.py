@@ -300,3 +300,16 @@ def test_the_mixin_walk_tells_a_type_parameter_from_a_mixin() -> None:
 def test_a_role_is_one_class_not_a_sum_of_mixins(path: Path) -> None:
     mixed = mixin_roles(path.read_text(encoding="utf-8"))
     assert not mixed, f"{relative(path)}: role classes built from mixins: {mixed}; make them one class or real objects"
+
+
+DOCSTRING_LINES = 5  # a module says what it holds and its invariants; specs live in the READMEs
+
+
+@pytest.mark.parametrize("path", [p for p in modules(*LAYERS) if p.name not in ("__init__.py", "errors.py")]
+                         + sorted(p for p in (ROOT / "tests" / "harness").rglob("*.py") if p.name != "__init__.py"),
+                         ids=relative)
+def test_a_module_docstring_says_in_a_few_lines_what_the_module_holds(path: Path) -> None:
+    """Package maps and exception trees (``__init__``, ``errors``) may run longer."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    assert 1 <= len(doc.splitlines()) <= DOCSTRING_LINES, \
+        f"{relative(path)}: its docstring has {len(doc.splitlines())} lines; 1-{DOCSTRING_LINES}, the spec goes to a README"

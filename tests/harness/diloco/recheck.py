@@ -1,9 +1,8 @@
-"""A learner's applied rounds checked against the protocol's result (fault tests and chaos scripts).
-
-``RoundStates`` (a ``LocalNet`` watcher) keeps what each learner applied at the end of each round;
-``recheck`` recomputes a round from the state before it and the contributions its ledger used, as
-they were sent, with the pure functions alone (the W1 mix or clipped gossip, the W2 mean or the
-run's robust rule, ``learner_round.round_result``), and returns the largest gap to what was applied."""
+"""A learner's applied rounds checked against the protocol's result (fault tests and chaos scripts):
+``RoundStates`` (a ``LocalNet`` watcher) keeps what each learner applied at each round's end;
+``recheck`` recomputes a round from the state before it and the contributions its ledger used,
+with the pure functions alone (W1 mix or clipped gossip, W2 mean or robust rule,
+``learner_round.round_result``), and returns the largest gap to what was applied."""
 
 from __future__ import annotations
 
