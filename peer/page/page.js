@@ -1,11 +1,17 @@
-// The swarm page: polls /status of this daemon and of every live peer it lists, then draws the
-// run, the peers, the loss curves (SVG, drawn here), the protocol's panels and the last ledgers.
+// The swarm page: polls this daemon's /status and /swarm (the live peers' figures, which the daemon
+// fetched and checked: the browser talks to no other address), then draws the run, the peers, the
+// loss curves (SVG), the protocol's panels and the last ledgers. Every value is checked before it
+// is drawn, each peer and each part is drawn inside its own error boundary, and poll() always
+// schedules the next poll, whatever one peer reports.
 "use strict";
 
 const POLL_MS = 2000;
-const PEER_TIMEOUT_MS = 3000;
+const TIMEOUT_MS = 5000;
+const MAX_TICKS = 50;
+const STATES = new Set(["running", "idle", "finished", "failed", "serving"]);
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
 const SVG = "http://www.w3.org/2000/svg";
+let polls = 0;
 
 function el(tag, attrs = {}, text = "") {
   const node = document.createElement(tag);
@@ -20,20 +26,59 @@ function svg(tag, attrs = {}) {
   return node;
 }
 
+// -- checks: what a value must be before it is drawn ---------------------------------------------
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+function list(value) {
+  return Array.isArray(value) ? value : [];
+}
+
+function text(value, fallback = "-") {
+  if (typeof value === "string") return value.length > 200 ? `${value.slice(0, 199)}…` : value;
+  if (typeof value === "number" && Number.isFinite(value)) return String(value);
+  return fallback;
+}
+
+function finite(value) {
+  return typeof value === "number" && Number.isFinite(value);
+}
+
+function field(object, key) {
+  return isObject(object) && Object.prototype.hasOwnProperty.call(object, key) ? object[key] : undefined;
+}
+
 function bytes(n) {
-  if (n === undefined || n === null) return "-";
+  if (!finite(n) || n < 0) return "-";
   const units = ["B", "kB", "MB", "GB", "TB"];
   let i = 0;
   while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+function state(value) {
+  return STATES.has(value) ? value : "-";
+}
+
+// Runs draw(); on an error, shows it through fail(message) (or drops it) and goes on.
+function guarded(draw, fail) {
+  try {
+    draw();
+  } catch (error) {
+    if (fail) {
+      try { fail(`could not be drawn (${text(error && error.message, "error")})`); } catch (ignored) { /* nothing */ }
+    }
+  }
+}
+
 async function getJson(url) {
   const controller = new AbortController();
-  const timer = setTimeout(() => controller.abort(), PEER_TIMEOUT_MS);
+  const timer = setTimeout(() => controller.abort(), TIMEOUT_MS);
   try {
     const response = await fetch(url, { signal: controller.signal, cache: "no-store" });
-    return await response.json();
+    return response.ok ? await response.json() : null;
   } catch (error) {
     return null;
   } finally {
@@ -41,76 +86,95 @@ async function getJson(url) {
   }
 }
 
-// Each live peer's own /status (this daemon's is already at hand).
-async function peerStatuses(own) {
-  const rows = own.live_peers || [];
-  const answers = await Promise.all(rows.map((row) =>
-    row.peer_id === own.peer_id ? Promise.resolve(own) : getJson(`http://${row.http_addr}/status`)));
-  const byId = {};
-  rows.forEach((row, i) => { if (answers[i]) byId[row.peer_id] = answers[i]; });
-  byId[own.peer_id] = own;
-  return byId;
+// -- the parts of the page ----------------------------------------------------------------------
+
+function peerId(row) {
+  return text(field(row, "peer_id"), "");
 }
 
 function label(row) {
-  return row.name || row.peer_id.slice(0, 12);
+  return text(field(row, "name"), "") || peerId(row).slice(0, 12) || "?";
 }
 
-function renderHeader(own) {
-  document.getElementById("run").textContent = own.run_id;
-  document.getElementById("protocol").textContent = `protocol ${own.protocol}: ${own.summary || ""}`;
-  const health = own.health || { state: "?" };
+function renderHeader(status) {
+  document.getElementById("run").textContent = text(status.run_id);
+  document.getElementById("protocol").textContent = `protocol ${text(status.protocol)}: ${text(status.summary, "")}`;
+  const health = state(field(status.health, "state"));
+  const roles = list(status.roles).map((r) => text(r)).join(", ") || "no roles";
   const line = document.getElementById("health");
-  line.textContent = `this peer (${own.name || own.peer_id.slice(0, 12)}, ${own.roles.join(", ") || "no roles"}): ${health.state}`;
-  line.className = `state-${health.state}`;
-  document.getElementById("join").textContent = own.join || "";
+  line.textContent = `this peer (${label(status)}, ${roles}): ${health}`;
+  line.className = `state-${health}`;
+  document.getElementById("join").textContent = text(status.join, "");
 }
 
-function renderPeers(own, statuses) {
+function note(figures) {
+  if (!isObject(figures)) return "no figures";
+  if (typeof figures.error === "string") return text(figures.error);
+  const malformed = list(figures.malformed).map((m) => text(m)).slice(0, 4);
+  return malformed.length ? `malformed: ${malformed.join(", ")}` : "";
+}
+
+function renderPeers(rows, figures) {
   const body = document.querySelector("#peers tbody");
   body.replaceChildren();
-  for (const row of own.live_peers || []) {
-    const status = statuses[row.peer_id];
-    const state = status && status.health ? status.health.state : "-";
-    const tr = el("tr", { "data-peer-id": row.peer_id });
-    const cells = [label(row), row.peer_id.slice(0, 16), row.roles.join(", ") || "-", row.device || "-", row.round,
-      state, `${row.last_seen_s.toFixed(1)} s`, bytes(status && status.bytes_sent),
-      bytes(status && status.bytes_received)];
-    cells.forEach((value, i) => {
-      const td = el("td", i === 1 ? { class: "mono" } : {}, String(value));
-      if (i === 5) td.className = `state-${state}`;
-      tr.appendChild(td);
+  for (const row of rows) {
+    const tr = el("tr", { "data-peer-id": peerId(row) });
+    guarded(() => {
+      const fig = field(figures, peerId(row));
+      const peerState = state(field(fig, "state"));
+      const lastSeen = field(row, "last_seen_s");
+      const cells = [label(row), peerId(row).slice(0, 16), list(field(row, "roles")).map((r) => text(r)).join(", ") || "-",
+        text(field(row, "device")), text(field(row, "round")), peerState,
+        finite(lastSeen) ? `${lastSeen.toFixed(1)} s` : "-", bytes(field(fig, "bytes_sent")),
+        bytes(field(fig, "bytes_received")), note(fig)];
+      cells.forEach((value, i) => {
+        const td = el("td", i === 1 ? { class: "mono" } : {}, value);
+        if (i === 5) td.className = `state-${peerState}`;
+        tr.appendChild(td);
+      });
+    }, (message) => {
+      tr.replaceChildren(el("td", {}, label(row)), el("td", { colspan: "9" }, `this peer ${message}`));
     });
     body.appendChild(tr);
   }
-  document.getElementById("peer-count").textContent = `(${(own.live_peers || []).length})`;
-  document.body.dataset.peers = String((own.live_peers || []).length);
+  document.getElementById("peer-count").textContent = `(${rows.length})`;
+  document.body.dataset.peers = String(rows.length);
 }
 
-// [{peer, role, name, points: [[x, y], ...]}] from every peer's role_status[*].series.
-function collectSeries(own, statuses) {
+// [{peer, role, name, points: [[x, y], ...]}] from every peer's checked figures.
+function collectSeries(rows, figures) {
   const out = [];
-  for (const row of own.live_peers || []) {
-    const status = statuses[row.peer_id];
-    if (!status) continue;
-    for (const [role, roleStatus] of Object.entries(status.role_status || {})) {
-      for (const [name, points] of Object.entries((roleStatus && roleStatus.series) || {})) {
-        const finite = points.filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1]));
-        if (finite.length) out.push({ peer: label(row), role, name, points: finite });
+  for (const row of rows) {
+    guarded(() => {
+      for (const series of list(field(field(figures, peerId(row)), "series")).slice(0, 64)) {
+        const points = list(field(series, "points")).filter((p) => Array.isArray(p) && finite(p[0]) && finite(p[1]));
+        if (points.length) out.push({ peer: label(row), name: text(field(series, "name")), points });
       }
-    }
+    });
   }
   return out;
 }
 
 function niceTicks(low, high, count) {
-  const span = high - low || 1;
+  const span = high - low;
+  if (!finite(span) || span <= 0) return [];
   const step = Math.pow(10, Math.floor(Math.log10(span / count)));
   const mult = [1, 2, 5, 10].find((m) => span / (step * m) <= count) || 10;
   const unit = step * mult;
   const ticks = [];
-  for (let t = Math.ceil(low / unit) * unit; t <= high + 1e-9; t += unit) ticks.push(Number(t.toPrecision(6)));
+  const first = Math.ceil(low / unit);
+  for (let k = 0; k < MAX_TICKS; k += 1) {
+    const t = (first + k) * unit;
+    if (!finite(t) || t > high + unit * 1e-9) break;
+    ticks.push(Number(t.toPrecision(6)));
+  }
   return ticks;
+}
+
+function extent(values) {
+  let low = Infinity, high = -Infinity;
+  for (const v of values) { if (v < low) low = v; if (v > high) high = v; }
+  return [low, high];
 }
 
 function renderChart(series) {
@@ -122,126 +186,115 @@ function renderChart(series) {
   document.body.dataset.lossPoints = String(all.length);
   const W = 760, H = 300, left = 50, right = 15, top = 12, bottom = 32;
   if (!all.length) {
-    const text = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#7a8194" });
-    text.textContent = "no loss reported yet";
-    chart.appendChild(text);
+    const empty = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#7a8194" });
+    empty.textContent = "no loss reported yet";
+    chart.appendChild(empty);
     return;
   }
-  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
-  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
-  if (x1 === x0) x1 = x0 + 1;
-  if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
+  let [x0, x1] = extent(all.map((p) => p[0]));
+  let [y0, y1] = extent(all.map((p) => p[1]));
+  if (!(x1 - x0 > 0) || !finite(x1 - x0)) x1 = x0 + 1;
+  if (!(y1 - y0 > 0) || !finite(y1 - y0)) { y0 -= 0.5; y1 = y0 + 1; }
   const pad = (y1 - y0) * 0.05;
   y0 -= pad; y1 += pad;
   const X = (x) => left + (x - x0) / (x1 - x0) * (W - left - right);
   const Y = (y) => top + (1 - (y - y0) / (y1 - y0)) * (H - top - bottom);
   for (const t of niceTicks(y0, y1, 5)) {
     chart.appendChild(svg("line", { x1: left, x2: W - right, y1: Y(t), y2: Y(t), stroke: "#eceef3" }));
-    const text = svg("text", { x: left - 6, y: Y(t) + 4, "text-anchor": "end", "font-size": 11, fill: "#4a5266" });
-    text.textContent = String(t);
-    chart.appendChild(text);
+    const tick = svg("text", { x: left - 6, y: Y(t) + 4, "text-anchor": "end", "font-size": 11, fill: "#4a5266" });
+    tick.textContent = String(t);
+    chart.appendChild(tick);
   }
   for (const t of niceTicks(x0, x1, 8)) {
-    const text = svg("text", { x: X(t), y: H - bottom + 16, "text-anchor": "middle", "font-size": 11, fill: "#4a5266" });
-    text.textContent = String(t);
-    chart.appendChild(text);
+    const tick = svg("text", { x: X(t), y: H - bottom + 16, "text-anchor": "middle", "font-size": 11, fill: "#4a5266" });
+    tick.textContent = String(t);
+    chart.appendChild(tick);
   }
   const axis = svg("text", { x: W - right, y: H - 4, "text-anchor": "end", "font-size": 11, fill: "#7a8194" });
   axis.textContent = "round / step / version";
   chart.appendChild(axis);
   const peers = [...new Set(series.map((s) => s.peer))];
-  series.forEach((s) => {
-    const color = COLORS[peers.indexOf(s.peer) % COLORS.length];
-    const dashed = /heldout|held_out|test|eval/.test(s.name);
-    const d = s.points.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
-    chart.appendChild(svg("path", { d, fill: "none", stroke: color, "stroke-width": 2,
-      "stroke-dasharray": dashed ? "6 4" : "", "data-series": `${s.peer}/${s.name}` }));
-    for (const p of s.points) {
-      chart.appendChild(svg("circle", { cx: X(p[0]), cy: Y(p[1]), r: 2.5, fill: color, class: "loss-point" }));
-    }
-    const item = el("span");
-    const swatch = el("i");
-    swatch.style.background = dashed ? `repeating-linear-gradient(90deg, ${color} 0 6px, transparent 6px 10px)` : color;
-    item.appendChild(swatch);
-    item.appendChild(document.createTextNode(`${s.peer} ${s.name.replace(/_/g, " ")}`));
-    legend.appendChild(item);
-  });
+  for (const s of series) {
+    guarded(() => {
+      const color = COLORS[peers.indexOf(s.peer) % COLORS.length];
+      const dashed = /heldout|held_out|test|eval/.test(s.name);
+      const d = s.points.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
+      chart.appendChild(svg("path", { d, fill: "none", stroke: color, "stroke-width": 2,
+        "stroke-dasharray": dashed ? "6 4" : "", "data-series": `${s.peer}/${s.name}` }));
+      for (const p of s.points) {
+        chart.appendChild(svg("circle", { cx: X(p[0]), cy: Y(p[1]), r: 2.5, fill: color, class: "loss-point" }));
+      }
+      const item = el("span");
+      const swatch = el("i");
+      swatch.style.background = dashed ? `repeating-linear-gradient(90deg, ${color} 0 6px, transparent 6px 10px)` : color;
+      item.appendChild(swatch);
+      item.appendChild(document.createTextNode(`${s.peer} ${s.name.replace(/_/g, " ")}`));
+      legend.appendChild(item);
+    });
+  }
 }
 
-function renderPanels(own) {
+function renderPanels(status) {
   const section = document.getElementById("panels");
   section.replaceChildren();
-  for (const panel of own.panels || []) {
-    section.appendChild(el("h2", {}, panel.title));
-    const table = el("table");
-    const head = el("tr");
-    panel.columns.forEach((c) => head.appendChild(el("th", {}, c)));
-    table.appendChild(head);
-    for (const row of panel.rows) {
-      const tr = el("tr");
-      row.forEach((cell) => tr.appendChild(el("td", {}, String(cell))));
-      table.appendChild(tr);
-    }
-    section.appendChild(table);
+  for (const panel of list(status.panels).slice(0, 8)) {
+    guarded(() => {
+      const table = el("table");
+      const head = el("tr");
+      list(field(panel, "columns")).forEach((c) => head.appendChild(el("th", {}, text(c))));
+      table.appendChild(head);
+      for (const row of list(field(panel, "rows")).slice(0, 500)) {
+        const tr = el("tr");
+        list(row).forEach((cell) => tr.appendChild(el("td", {}, text(cell))));
+        table.appendChild(tr);
+      }
+      section.appendChild(el("h2", {}, text(field(panel, "title"))));
+      section.appendChild(table);
+    });
   }
 }
 
-// A ledger is an exchange itself (expected/arrived/...) or holds exchanges under named keys.
-function exchanges(ledger) {
-  if ("expected" in ledger && "arrived" in ledger) return [["", ledger]];
-  return Object.entries(ledger).filter(([, v]) => v && typeof v === "object" && "expected" in v && "arrived" in v);
-}
-
-function where(ledger) {
-  const parts = [];
-  for (const key of ["block", "round", "step", "version"]) if (key in ledger) parts.push(`${key} ${ledger[key]}`);
-  return parts.join(" ") || "-";
-}
-
-function count(value) {
-  if (Array.isArray(value)) return String(value.length);
-  if (value && typeof value === "object") {
-    const entries = Object.entries(value);
-    if (!entries.length) return "0";
-    return `${entries.length} (${entries.map(([k, v]) => `${k.slice(0, 8)}: ${v}`).join("; ")})`;
-  }
-  return value === undefined ? "-" : String(value);
-}
-
-function renderLedgers(own, statuses) {
+function renderLedgers(rows, figures) {
   const body = document.querySelector("#ledgers tbody");
   body.replaceChildren();
-  for (const row of own.live_peers || []) {
-    const status = statuses[row.peer_id];
-    if (!status) continue;
-    for (const roleStatus of Object.values(status.role_status || {})) {
-      for (const ledger of ((roleStatus && roleStatus.ledgers) || []).slice(-3)) {
-        for (const [name, exchange] of exchanges(ledger)) {
-          const tr = el("tr");
-          [label(row), where(ledger), name || "-", count(exchange.expected), count(exchange.arrived),
-            count(exchange.used), count(exchange.rejected), count(exchange.timed_out)]
-            .forEach((cell) => tr.appendChild(el("td", {}, cell)));
-          body.appendChild(tr);
-        }
+  for (const row of rows) {
+    guarded(() => {
+      for (const ledger of list(field(field(figures, peerId(row)), "ledgers")).slice(0, 64)) {
+        const tr = el("tr");
+        [label(row), ...list(ledger).slice(0, 7).map((cell) => text(cell))].forEach((cell) => tr.appendChild(el("td", {}, cell)));
+        body.appendChild(tr);
       }
-    }
+    });
   }
+}
+
+function render(status, figures) {
+  const rows = list(status.live_peers).filter(isObject);
+  const parts = [() => renderHeader(status), () => renderPeers(rows, figures),
+    () => renderChart(collectSeries(rows, figures)), () => renderPanels(status), () => renderLedgers(rows, figures)];
+  const failed = [];
+  parts.forEach((part, i) => guarded(part, () => failed.push(i)));
+  return failed.length ? ` (${failed.length} part(s) could not be drawn)` : "";
 }
 
 async function poll() {
-  const own = await getJson("/status");
-  if (own) {
-    const statuses = await peerStatuses(own);
-    renderHeader(own);
-    renderPeers(own, statuses);
-    renderChart(collectSeries(own, statuses));
-    renderPanels(own);
-    renderLedgers(own, statuses);
-    document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
-  } else {
-    document.getElementById("updated").textContent = "this daemon does not answer";
+  const updated = document.getElementById("updated");
+  try {
+    const status = await getJson("/status");
+    if (isObject(status)) {
+      const swarm = await getJson("/swarm");
+      const problems = render(status, isObject(field(swarm, "peers")) ? swarm.peers : {});
+      updated.textContent = `updated ${new Date().toLocaleTimeString()}${problems}`;
+    } else {
+      updated.textContent = "this daemon does not answer";
+    }
+  } catch (error) {
+    updated.textContent = `could not update: ${text(error && error.message, "error")}`;
+  } finally {
+    polls += 1;
+    document.body.dataset.polls = String(polls);
+    setTimeout(poll, POLL_MS);
   }
-  setTimeout(poll, POLL_MS);
 }
 
 poll();
