@@ -1,6 +1,6 @@
 """``HttpServer``: an aiohttp application behind a header deadline (slowloris), connection caps in all
-and per address, a per-request deadline and a body budget; a middleware translates what handlers
-raise into status codes (README.md, "HTTP")."""
+and per address shared fairly among addresses (``FairSlots``), a per-request deadline and a body
+budget; a middleware translates what handlers raise into status codes (README.md, "HTTP")."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from gossamer.transport.http import HttpConfig, drop_frames, read_exactly
 from gossamer.transport.limits import Limits
 from gossamer.transport.logs import ThrottledLog
 from gossamer.transport.safetensors_stream import decode_safetensors, encode_safetensors
-from gossamer.transport.slots import AddressSlots, ByteBudget, address_key
+from gossamer.transport.slots import ADDRESS_FULL, FULL, ByteBudget, FairSlots, address_key
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def _overloaded_response(reason: str) -> bytes:
             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
 
 
-OVERLOADED_RESPONSE = _overloaded_response("connection cap reached")
-ADDRESS_CAP_RESPONSE = _overloaded_response("too many connections from your address")
+OVERLOADED_RESPONSE = _overloaded_response(FULL)
+ADDRESS_CAP_RESPONSE = _overloaded_response(ADDRESS_FULL)
 
 
 def _config(request: web.Request) -> HttpConfig:
@@ -106,10 +106,21 @@ class _Gate(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._inner: asyncio.Protocol | None = None
+        self._transport: asyncio.BaseTransport | None = None
         self.key = ""
-        self.served = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether aiohttp is handling a request of this connection (best effort: a private field)."""
+        return getattr(self._inner, "_current_request", None) is not None
+
+    def evict(self) -> None:
+        """Close at once: the connection's slot went to an address holding fewer."""
+        if self._transport is not None:
+            self._transport.abort()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
         self.key = address_key(transport.get_extra_info("peername"))
         self._inner = self._server._assign(self)
         self._inner.connection_made(transport)
@@ -175,8 +186,8 @@ class HttpServer:
         self.budget = budget
         self.log = log
         self._listener: asyncio.Server | None = None
-        self._open = 0
-        self._slots = AddressSlots(config.max_connections_per_address)
+        self._slots: FairSlots[_Gate] = FairSlots(config.max_connections, config.max_connections_per_address)
+        self._gates: set[_Gate] = set()  # every connection not yet lost: served, evicted or refused
         self._refusing: dict[_Gate, _Refuse] = {}
         self.refused_connections = 0
         self._none_open = asyncio.Event()
@@ -215,7 +226,13 @@ class HttpServer:
 
     @property
     def connections_open(self) -> int:
-        return self._open
+        """Connections holding a slot now."""
+        return len(self._slots)
+
+    @property
+    def evicted_connections(self) -> int:
+        """Connections closed so far to give their slot to an address holding fewer (``FairSlots``)."""
+        return self._slots.evictions
 
     def url(self, path: str = "/") -> str:
         host, port = self.address
@@ -239,31 +256,32 @@ class HttpServer:
             async with asyncio.timeout(self._config.shutdown_timeout_s):
                 await self._none_open.wait()
         except TimeoutError:
-            log.warning("%d HTTP connections still open after shutdown", self._open + len(self._refusing))
+            log.warning("%d HTTP connections still open after shutdown", len(self._gates))
 
     def _assign(self, gate: _Gate) -> asyncio.Protocol:
-        """aiohttp's protocol for a connection within both caps; a ``_Refuse`` for any other."""
+        """aiohttp's protocol for a connection ``FairSlots`` admits (closing the one it evicts, if
+        any); a ``_Refuse`` for any other."""
         self._none_open.clear()
+        self._gates.add(gate)
         config = self._config
-        if self._open < config.max_connections and self._slots.take(gate.key):
+        admission = self._slots.admit(gate.key, gate, busy=lambda held: held.busy)
+        if admission.admitted:
+            if admission.evicted is not None:
+                admission.evicted.evict()
             assert self._runner.server is not None
-            gate.served = True
-            self._open += 1
             return self._runner.server()
         self.refused_connections += 1
-        response = OVERLOADED_RESPONSE if self._open >= config.max_connections else ADDRESS_CAP_RESPONSE
+        response = OVERLOADED_RESPONSE if admission.refused == FULL else ADDRESS_CAP_RESPONSE
         timeout_s = config.header_timeout_s if len(self._refusing) < config.max_connections else 0.0
         refused = _Refuse(response, timeout_s)
         self._refusing[gate] = refused
         return refused
 
     def _lost(self, gate: _Gate) -> None:
-        if gate.served:
-            self._open -= 1
-            self._slots.give(gate.key)
-        else:
-            self._refusing.pop(gate, None)
-        if self._open == 0 and not self._refusing:
+        self._slots.release(gate)
+        self._refusing.pop(gate, None)
+        self._gates.discard(gate)
+        if not self._gates:
             self._none_open.set()
 
 

@@ -1,11 +1,14 @@
-"""What one connecting peer can hold on a server, shared by the TCP and HTTP servers: ``AddressSlots``
-(live connections per IPv4 address or IPv6 /64) and ``ByteBudget`` (bytes of bodies or payloads in
-flight). Neither waits: a refusal is answered at once; both are owned by one server."""
+"""What one connecting peer can hold on a server, shared by the TCP and HTTP servers: ``FairSlots``
+(live connections in all and per IPv4 address or IPv6 /64, shared fairly among addresses when full),
+``AddressSlots`` (per address only) and ``ByteBudget`` (bytes in flight). None waits or does I/O: a
+refusal is answered at once, an eviction is named for its server to carry out."""
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from gossamer.transport.errors import Overloaded
 
@@ -60,6 +63,88 @@ class AddressSlots:
     def __len__(self) -> int:
         """How many address keys hold a connection now."""
         return len(self._open)
+
+
+Conn = TypeVar("Conn", bound=Hashable)
+FULL = "connection cap reached"
+ADDRESS_FULL = "too many connections from your address"
+
+
+@dataclass(frozen=True)
+class Admission(Generic[Conn]):
+    """What ``FairSlots.admit`` decided: ``admitted``; else ``refused`` says why (``FULL`` or
+    ``ADDRESS_FULL``); ``evicted`` is a connection to close now, whose slot the newcomer took."""
+
+    admitted: bool
+    evicted: Conn | None = None
+    refused: str = ""
+
+
+class FairSlots(Generic[Conn]):
+    """Live connections, at most ``total`` in all and ``per_address`` per address key; when all
+    ``total`` are held, a newcomer whose address holds fewer than the heaviest address minus one
+    takes the slot of that address's oldest idle connection (its oldest, if none is idle).
+
+    The slots converge to a max-min fair share among the addresses that want them: many slow
+    connections from a few addresses (issue 30: 260 from 16) cannot keep out an address that holds
+    few; an address never loses a slot to one that would then hold as many as it.
+    """
+
+    def __init__(self, total: int, per_address: int) -> None:
+        for name, value in (("total", total), ("per_address", per_address)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.total = total
+        self.per_address = per_address
+        self._by_key: dict[str, dict[Conn, None]] = {}  # oldest first
+        self._key_of: dict[Conn, str] = {}
+        self.evictions = 0
+
+    def admit(self, key: str, conn: Conn, *, busy: Callable[[Conn], bool] = lambda _: False) -> Admission[Conn]:
+        """Count ``conn`` (from ``key``) if it may be served; see the class docstring. ``busy(c)``:
+        whether a held connection is mid-request (such are evicted last)."""
+        if conn in self._key_of:
+            raise ValueError(f"connection {conn!r} is already admitted")
+        held = self.held(key)
+        if held >= self.per_address:
+            return Admission(False, refused=ADDRESS_FULL)
+        evicted = None
+        if len(self._key_of) >= self.total:
+            heaviest = max(self._by_key, key=lambda k: len(self._by_key[k]))
+            if held + 1 >= len(self._by_key[heaviest]):
+                return Admission(False, refused=FULL)
+            conns = self._by_key[heaviest]
+            evicted = next((c for c in conns if not busy(c)), next(iter(conns)))
+            self.release(evicted)
+            self.evictions += 1
+        self._by_key.setdefault(key, {})[conn] = None
+        self._key_of[conn] = key
+        return Admission(True, evicted=evicted)
+
+    def release(self, conn: Conn) -> bool:
+        """``conn`` closed (or was evicted); False if it held no slot (already released, refused)."""
+        key = self._key_of.pop(conn, None)
+        if key is None:
+            return False
+        conns = self._by_key[key]
+        del conns[conn]
+        if not conns:
+            del self._by_key[key]
+        return True
+
+    def held(self, key: str) -> int:
+        """Connections ``key`` holds now."""
+        conns = self._by_key.get(key)
+        return len(conns) if conns else 0
+
+    def __len__(self) -> int:
+        """Connections held now, in all."""
+        return len(self._key_of)
+
+    @property
+    def addresses(self) -> int:
+        """How many address keys hold a connection now."""
+        return len(self._by_key)
 
 
 class ByteBudget:

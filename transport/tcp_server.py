@@ -1,6 +1,7 @@
 """``TcpServer``: answers REQUEST frames with a handler and feeds ONEWAY frames through a bounded
 queue. Against peers that never authenticate, every header passes the ``gate`` before its payload
-is allocated, frames have deadlines and payloads a shared budget (README.md, "The server")."""
+is allocated, frames have deadlines, payloads a shared budget and connections fair slots per address
+(``FairSlots``; README.md, "The server")."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 from gossamer.transport.errors import DecodeError, Overloaded, TransportError, TransportTimeout
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.logs import ThrottledLog
-from gossamer.transport.slots import AddressSlots, ByteBudget, address_key
+from gossamer.transport.slots import ByteBudget, FairSlots, address_key
 from gossamer.transport.tcp_stream import (
     FrameGate,
     FrameStream,
@@ -108,7 +109,8 @@ class TcpServer:
         self._gate = gate
         self.budget = ByteBudget(config.max_inflight_payload_bytes, what="receive")
         self.log = ThrottledLog(log)
-        self._slots = AddressSlots(config.max_connections_per_address)
+        self._slots: FairSlots[int] = FairSlots(config.max_connections, config.max_connections_per_address)
+        self._serving: dict[int, _Connection] = {}  # by connection id, while its stream is served
         self.refused_connections = 0
         self._stats = TcpStats()
         self._connections: dict[int, asyncio.Task[None]] = {}
@@ -132,6 +134,11 @@ class TcpServer:
     def address(self) -> tuple[str, int]:
         host, port = self._sock.getsockname()[:2]
         return host, port
+
+    @property
+    def evicted_connections(self) -> int:
+        """Connections closed so far to give their slot to an address holding fewer (``FairSlots``)."""
+        return self._slots.evictions
 
     @property
     def stats(self) -> TcpStats:
@@ -163,22 +170,35 @@ class TcpServer:
                 await asyncio.sleep(ACCEPT_BACKOFF_S)
                 continue
             configure_socket(sock, self._config)
-            key = address_key(addr)
-            if len(self._connections) >= self._config.max_connections:
-                self._reject(sock, "overloaded: connection cap reached")
-            elif not self._slots.take(key):
-                self._reject(sock, "overloaded: too many connections from your address")
-            else:
-                self._admit(sock, ConnectionInfo(self._next_id, tuple(addr[:2])), key)
-                self._next_id += 1
+            info = ConnectionInfo(self._next_id, tuple(addr[:2]))
+            self._next_id += 1
+            admission = self._slots.admit(address_key(addr), info.connection_id, busy=self._busy)
+            if not admission.admitted:
+                self._reject(sock, f"overloaded: {admission.refused}")
+                continue
+            if admission.evicted is not None:
+                self._evict(admission.evicted)
+            self._admit(sock, info)
 
-    def _admit(self, sock: socket.socket, info: ConnectionInfo, key: str) -> None:
+    def _busy(self, connection_id: int) -> bool:
+        conn = self._serving.get(connection_id)
+        return conn is not None and conn.busy
+
+    def _evict(self, connection_id: int) -> None:
+        """Close a connection whose slot went to an address holding fewer (its task ends it)."""
+        task = self._connections.get(connection_id)
+        if task is not None:
+            self.log.info("closing connection %d: its slot went to an address holding fewer", connection_id)
+            task.cancel()
+
+    def _admit(self, sock: socket.socket, info: ConnectionInfo) -> None:
         task = asyncio.create_task(self._serve(sock, info), name=f"tcp-conn-{info.connection_id}")
         self._connections[info.connection_id] = task
 
         def ended(_: asyncio.Task[None]) -> None:
             self._connections.pop(info.connection_id, None)
-            self._slots.give(key)
+            self._slots.release(info.connection_id)
+            sock.close()  # a no-op unless the task was cancelled (evicted) before it started
 
         task.add_done_callback(ended)
 
@@ -207,6 +227,7 @@ class TcpServer:
         stream = FrameStream(sock, config=self._config, stats=self._stats, payload_buffer=self._payload_buffer,
                              gate=self._gate, budget=self.budget)
         conn = _Connection(info, stream, self._config)
+        self._serving[info.connection_id] = conn
         self._stats.connections_open += 1
         try:
             await self._read_loop(conn)
@@ -226,6 +247,7 @@ class TcpServer:
             finally:
                 stream.close()
                 self._stats.connections_open -= 1
+                self._serving.pop(info.connection_id, None)
 
     def _release_all(self, frames: list[Frame]) -> None:
         for frame in frames:
