@@ -19,6 +19,7 @@ from gossamer.peer.kit.secure_link.client import SecureLink
 from gossamer.peer.kit.secure_link.links import SecureLinks
 from gossamer.peer.kit.secure_link.message import (
     CONFIRM,
+    COOKIE,
     ERROR_OP,
     HELLO,
     MAX_OP_CHARS,
@@ -31,6 +32,6 @@ from gossamer.peer.kit.secure_link.message import (
 )
 from gossamer.peer.kit.secure_link.server import Authorize, Handler, SecureLinkServer
 
-__all__ = ["CONFIRM", "ERROR_OP", "HELLO", "MAX_OP_CHARS", "Authorize", "Handler", "LinkMessage", "RequestRefused",
+__all__ = ["CONFIRM", "COOKIE", "ERROR_OP", "HELLO", "MAX_OP_CHARS", "Authorize", "Handler", "LinkMessage", "RequestRefused",
            "SecureLink", "SecureLinkError", "SecureLinkServer", "SecureLinks", "associated_data", "pack_body",
            "unpack_body"]

@@ -7,10 +7,11 @@ from typing import Any
 
 from gossamer.crypto.channel import SecureChannel
 from gossamer.crypto.errors import VerificationError
-from gossamer.crypto.handshake import Initiator
+from gossamer.crypto.handshake import HANDSHAKE_NONCE_BYTES, Initiator
 from gossamer.crypto.identity import Identity
 from gossamer.peer.kit.secure_link.message import (
     CONFIRM,
+    COOKIE,
     ERROR_OP,
     HELLO,
     MAX_OP_CHARS,
@@ -49,18 +50,24 @@ class SecureLink:
     async def connect(cls, *, identity: Identity, run_id: str, peer_id: str, public_key: bytes, address: str,
                       method: str, timeout_s: float, traffic: Traffic | None = None,
                       tcp_config: TcpConfig | None = None) -> SecureLink:
-        """Dial ``address`` (host:port) and run the handshake against ``public_key``: hello and
-        answer, then the confirmation and its ack, on this one connection."""
+        """Dial ``address`` (host:port) and run the handshake against ``public_key``: a cookie (the
+        hello's nonce, which binds it to this connection), hello and answer, then the confirmation
+        and its ack, on this one connection."""
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise SecureLinkError(f"peer {peer_id[:12]} has no usable TCP address ({address!r})")
         config = tcp_config or TcpConfig(connect_timeout_s=timeout_s)
-        handshake = Initiator(identity, peer_public_key=public_key, run_id=run_id)
         try:
             conn = await tcp_connect(host, int(port), config=config)
         except TransportError as exc:
             raise SecureLinkError(f"cannot reach peer {peer_id[:12]} at {address}: {exc}") from exc
         try:
+            cookie = await conn.request(Frame(FrameType.REQUEST, {"method": method, "op": COOKIE}, b""),
+                                        timeout_s=timeout_s)
+            nonce = bytes(cookie.payload)
+            if len(nonce) != HANDSHAKE_NONCE_BYTES:
+                raise DecodeError(f"the cookie has {len(nonce)} bytes, not {HANDSHAKE_NONCE_BYTES}")
+            handshake = Initiator(identity, peer_public_key=public_key, run_id=run_id, nonce=nonce)
             answer = await conn.request(Frame(FrameType.REQUEST, {"method": method, "op": HELLO,
                                                                   "peer": identity.peer_id}, handshake.hello()),
                                         timeout_s=timeout_s)

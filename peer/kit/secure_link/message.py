@@ -14,6 +14,7 @@ from gossamer.transport.errors import DecodeError
 from gossamer.transport.header import pack_header, unpack_header
 from gossamer.transport.limits import Limits
 
+COOKIE = "cookie"
 HELLO = "hello"
 CONFIRM = "confirm"
 ERROR_OP = "error"

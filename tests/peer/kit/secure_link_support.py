@@ -1,5 +1,6 @@
 """A SecureLinkServer behind a real TcpServer on 127.0.0.1 (running the link's gate, as the daemon
-does), with a client identity it authorizes; every frame the server receives is kept in order."""
+does) on a clock the test moves, with a client identity it authorizes; every frame the server
+receives is kept in order; ``hello_frame`` does by hand what a client does to begin a handshake."""
 
 from __future__ import annotations
 
@@ -10,14 +11,32 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from gossamer.crypto.handshake import Initiator
 from gossamer.crypto.identity import Identity
-from gossamer.peer.kit.secure_link import LinkMessage, RequestRefused, SecureLink, SecureLinkServer
+from gossamer.peer.kit.secure_link import (
+    COOKIE,
+    HELLO,
+    LinkMessage,
+    RequestRefused,
+    SecureLink,
+    SecureLinkServer,
+)
 from gossamer.peer.metrics import Traffic
-from gossamer.transport.frames import Frame
-from gossamer.transport.tcp import ConnectionInfo, TcpServer
+from gossamer.transport.frames import Frame, FrameType
+from gossamer.transport.tcp import ConnectionInfo, TcpConnection, TcpServer
 
 RUN = "tl@00112233aabbccdd"
 METHOD = "test-link"
+
+
+class Clock:
+    """The server's clock: ``now`` seconds, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @dataclass
@@ -27,6 +46,7 @@ class Harness:
     link_server: SecureLinkServer
     tcp: TcpServer
     traffic: Traffic
+    clock: Clock
     wrap_reply: Callable[[Frame], Frame] = lambda frame: frame
     received: list[tuple[int, Frame]] = field(default_factory=list)
     """(connection id, frame) of every frame the server received, in order."""
@@ -40,6 +60,18 @@ class Harness:
                                         peer_id=self.server_identity.peer_id,
                                         public_key=server_key or self.server_identity.public_key,
                                         address=self.address, method=METHOD, timeout_s=5.0)
+
+
+async def hello_frame(harness: Harness, conn: TcpConnection, identity: Identity | None = None,
+                      *, claim: str | None = None) -> tuple[Initiator, Frame]:
+    """A cookie asked for on ``conn``, then the handshake and its hello frame (not sent) made with
+    it, by ``identity`` (the client by default) claiming to be ``claim`` (itself by default)."""
+    identity = identity or harness.client
+    cookie = await conn.request(Frame(FrameType.REQUEST, {"method": METHOD, "op": COOKIE}, b""), timeout_s=5.0)
+    handshake = Initiator(identity, peer_public_key=harness.server_identity.public_key, run_id=RUN,
+                          nonce=bytes(cookie.payload))
+    return handshake, Frame(FrameType.REQUEST, {"method": METHOD, "op": HELLO, "peer": claim or identity.peer_id},
+                            handshake.hello())
 
 
 async def _handler(peer_id: str, message: LinkMessage) -> LinkMessage:
@@ -61,9 +93,9 @@ async def harness() -> AsyncIterator[Harness]:
             raise RequestRefused(f"peer {peer_id[:12]} may not talk to this server")
         return allowed[peer_id]
 
-    traffic = Traffic()
+    traffic, clock = Traffic(), Clock()
     link_server = SecureLinkServer(identity=server_identity, run_id=RUN, method=METHOD, authorize=authorize,
-                                   handler=_handler, traffic=traffic)
+                                   handler=_handler, traffic=traffic, clock=clock)
     box: list[Harness] = []
 
     async def dispatch(frame: Frame, info: ConnectionInfo) -> Frame:
@@ -72,7 +104,7 @@ async def harness() -> AsyncIterator[Harness]:
         return box[0].wrap_reply(reply)
 
     tcp = await TcpServer.create(dispatch, gate=lambda kind, header, size: link_server.admit(header, size))
-    box.append(Harness(client, server_identity, link_server, tcp, traffic))
+    box.append(Harness(client, server_identity, link_server, tcp, traffic, clock))
     yield box[0]
     await tcp.aclose()
 

@@ -28,7 +28,7 @@ from gossamer.transport.errors import DecodeError, RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.limits import DEFAULT_LIMITS
 from gossamer.transport.tcp import tcp_connect
-from tests.peer.kit.secure_link_support import METHOD, RUN, Harness, harness, message
+from tests.peer.kit.secure_link_support import METHOD, RUN, Harness, harness, hello_frame, message
 from tests.transport.support import RawClient, frame_head
 
 __all__ = ["harness"]  # the fixture
@@ -63,10 +63,9 @@ async def test_server_refuses_a_hello_signed_by_another_key_than_the_claimed_pee
     impostor = Identity.generate()
     tcp = await tcp_connect("127.0.0.1", harness.tcp.address[1])
     try:
-        hello = Initiator(impostor, peer_public_key=harness.server_identity.public_key, run_id=RUN).hello()
+        _, hello = await hello_frame(harness, tcp, impostor, claim=harness.client.peer_id)
         with pytest.raises(RemoteError, match="handshake refused"):
-            await tcp.request(Frame(FrameType.REQUEST, {"method": METHOD, "op": "hello",
-                                                        "peer": harness.client.peer_id}, hello))
+            await tcp.request(hello)
     finally:
         await tcp.aclose()
     assert harness.link_server.sessions == 0
@@ -214,10 +213,11 @@ async def test_a_frame_without_a_live_session_is_refused_before_its_payload_is_r
     assert still.step == 1 and harness.tcp.budget.peak_bytes < 1 << 20
 
 
-def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes) -> list[tuple[dict, bytes]]:
-    """(header, payload) pairs a hostile peer might send as a hello: the genuine hello with bytes
-    flipped, cut short or extended (seeded), hellos that verify but for another run or recipient, the
-    server's own hello reflected, and headers naming no, a non-string or an unknown peer."""
+def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes, nonce: bytes) -> list[tuple[dict, bytes]]:
+    """(header, payload) pairs a hostile peer might send as a hello: the genuine hello (with a cookie
+    of the connection: ``nonce``) with bytes flipped, cut short or extended (seeded), hellos that
+    verify but for another run or recipient, the server's own hello reflected, and headers naming
+    no, a non-string or an unknown peer."""
     rng = random.Random(0)
     header = {"method": METHOD, "op": "hello", "peer": client.peer_id}
     payloads = []
@@ -227,8 +227,8 @@ def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes) -> list[t
         payloads.append(bytes(flipped))
     payloads += [genuine[:rng.randrange(len(genuine))] for _ in range(10)]
     payloads += [genuine + rng.randbytes(rng.randint(1, 64)) for _ in range(5)]
-    payloads += [Initiator(client, peer_public_key=server_key, run_id="other@00112233aabbccdd").hello(),
-                 Initiator(client, peer_public_key=client.public_key, run_id=RUN).hello(),
+    payloads += [Initiator(client, peer_public_key=server_key, run_id="other@00112233aabbccdd", nonce=nonce).hello(),
+                 Initiator(client, peer_public_key=client.public_key, run_id=RUN, nonce=nonce).hello(),
                  b"", rng.randbytes(200)]
     frames = [(header, payload) for payload in payloads]
     frames += [({**header, "peer": peer}, genuine) for peer in (None, 7, "", Identity.generate().peer_id)]
@@ -237,11 +237,13 @@ def fuzzed_hellos(genuine: bytes, client: Identity, server_key: bytes) -> list[t
 
 async def test_fuzzed_hellos_are_refused_without_touching_the_live_session(harness: Harness) -> None:
     live = await harness.connect()
-    genuine = Initiator(harness.client, peer_public_key=harness.server_identity.public_key, run_id=RUN).hello()
     conn = await tcp_connect(*harness.tcp.address)
     refusals = []
     try:
-        for header, payload in fuzzed_hellos(genuine, harness.client, harness.server_identity.public_key):
+        handshake, hello = await hello_frame(harness, conn)
+        genuine = bytes(hello.payload)
+        for header, payload in fuzzed_hellos(genuine, harness.client, harness.server_identity.public_key,
+                                             handshake._nonce):
             with pytest.raises(RemoteError) as refused:
                 await conn.request(Frame(FrameType.REQUEST, dict(header), payload), timeout_s=5.0)
             refusals.append(str(refused.value))

@@ -1,21 +1,21 @@
 """Attacks on a live secure-link session by someone who sees the traffic (every hello, sid and frame
 goes over the network) but holds no key, each against the real SecureLinkServer on 127.0.0.1: a
-captured hello replayed, its confirmation replayed, frames naming the live session's clear-text id
-from another connection (junk, or the session's own captured ciphertext), and a handshake finished
-from another connection than the one it began on. After each, the live link keeps working and the
-server still holds exactly its one session. (Before sessions were bound to their connection and
-confirmed, the replayed hello and the junk frame each ended the live session.)"""
+captured hello replayed (refused: its cookie is another connection's), its confirmation replayed,
+frames naming the live session's clear-text id from another connection (junk, or the session's own
+captured ciphertext), and a handshake finished from another connection than the one it began on.
+After each, the live link keeps working and the server still holds exactly its one session.
+(Before sessions were bound to their connection and confirmed, the replayed hello and the junk
+frame each ended the live session.) Replay floods: ``test_secure_link_replay``."""
 
 from __future__ import annotations
 
 import pytest
 
-from gossamer.crypto.handshake import Initiator
 from gossamer.peer.kit.secure_link import CONFIRM, HELLO, SecureLink
 from gossamer.transport.errors import RemoteError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.tcp import TcpConnection, tcp_connect
-from tests.peer.kit.secure_link_support import METHOD, RUN, Harness, harness, message
+from tests.peer.kit.secure_link_support import METHOD, Harness, harness, hello_frame, message
 
 __all__ = ["harness"]  # the fixture
 
@@ -41,17 +41,17 @@ async def test_a_replayed_hello_and_confirmation_do_not_touch_the_live_session(h
     [hello], [confirmation] = captured(harness, HELLO), captured(harness, CONFIRM)
     conn = await attacker(harness)
     try:
-        answer = await conn.request(hello, timeout_s=5.0)  # the server answers: a hello proves nothing fresh
-        assert harness.link_server.pending == 1 and harness.link_server.sessions == 1
+        with pytest.raises(RemoteError, match="no cookie of this connection"):
+            await conn.request(hello, timeout_s=5.0)
+        assert harness.link_server.pending == 0 and harness.link_server.sessions == 1
         await assert_live(harness, live, 2)
-        replayed = Frame(FrameType.REQUEST, {**confirmation.header, "sid": answer.header["sid"]},
-                         confirmation.payload)
-        with pytest.raises(RemoteError, match="handshake refused"):
-            await conn.request(replayed, timeout_s=5.0)
+        with pytest.raises(RemoteError, match="no such handshake"):  # the sid is a session's now
+            await conn.request(confirmation, timeout_s=5.0)
     finally:
         await conn.aclose()
     await assert_live(harness, live, 3)
     assert harness.link_server.pending == 0 and harness.link_server.refused_frames == 0
+    assert harness.link_server.refused_hellos == 1
     await live.aclose()
 
 
@@ -77,11 +77,10 @@ async def test_frames_naming_the_live_session_from_another_connection_are_droppe
 
 async def test_a_handshake_is_finished_only_on_the_connection_it_began_on(harness: Harness) -> None:
     live = await harness.connect()
-    handshake = Initiator(harness.client, peer_public_key=harness.server_identity.public_key, run_id=RUN)
     first, second = await attacker(harness), await attacker(harness)
     try:
-        answer = await first.request(Frame(FrameType.REQUEST, {"method": METHOD, "op": HELLO,
-                                                               "peer": harness.client.peer_id}, handshake.hello()))
+        handshake, hello = await hello_frame(harness, first)
+        answer = await first.request(hello)
         confirm = Frame(FrameType.REQUEST, {"method": METHOD, "op": CONFIRM, "sid": answer.header["sid"]},
                         handshake.confirm(bytes(answer.payload)))
         with pytest.raises(RemoteError, match="belongs to another connection"):
