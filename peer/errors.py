@@ -10,6 +10,7 @@
      ├── RecordRejected     a peer record that is unsigned, mis-signed, expired or not admitted
      ├── StartupError       the daemon could not start (port in use, DHT, bootstrap); actionable text
      ├── StateSyncError     (kit.statesync) a joiner could not get the run's state from any donor
+     │    └── NoQuorum      (kit.state_join) no state has a majority of the tenured donors behind it
      ├── SecureLinkError    (kit.secure_link) an encrypted link failed; it is closed
      ├── RequestRefused     (kit.secure_link) the peer refused a request, with a code; the link stays
      ├── RouteFailed        (route.client) no live host is left for a unit of the route

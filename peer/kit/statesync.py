@@ -81,6 +81,8 @@ class StateFetchReport:
         shards_served: every donor's peer id -> the shards it served and that verified.
         failures: every failed attempt, in the order they happened.
         bytes_downloaded: tensor bytes received in decoded shard bodies, verified or not.
+        sources: how many verified states were combined into the result (``kit.state_join``: 1
+            when a majority of the donors advertised one digest).
     """
 
     version: int
@@ -89,6 +91,7 @@ class StateFetchReport:
     shards_served: Mapping[str, tuple[int, ...]]
     failures: tuple[FetchFailure, ...]
     bytes_downloaded: int
+    sources: int = 1
 
 
 def _is_int(value: object) -> bool:

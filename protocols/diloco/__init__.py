@@ -29,6 +29,10 @@ EVENTS = {
     "downloading": EventSchema(DOWNLOADING_DOC, DOWNLOADING),
     "adopted": EventSchema("the learner downloaded the swarm's state and jumped to its round",
                            ("round", "donors", "why")),
+    "no_quorum": EventSchema("the learner adopted no state: none is offered by a majority of the distinct donors "
+                             "that steer it (offering of them offer state, quorum must agree; reason lists the "
+                             "offers); retry: it tries again when the records change",
+                             ("offering", "quorum", "reason", "retry")),
     "round": EventSchema("one outer round done; its ledger in short, with its time split (seconds: compute_s "
                          "inner steps, w1_wait_s / w2_wait_s the waits for parameters / pseudo-gradients, "
                          "eval_s held-out evaluation, wall_s the whole round), w2_deadline_s (the limit the W2 "
@@ -64,6 +68,9 @@ def describe(event: str, e: Mapping[str, Any]) -> str | None:
         return describe_download(e, unit="round")
     if event == "adopted":
         return f"{e['why']}: now at round {e['round']} ({e['donors']} donor(s))"
+    if event == "no_quorum":
+        then = "waiting for the records to change" if e["retry"] else "going on from its own state"
+        return f"not adopting a state, {then}: {e['reason']}"
     return None
 
 

@@ -22,9 +22,10 @@ from gossamer.peer.kit.inbox import Inbox, size_bytes
 from gossamer.peer.kit.ledger import Exchange, History
 from gossamer.peer.kit.messaging import SignedMessenger, body_cap
 from gossamer.peer.kit.rounds import collect_from_live, finish_sends, send_each
-from gossamer.peer.kit.state_join import download_state
+from gossamer.peer.kit.state_join import NoQuorum, download_state
 from gossamer.peer.kit.statesync import StateSyncError
 from gossamer.peer.role import FAILED, FINISHED, ProtocolRole, RoleContext, RoleHealth
+from gossamer.peer.run.tenure import steering
 from gossamer.peer.run.view import LivePeer
 from gossamer.protocols.core.models import build_model, flat_parameters, generate
 from gossamer.protocols.core.text_data import (
@@ -44,7 +45,13 @@ from gossamer.protocols.diloco.core.replica import DilocoReplica, Params
 from gossamer.protocols.diloco.keeping import KeptState
 from gossamer.protocols.diloco.ledger import RoundLedger
 from gossamer.protocols.diloco.settings import DilocoSettings
-from gossamer.protocols.diloco.steering import inbox_budget, out_of_step, reach_rounds
+from gossamer.protocols.diloco.steering import (
+    Evidence,
+    claimed_rounds,
+    inbox_budget,
+    out_of_step,
+    reach_rounds,
+)
 from gossamer.transport.http_server import path_int
 
 log = logging.getLogger(__name__)
@@ -79,6 +86,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
                                     floor_s=self.settings.w2_floor_s, ahead=reach)
         self.catch_up_limit_s = catch_up_limit_s(self.settings.catch_up_rounds, self.settings.w2_deadline_s)
         self.history: History[int, RoundLedger] = History()
+        self.evidence = Evidence()  # whose pseudo-gradients this learner used lately: they steer it
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/diloco")
         self._snapshot: tuple[int, dict[str, torch.Tensor]] = (0, flat_parameters(model))
         self._received_bytes: dict[int, int] = {}  # round -> accepted body bytes; pruned every round
@@ -148,6 +156,21 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
     def _other_learners(self) -> list[LivePeer]:
         """The other learners that may steer this one: the tenured ones, or all (``steering``)."""
         return self.steering_peers_with(names.LEARNER)
+
+    def _steering_learners(self) -> tuple[list[LivePeer], dict[str, int]]:
+        """The other learners its median round and the state it adopts follow: those whose
+        pseudo-gradients it used lately (the tenured ones among them), else the tenured ones
+        (``run.tenure``); and that evidence (peer -> the last round its work was used)."""
+        evidence = self.evidence.recent(self.replica.round)
+        owner = self.ctx.view.get(self.ctx.manifest.owner_peer_id)
+        peers = steering(self.peers_with(names.LEARNER), now=self.ctx.now(), tenure_s=self.ctx.manifest.tenure_s,
+                         owner=owner.record if owner is not None else None, contributed=evidence)
+        return peers, evidence
+
+    def _vouched(self) -> tuple[str, ...]:
+        """The id prefixes the run owner's record vouches for (``PeerRecord.tenured``)."""
+        owner = self.ctx.view.get(self.ctx.manifest.owner_peer_id)
+        return owner.record.tenured if owner is not None else ()
 
     def _advance_inbox(self, round: int) -> None:
         self.inbox.advance(round)
@@ -235,6 +258,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         d_mixed = self.aggregator.aggregate(d, arrived_d, weights=w2, me=me, index_of=learners.index,
                                             silent=silent, round=t)
         ledger.record_w2(d_mixed)
+        self.evidence.saw(ledger.pseudo_gradients.used, t)
         await self.ctx.fault_point("aggregate", t)  # a test's crash mid-aggregate: received, not applied
         self.replica.finish_round(m, d_mixed.value, u_mixed)
         await finish_sends(sending, timeout_s=self.pacing.ceiling_s)
@@ -281,7 +305,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         def mixed(own: Params, part: Callable[[Params], Params]) -> Params:
             return mix_parameters(own, {s: part(v) for s, v in arrived.items()}, weights=weights, me=me,
                                   index_of=learners.index, clip_tau=self.settings.w1_clip_tau,
-                                  max_norm=self.settings.text.max_norm)
+                                  clip_ratio=self.settings.w1_clip_ratio, max_norm=self.settings.text.max_norm)
 
         m = mixed(x, lambda v: {name: v[name] for name in x})
         return m, (mixed(u, lambda v: {name: v[MOMENTUM + name] for name in u}) if u else None)
@@ -340,7 +364,7 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             if not any(version > 0 for version in offers.values()):
                 return
             last_try = loop.time() >= deadline
-            if await self._adopt_state(self._other_learners(), why="joined", last_try=last_try) or last_try:
+            if await self._adopt_state(self._steering_learners()[0], why="joined", last_try=last_try) or last_try:
                 return
             await self.ctx.until_view(lambda offers=offers: self._offered_versions() != offers,
                                       timeout_s=max(0.0, deadline - loop.time()))
@@ -352,8 +376,8 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
 
     async def _catch_up(self) -> None:
         """Get back in step when ``catch_up_rounds`` or more away from the median round of the
-        learners. Behind: adopt the state of the learners at or just past the median (so one peer
-        advertising a far-off round pulls nobody). Ahead: wait for the others to come within
+        learners. Behind: adopt the state a majority of the steering learners offer at or just past
+        the median (so one peer advertising a far-off round pulls nobody). Ahead: wait for the others to come within
         reach, up to ``catch_up_limit_s``, rather than throw the progress away."""
         target = self._out_of_step()
         if target is None:
@@ -362,10 +386,9 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             await self._wait_for_the_swarm(target)
             return
         band = range(target, target + self.settings.catch_up_rounds)
-        donors = [p for p in self._other_learners()
-                  if p.record.round in band and p.record.state.get("version") in band]
-        await self._adopt_state(donors, why=f"caught up ({target - self.replica.round} rounds behind the median "
-                                            f"of the learners)")
+        await self._adopt_state(self._steering_learners()[0], versions=band,
+                                why=f"caught up ({target - self.replica.round} rounds behind the median of the "
+                                    f"learners)")
 
     async def _wait_for_company(self) -> None:
         """Mid-run with no other learner in view (this host was stalled and the records it holds
@@ -384,8 +407,9 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
         await self.ctx.until_view(lambda: bool(self._other_learners()), timeout_s=self.catch_up_limit_s)
 
     def _out_of_step(self) -> int | None:
-        return out_of_step(self.replica.round, [p.record.round for p in self._other_learners()],
-                           threshold=self.settings.catch_up_rounds)
+        peers, evidence = self._steering_learners()
+        rounds = claimed_rounds({p.record.peer_id: p.record.round for p in peers}, evidence)
+        return out_of_step(self.replica.round, rounds, threshold=self.settings.catch_up_rounds)
 
     async def _wait_for_the_swarm(self, target: int) -> None:
         log.info("%d rounds ahead of the median of the learners (round %d); waiting up to %.0f s for them",
@@ -398,13 +422,21 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
 
         await self.ctx.until_view(in_reach, timeout_s=self.catch_up_limit_s)
 
-    async def _adopt_state(self, donors: list[LivePeer], *, why: str, last_try: bool = True) -> bool:
-        """Download and adopt the donors' state; False (and this learner's own state kept) when
-        no donor served it, which ``last_try`` logs as a warning."""
+    async def _adopt_state(self, donors: list[LivePeer], *, why: str, last_try: bool = True,
+                           versions: range | None = None) -> bool:
+        """Download and adopt the state a majority of the donors agree on (``kit.state_join``);
+        False (and this learner's own state kept) when none has a majority (a ``no_quorum``
+        event says what was offered) or no donor served it, which ``last_try`` logs as a warning."""
         try:
             version, tensors, report = await download_state(
-                self.ctx.http_client, donors, joiner_id=self.ctx.identity.peer_id,
+                self.ctx.http_client, donors, joiner_id=self.ctx.identity.peer_id, versions=versions,
+                tenure_s=self.ctx.manifest.tenure_s, vouched=self._vouched(),
                 progress=lambda progress: self.emit("downloading", **downloading_fields(progress)))
+        except NoQuorum as exc:
+            self.emit("no_quorum", offering=exc.offering, quorum=exc.quorum, reason=str(exc), retry=not last_try)
+            log.log(logging.WARNING if last_try else logging.INFO, "not adopting a state (%s): %s%s", why, exc,
+                    "" if last_try else "; trying again once the records change")
+            return False
         except StateSyncError as exc:
             if last_try:
                 log.warning("could not download the run's state, going on from our own: %s", exc)
@@ -413,9 +445,12 @@ class LearnerRole(ProtocolRole[DilocoSettings]):
             return False
         self.replica.adopt(tensors, version)
         self._snapshot = (version, flat_parameters(self.replica.module))
+        failed = {failure.peer_id for failure in report.failures}
+        self.evidence.saw([p for p in report.shards_served if p not in failed], version)  # a majority's state
         self.ctx.announce()
         self.emit("adopted", round=version, donors=len(report.shards_served), why=why)
-        log.info("%s at round %d with state from %d donor(s)", why, version, len(report.shards_served))
+        blend = f" (the median of {report.sources} states)" if report.sources > 1 else ""
+        log.info("%s at round %d with state from %d donor(s)%s", why, version, len(report.shards_served), blend)
         return True
 
     # -- the end --------------------------------------------------------------------------------

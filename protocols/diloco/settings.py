@@ -43,7 +43,13 @@ class DilocoSettings:
     w1_clip_tau: float = setting(0.0, table="hyper", low=0.0,
                                  doc="> 0: clipped gossip in the W1 mix, each neighbour's difference to our own "
                                      "parameters clipped to this L2 radius (a Byzantine neighbour moves us at most "
-                                     "w_ij * tau per round); 0: the plain mix")
+                                     "w_ij * tau per round); 0: the radius follows w1_clip_ratio")
+    w1_clip_ratio: float = setting(2.0, table="hyper", low=0.0,
+                                   doc="with w1_clip_tau = 0 and two or more W1 neighbours: clip each neighbour's "
+                                       "difference to this many times the lower median of the neighbours' distances "
+                                       "to our own parameters (a Byzantine minority moves us at most w_ij * ratio * "
+                                       "an honest distance per round); while none is beyond it, the plain mix bit "
+                                       "for bit; 0: the plain mix")
     min_learners: int = setting(1, table="hyper", low=1,
                                 doc="round 0 starts once this many learners (this one included) are live")
     catch_up_rounds: int = setting(3, table="hyper", low=1,

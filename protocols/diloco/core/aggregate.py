@@ -1,12 +1,12 @@
-"""A learner's mixes over what arrived: the W1 parameter mix (plain or clipped gossip), the W2
-pseudo-gradient mix through the run's robust aggregator, and what a Byzantine learner sends in
-place of its pseudo-gradient (``--attack``). Tensors in, tensors and a ``W2Outcome`` out; the role
-writes the outcome into its ledger. Every neighbour that sent nothing usable is a failure of the
-round, never a smaller round."""
+"""A learner's mixes over what arrived: the W1 parameter mix (plain, or clipped gossip with a fixed
+or an adaptive radius), the W2 pseudo-gradient mix through the run's robust aggregator, and what a
+Byzantine learner sends in place of its pseudo-gradient (``--attack``). Tensors in, tensors and a
+``W2Outcome`` out; the role writes the outcome into its ledger. Every neighbour that sent nothing
+usable is a failure of the round, never a smaller round."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,16 +30,49 @@ Params = dict[str, torch.Tensor]
 
 
 def mix_parameters(x: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
-                   index_of: Callable[[str], int], clip_tau: float, max_norm: float | None) -> Params:
-    """The W1 parameter mix m_i: the plain weighted mix (renormalised over what arrived), or with
-    ``clip_tau > 0`` clipped gossip, x_i + sum_j w_ij clip(x_j - x_i, tau), where a neighbour that
-    did not arrive (or was rejected) simply leaves its weight on x_i."""
-    if clip_tau <= 0:
-        mixed, _report = mix(me, {me: x, **{index_of(s): v for s, v in arrived.items()}}, weights)
-        return mixed
+                   index_of: Callable[[str], int], clip_tau: float, max_norm: float | None,
+                   clip_ratio: float = 0.0) -> Params:
+    """The W1 parameter mix m_i. With ``clip_tau > 0``, clipped gossip with that fixed radius,
+    x_i + sum_j w_ij clip(x_j - x_i, tau), where a neighbour that did not arrive (or was rejected)
+    simply leaves its weight on x_i. Else, with ``clip_ratio > 0`` and two or more neighbours,
+    adaptive clipping (``w1_radius``): while no neighbour is beyond the radius, the plain mix
+    bit for bit; else clipped gossip with that radius over the weights renormalised over what
+    arrived (so it agrees with the plain mix where nothing is clipped). Otherwise the plain mix,
+    renormalised over what arrived."""
+    plain = clip_tau <= 0 and (clip_ratio <= 0 or len(arrived) < 2)
+    if plain:
+        return _plain_mix(x, arrived, weights=weights, me=me, index_of=index_of)
+    own = flatten(x)
     neighbours = [Contribution(sender=s, vector=flatten(v)) for s, v in arrived.items()]
     row = {s: float(weights[me, index_of(s)]) for s in arrived}
-    return unflatten(clipped_gossip(flatten(x), neighbours, row, tau=clip_tau, max_norm=max_norm), x)
+    tau = clip_tau
+    if clip_tau <= 0:
+        distances = [float(torch.linalg.vector_norm(c.vector - own)) for c in neighbours]
+        tau = w1_radius(distances, ratio=clip_ratio)
+        if all(d <= tau for d in distances):
+            return _plain_mix(x, arrived, weights=weights, me=me, index_of=index_of)
+        if tau == 0.0:  # most neighbours hold exactly x_i: the rest are clipped to nothing
+            return {name: t.clone() for name, t in x.items()}
+        total = float(weights[me, me]) + sum(row.values())
+        row = {s: w / total for s, w in row.items()}
+    return unflatten(clipped_gossip(own, neighbours, row, tau=tau, max_norm=max_norm), x)
+
+
+def _plain_mix(x: Params, arrived: Mapping[str, Params], *, weights: torch.Tensor, me: int,
+               index_of: Callable[[str], int]) -> Params:
+    mixed, _report = mix(me, {me: x, **{index_of(s): v for s, v in arrived.items()}}, weights)
+    return mixed
+
+
+def w1_radius(distances: Sequence[float], *, ratio: float) -> float:
+    """The adaptive W1 clipping radius: ``ratio`` times the lower median of the neighbours'
+    distances to our own parameters. While fewer than half of the neighbours are Byzantine the
+    lower median is an honest neighbour's distance or below, so none of them moves us by more
+    than w_ij x ratio x that distance in a round."""
+    if not distances or ratio <= 0:
+        raise InvalidSetting(f"w1_radius needs distances and a ratio > 0, got {len(distances)} and {ratio}")
+    ordered = sorted(distances)
+    return ratio * ordered[(len(ordered) - 1) // 2]
 
 
 @dataclass(frozen=True)

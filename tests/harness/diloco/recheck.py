@@ -1,7 +1,7 @@
 """A learner's applied rounds checked against the protocol's result (fault tests and chaos scripts):
 ``RoundStates`` (a ``LocalNet`` watcher) keeps what each learner applied at each round's end;
 ``recheck`` recomputes a round from the state before it and the contributions its ledger used,
-with the pure functions alone (W1 mix or clipped gossip, W2 mean or robust rule,
+with the pure functions alone (W1 mix or clipped gossip, fixed or adaptive, W2 mean or robust rule,
 ``learner_round.round_result``), and returns the largest gap to what was applied."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def recheck(name: str, round: int, *, states: RoundStates, sent: Sent, names: Ma
                        params={index(s): v for s, v in params.items()},
                        momenta={index(s): v for s, v in momenta.items()},
                        pgrads={index(s): v for s, v in pgrads.items()})
-    if settings.w1_clip_tau > 0:  # clipped gossip: handed to round_result done, as the own value alone
+    if settings.w1_clip_tau > 0 or settings.w1_clip_ratio > 0:  # clipped gossip: handed over done, as own x alone
         w1 = settings.mixing.w1_weights(used.n, round=round, seed=settings.text.seed)
         u_mixed = _clipped(u, momenta, w1, used.me, index, settings) if settings.mixing.mixes_momentum(round) else u
         used = replace(used, x=_clipped(x, params, w1, used.me, index, settings), params={}, u=u_mixed, momenta={})
@@ -87,7 +87,7 @@ def _clipped(own: Params, arrived: Mapping[str, Params], weights: torch.Tensor, 
              settings: DilocoSettings) -> Params:
     """Clipped gossip of ``own`` with every neighbour that arrived (by peer id), with their W1 weights."""
     return mix_parameters(own, arrived, weights=weights, me=me, index_of=index, clip_tau=settings.w1_clip_tau,
-                          max_norm=settings.text.max_norm)
+                          clip_ratio=settings.w1_clip_ratio, max_norm=settings.text.max_norm)
 
 
 def _robust(role: LearnerRole, ledger: RoundLedger, d: Params, arrived: Mapping[str, Params], *, where: str) -> Params:

@@ -10,8 +10,8 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.manifest import RunConfig, build_manifest
 from gossamer.peer.run.records import MAX_TENURED, TENURED_ID_HEX, PeerRecord, open_record, seal_record
-from gossamer.peer.run.tenure import steering, tenured_ids
-from gossamer.peer.run.view import PeerView
+from gossamer.peer.run.tenure import seniors, steering, tenured_ids
+from gossamer.peer.run.view import LivePeer, PeerView
 
 T0 = 1_800_000_000.0
 OWNER = Identity.generate()
@@ -108,3 +108,29 @@ def test_a_read_verifies_a_bounded_number_of_records_known_peers_first() -> None
     assert {i.peer_id for i in honest} <= first and len(first) == 10
     assert first_deferred == len(flood) - 7
     assert len(table.live(now=now)) == 20 and table.deferred == len(flood) - 17
+
+
+def test_contributors_steer_and_peers_merely_present_for_long_do_not() -> None:
+    """Issue 30 (6): six identities live for far longer than the tenure, but whose work this peer
+    never used, do not steer it once it has contributors; the tenured contributors do."""
+    honest, sybils = [Identity.generate() for _ in range(2)], [Identity.generate() for _ in range(6)]
+    live = [LivePeer(record(i, T0), last_seen=T0 + 1000, since=T0) for i in honest + sybils]
+    now = T0 + 1000
+
+    assert len(steering(live, now=now, tenure_s=100.0, owner=None)) == 8  # presence alone: all of them
+    chosen = steering(live, now=now, tenure_s=100.0, owner=None, contributed={i.peer_id for i in honest})
+    assert sorted(p.record.peer_id for p in chosen) == sorted(i.peer_id for i in honest)
+    gone = steering(live, now=now, tenure_s=100.0, owner=None, contributed={"nobody"})
+    assert len(gone) == 8  # no contributor among the candidates: tenure decides, as before
+
+
+def test_seniors_needs_no_clock_and_counts_the_vouched() -> None:
+    old, young, vouched = Identity.generate(), Identity.generate(), Identity.generate()
+    live = [LivePeer(record(old, T0), last_seen=T0 + 60, since=T0),
+            LivePeer(record(young, T0), last_seen=T0 + 60, since=T0 + 30),
+            LivePeer(record(vouched, T0), last_seen=T0 + 60, since=T0 + 59)]
+
+    assert [p.record.peer_id for p in seniors(live, tenure_s=60.0)] == [old.peer_id]
+    picked = seniors(live, tenure_s=60.0, vouched=(vouched.peer_id[:TENURED_ID_HEX],))
+    assert [p.record.peer_id for p in picked] == [old.peer_id, vouched.peer_id]
+    assert len(seniors(live[1:], tenure_s=60.0)) == 2  # none is tenured: all count

@@ -1,4 +1,5 @@
-"""The learner's pure pieces: when it is out of step with the swarm, and its manifest settings."""
+"""The learner's pure pieces: when it is out of step with the swarm (and whose records count: the
+learners whose work it used), and its manifest settings."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from gossamer.peer.cli.swarm import Swarm, SwarmOptions
 from gossamer.peer.errors import ConfigError
 from gossamer.peer.run.manifest import RunConfig
 from gossamer.protocols.diloco.settings import DilocoSettings
-from gossamer.protocols.diloco.steering import out_of_step, reach_rounds
+from gossamer.protocols.diloco.steering import Evidence, claimed_rounds, out_of_step, reach_rounds
 from gossamer.protocols.registry import PLUGINS
 
 
@@ -84,3 +85,17 @@ def test_the_text_settings_keep_their_manifest_keys() -> None:
 def test_an_aggregator_that_cannot_run_is_refused_with_the_run_config(aggregator: dict, why: str) -> None:
     with pytest.raises(ConfigError, match=f"hyper.aggregator.*{why}"):
         learner_settings(RunConfig(name="r", protocol="diloco", hyper={"aggregator": aggregator}))
+
+
+def test_evidence_keeps_the_senders_used_lately_and_forgets_after_its_window() -> None:
+    evidence = Evidence(window_rounds=4)
+    evidence.saw(["a", "b"], 3)
+    evidence.saw(["a"], 6)
+    evidence.saw(["a"], 5)  # an older round never lowers what was seen
+
+    assert evidence.recent(6) == {"a": 6, "b": 3}
+    assert evidence.recent(8) == {"a": 6}  # b's round 3 is more than 4 rounds back
+
+
+def test_a_contributor_cannot_claim_a_round_below_the_one_its_work_was_used_in() -> None:
+    assert claimed_rounds({"a": 0, "b": 9, "c": 2}, {"a": 7, "b": 7}) == [7, 9, 2]

@@ -1,7 +1,7 @@
-"""The learner's W1 parameter mix (plain gossip equals the weighted mean; clipped gossip bounds how
-far a Byzantine neighbour can pull this learner's parameters), its W2 aggregation (peers that
-withhold their pseudo-gradients are failures of the round and never switch the defence off) and
-the ``--attack`` option."""
+"""The learner's W1 parameter mix (plain gossip equals the weighted mean; clipped gossip, with a
+fixed radius or by default an adaptive one, bounds how far a Byzantine neighbour can pull this
+learner's parameters), its W2 aggregation (peers that withhold their pseudo-gradients are
+failures of the round and never switch the defence off) and the ``--attack`` option."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from gossamer.protocols.diloco.core.aggregate import (
     W2Outcome,
     mix_parameters,
     parse_attack,
+    w1_radius,
 )
 from gossamer.protocols.diloco.core.mixing import MixingPlan, mixing_weights
+from gossamer.protocols.diloco.settings import DilocoSettings
 
 IDS = ["a", "b", "c"]
 
@@ -42,6 +44,41 @@ def test_clipped_gossip_bounds_a_byzantine_neighbour() -> None:
     moved = torch.linalg.vector_norm(torch.cat([clipped["w"].flatten(), clipped["b"]]))
     assert float(plain["w"].max()) > 1e4
     assert float(moved) <= 2 / 3 + 1e-5  # each neighbour moves us by at most w_ij * tau = 1/3
+
+
+
+def test_the_default_w1_mix_is_adaptive_clipping_that_bounds_one_poisoned_neighbour() -> None:
+    """Issue 30 (3): W1 was a plain average by default; a neighbour holding a noise state pulled
+    every learner a third of the way to it."""
+    ratio = DilocoSettings().w1_clip_ratio
+    assert ratio > 0 and DilocoSettings().w1_clip_tau == 0.0
+    weights = mixing_weights("global", 3, round=0, seed=0)
+    honest, poisoned = params(0.1), params(1e5)
+    m = mix_parameters(params(0.0), {"b": honest, "c": poisoned}, weights=weights, me=0, index_of=IDS.index,
+                       clip_tau=0.0, clip_ratio=ratio, max_norm=None)
+    radius = ratio * float(torch.linalg.vector_norm(torch.full((20,), 0.1)))
+    moved = torch.linalg.vector_norm(torch.cat([m["w"].flatten(), m["b"]]))
+    assert float(moved) <= 2 / 3 * radius + 1e-5  # each neighbour moves us by at most w_ij * radius
+
+
+def test_adaptive_clipping_is_the_plain_mix_bit_for_bit_while_nobody_is_beyond_the_radius() -> None:
+    weights = mixing_weights("global", 3, round=0, seed=0)
+    arrived = {"b": params(0.3), "c": params(0.5)}
+    plain = mix_parameters(params(0.0), arrived, weights=weights, me=0, index_of=IDS.index, clip_tau=0.0,
+                           max_norm=None)
+    adaptive = mix_parameters(params(0.0), arrived, weights=weights, me=0, index_of=IDS.index, clip_tau=0.0,
+                              clip_ratio=2.0, max_norm=None)
+    assert all(torch.equal(plain[k], adaptive[k]) for k in plain)
+    one = mix_parameters(params(0.0), {"b": params(1e5)}, weights=mixing_weights("global", 2, round=0, seed=0),
+                         me=0, index_of=IDS.index, clip_tau=0.0, clip_ratio=2.0, max_norm=None)
+    assert float(one["w"][0, 0]) == 5e4  # one neighbour: no median to measure against, the plain mix
+
+
+def test_the_w1_radius_is_a_ratio_of_the_lower_median_distance() -> None:
+    assert w1_radius([1.0, 100.0], ratio=2.0) == 2.0
+    assert w1_radius([3.0, 1.0, 1e9], ratio=2.0) == 6.0
+    with pytest.raises(InvalidSetting):
+        w1_radius([], ratio=2.0)
 
 
 # -- the W2 pseudo-gradient aggregation: withholding never switches the defence off -----------------
