@@ -27,6 +27,7 @@ class StepLedger:
     loss: float | None = None  # the step's loss: every chunk's share summed (known from the update)
     chunk_loss: float | None = None  # this shard's share of it
     grad_norm: float | None = None
+    clipped: dict[str, float] = field(default_factory=dict)  # on the leader: members whose share it scaled, norm before
     applied: bool = False
     aborted: str = ""
     suspects: list[str] = field(default_factory=list)

@@ -23,6 +23,7 @@ from gossamer.protocols.context.core import (
     FORWARD,
     MessageRefused,
     RingMember,
+    clip_shares,
     decode_message,
     encode_message,
     forward_to,
@@ -177,7 +178,10 @@ class AttemptRunner:
             attempt.shares_in.set()
         missing = [m for m in attempt.members if m not in attempt.shares]
         await attempt.wait(attempt.shares_in.wait(), what="gradient share", blame=missing[0] if missing else None)
-        total = reduce_gradients([attempt.shares[m][0] for m in attempt.members])
+        shares, clipped = await asyncio.to_thread(clip_shares, [attempt.shares[m][0] for m in attempt.members],
+                                                  self.settings.share_clip)
+        attempt.ledger.clipped = {attempt.members[i]: round(norm, 6) for i, norm in clipped.items()}
+        total = reduce_gradients(shares)
         loss = sum(attempt.shares[m][1] for m in attempt.members)
         attempt.check()
         norm = await asyncio.to_thread(self.replica.apply, total)

@@ -16,7 +16,8 @@ from gossamer.protocols.core.settings import check, setting
 class ContextSettings:
     """Everything a cp-shard needs from the manifest. Its data and batch fields are its own, not a
     ``TextRun``: every shard trains on the same sequences (no shards of the text), and the shares
-    it sums are parts of one gradient (no norm bound on a peer's update)."""
+    it sums are parts of one gradient (no absolute norm bound on a peer's update: ``share_clip`` is
+    relative to the other shares)."""
 
     model: ModelConfig = setting(table="model", key="*", default_factory=ModelConfig,
                                  doc="the byte LM; dropout must be 0 (ring members recompute attention blocks)")
@@ -36,6 +37,10 @@ class ContextSettings:
     lr: float = setting(3e-3, table="hyper", above=0.0, doc="AdamW learning rate")
     weight_decay: float = setting(0.0, table="hyper", low=0.0, doc="AdamW decoupled weight decay")
     grad_clip: float = setting(1.0, table="hyper", above=0.0, doc="largest global norm of the summed gradient")
+    share_clip: float = setting(1.0, table="hyper", low=0.0,
+                                doc="the leader scales each member's gradient share down to this many times the "
+                                    "median share norm before summing (0: the exact sum, trusting every member): a "
+                                    "Byzantine shard then weighs at most this many honest shards; 0 or >= 1")
     seed: int = setting(0, table="hyper", low=0, doc="the model's initialisation and every step's batch")
     step_timeout_s: float = setting(30.0, table="hyper", above=0.0,
                                     doc="deadline of one step, from its plan to its update: a shard that dies makes "
@@ -46,6 +51,9 @@ class ContextSettings:
 
     def __post_init__(self) -> None:
         check(self)
+        if 0.0 < self.share_clip < 1.0:
+            raise InvalidSetting(f"hyper.share_clip must be 0 (off) or at least 1 (a multiple of the median share "
+                                 f"norm; under 1 every step shrinks), got {self.share_clip}")
         if self.model.dropout:
             raise InvalidSetting(f"model.dropout must be 0 for context parallelism (ring members recompute "
                                  f"attention blocks in the backward), got {self.model.dropout}")

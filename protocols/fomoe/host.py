@@ -35,6 +35,7 @@ from gossamer.protocols.fomoe.core import (
     FomoeReplica,
     FomoeUpdate,
     MixedRound,
+    PairLimits,
     Placement,
     StepReport,
     addressed_to,
@@ -96,6 +97,7 @@ class ExpertHostRole(ProtocolRole[FomoeSettings]):
                                          max_body_bytes=min(ctx.http_config.max_body_bytes,
                                                             self.shape.max_message_bytes))
         self.dense_aggregator, self.expert_aggregator = s.aggregators()
+        self.pair_limits: PairLimits | None = s.pair_limits()  # an update claiming more pairs than a host can run is refused
         self.inbox: Inbox[Any] = Inbox()
         self.history: History[int, RoundLedger] = History()
         self.checkpoints = Checkpoints(ctx.config.checkpoint_dir, run_id=ctx.manifest.run_id, format="gossamer/fomoe")
@@ -447,7 +449,7 @@ class ExpertHostRole(ProtocolRole[FomoeSettings]):
         """The members' updates that came in time and fit the placement (the rest noted as refused)."""
         valid = {}
         for sender, update in (await self._collect(UPDATE, t, others, self.settings.update_deadline_s)).items():
-            problem = update_problem(update, placement, self.replica.layout)
+            problem = update_problem(update, placement, self.replica.layout, self.pair_limits)
             if problem is None:
                 valid[sender] = update
             else:
@@ -472,7 +474,7 @@ class ExpertHostRole(ProtocolRole[FomoeSettings]):
         try:
             mixed: MixedRound = mix(updates, placement, self.replica.layout, experts=self.replica.resident,
                                     failures=failures, dense_aggregator=self.dense_aggregator,
-                                    expert_aggregator=self.expert_aggregator)
+                                    expert_aggregator=self.expert_aggregator, limits=self.pair_limits)
         except (NotEnoughUpdates, InvalidSetting) as exc:
             self._skip_round()
             return f"round skipped: {exc}"

@@ -13,7 +13,7 @@ from gossamer.protocols.core.settings import check, setting
 from gossamer.protocols.core.text_data import TextRun
 from gossamer.protocols.diloco.core.replica import DilocoConfig
 from gossamer.protocols.fomoe.core import FomoeConfig, MoEConfig
-from gossamer.protocols.fomoe.core.sync import Aggregator
+from gossamer.protocols.fomoe.core.sync import Aggregator, PairLimits, clip_to_median_norm
 
 TOKEN_WEIGHTED = "token_weighted_mean"
 
@@ -28,12 +28,19 @@ class FomoeSettings:
                                    doc="the DiLoCo inner and outer steps of every round")
     fomoe: FomoeConfig = setting(table="hyper.fomoe", key="*", default_factory=FomoeConfig,
                                  doc="replication, the load-balancing weight, skip renormalisation")
-    dense_aggregator: str = setting("mean", table="hyper.aggregator", key="dense", choices=tuple(robust.AGGREGATORS),
-                                    doc="the rule over every member's dense pseudo-gradient")
-    expert_aggregator: str = setting(TOKEN_WEIGHTED, table="hyper.aggregator", key="expert",
+    dense_aggregator: str = setting(robust.DEFAULT, table="hyper.aggregator", key="dense",
+                                    choices=tuple(robust.AGGREGATORS),
+                                    doc="the rule over every member's dense pseudo-gradient (mean: trusts every "
+                                        "member, an allowlist run's choice)")
+    expert_aggregator: str = setting(robust.DEFAULT, table="hyper.aggregator", key="expert",
                                      choices=(TOKEN_WEIGHTED, *robust.AGGREGATORS),
-                                     doc="the rule over one expert's holders: their mean weighted by the pairs each "
-                                         "ran, or a robust aggregator (which needs r >= 2f + 1)")
+                                     doc="the rule over one expert's holders: a robust aggregator (with r = 2 the "
+                                         "geometric median is their mean), or token_weighted_mean, their mean "
+                                         "weighted by the pairs each claims (trusts every holder)")
+    clip: bool = setting(True, table="hyper.aggregator", key="clip",
+                         doc="scale each contribution down to the lower median of the contributions' norms before "
+                             "either rule: a Byzantine holder of an expert moves it at most as far as the other "
+                             "holder's own update would")
     aggregator_params: dict[str, Any] = setting(table="hyper.aggregator", rest=True, default_factory=dict,
                                                 doc="the aggregators' parameters (f, tau, ...), given to both")
     text: TextRun = setting(spread=True, default_factory=lambda: TextRun(
@@ -63,4 +70,11 @@ class FomoeSettings:
                 expert = robust.build_aggregator(self.expert_aggregator, max_norm=max_norm, **params)
         except InvalidSetting as exc:
             raise InvalidSetting(f"hyper.aggregator: {exc}") from exc
+        if self.clip:
+            return clip_to_median_norm(dense), clip_to_median_norm(expert)
         return dense, expert
+
+    def pair_limits(self) -> PairLimits:
+        """The most pairs an honest host reports for a round; an update claiming more is refused."""
+        return PairLimits.of(batch_size=self.text.batch_size, context=self.model.context,
+                             inner_steps=self.diloco.inner_steps, top_k=self.model.top_k)

@@ -2,7 +2,7 @@
 ``errors`` ContextError > InvalidRing, MessageRefused > BasisMismatch; ``config`` ``SubspaceConfig``; ``subspace``
 ``SubspaceAttention`` and the Stiefel helpers; ``model`` ``build_context_model``, ``coding_of``; ``blockwise`` one
 attention block and the online-softmax merge; ``wire`` coefficient messages and their checks; ``member``
-``RingMember``, ``reduce_gradients``, ``apply_update``; ``ring`` ``split_chunks``, ``run_ring`` (one process).
+``RingMember``, ``clip_shares``, ``reduce_gradients``, ``apply_update``; ``ring`` ``split_chunks``, ``run_ring`` (one process).
 """
 
 from gossamer.protocols.context.core.config import SubspaceConfig
@@ -11,8 +11,10 @@ from gossamer.protocols.context.core.member import (
     Outgoing,
     RingMember,
     apply_update,
+    clip_shares,
     reduce_gradients,
     ring_spec,
+    share_norm,
 )
 from gossamer.protocols.context.core.model import build_context_model, coding_of, subspace_of
 from gossamer.protocols.context.core.ring import RingTrace, Sent, run_ring, split_chunks
@@ -58,6 +60,7 @@ __all__ = [
     "basis_hash",
     "build_context_model",
     "check_message",
+    "clip_shares",
     "coding_of",
     "decode_message",
     "encode_message",
@@ -71,6 +74,7 @@ __all__ = [
     "ring_spec",
     "run_ring",
     "sequence_payload_bytes",
+    "share_norm",
     "split_chunks",
     "subspace_of",
 ]

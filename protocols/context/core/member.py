@@ -1,6 +1,7 @@
 """One ring member's training step as a sans-I/O state machine (``RingMember``: messages in,
 messages out), what a step's messages must look like (``ring_spec``), the sum of the members'
-gradient shares (``reduce_gradients``) and the one place the model changes (``apply_update``).
+gradient shares (``reduce_gradients``, each first bounded by ``clip_shares``) and the one place
+the model changes (``apply_update``).
 """
 
 from __future__ import annotations
@@ -304,6 +305,26 @@ def reduce_gradients(members: list[dict[str, Tensor]]) -> dict[str, Tensor]:
                                   f"{tuple(total[name].shape)}")
             total[name] += grad
     return total
+
+
+def share_norm(share: dict[str, Tensor]) -> float:
+    """The global L2 norm of one member's gradient share (float64)."""
+    return float(torch.sqrt(sum((g.detach().to(torch.float64) ** 2).sum() for g in share.values())))
+
+
+def clip_shares(members: list[dict[str, Tensor]], factor: float) -> tuple[list[dict[str, Tensor]], dict[int, float]]:
+    """Each member's share scaled down to ``factor`` x the lower median of the shares' norms (0:
+    none touched), and {index: norm before} of those scaled. A member that sends a large share (a
+    Byzantine one, or a sign-flipped x20) then moves the step at most ``factor`` x as far as a
+    typical honest share does: fewer than half the members can neither raise the median nor, with
+    factor 1, outweigh the honest ones. Shares at or under the bound are passed on untouched."""
+    if not factor or len(members) < 2:
+        return members, {}
+    norms = [share_norm(share) for share in members]
+    bound = factor * sorted(norms)[(len(norms) - 1) // 2]
+    clipped = {i: norm for i, norm in enumerate(norms) if norm > bound}
+    return [{name: g * (bound / norms[i]) for name, g in share.items()} if i in clipped else share
+            for i, share in enumerate(members)], clipped
 
 
 def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer, grads: dict[str, Tensor], *,

@@ -1,6 +1,6 @@
-"""Several FoMoE peers in one process, exactly as the network runs them: ``simulate_round`` (each
-peer's inner phase, then its own ``mix_round`` and outer step) and ``global_parameters`` (the
-swarm's model). For tests and experiments.
+"""Several FoMoE peers in one process, as the network runs them: ``simulate_round`` (each peer's
+inner phase, then its own ``mix_round`` and outer step; the method's plain rules, every peer
+honest, unless given the network's ``robust_default``) and ``global_parameters`` (the swarm's model).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from gossamer.protocols.fomoe.core.placement import Placement
 from gossamer.protocols.fomoe.core.replica import FomoeReplica, StepReport
 from gossamer.protocols.fomoe.core.sync import (
     Aggregator,
+    PairLimits,
     mix_round,
     plain_mean,
     token_weighted_mean,
@@ -40,8 +41,8 @@ class RoundReport:
 
 
 def simulate_round(replicas: Sequence[FomoeReplica], placement: Placement, batch_fn: BatchFn, *,
-                   dense_aggregator: Aggregator = plain_mean,
-                   expert_aggregator: Aggregator = token_weighted_mean) -> RoundReport:
+                   dense_aggregator: Aggregator = plain_mean, expert_aggregator: Aggregator = token_weighted_mean,
+                   limits: PairLimits | None = None) -> RoundReport:
     for replica in replicas:
         if tuple(sorted(replica.resident)) != placement.resident(replica.sender):
             raise ProtocolError(f"replica {replica.sender} holds {sorted(replica.resident)}, the placement "
@@ -56,7 +57,7 @@ def simulate_round(replicas: Sequence[FomoeReplica], placement: Placement, batch
     down, idle = 0, set()
     for replica in replicas:
         mixed = mix_round(updates, placement, replica.layout, experts=replica.resident,
-                          dense_aggregator=dense_aggregator, expert_aggregator=expert_aggregator)
+                          dense_aggregator=dense_aggregator, expert_aggregator=expert_aggregator, limits=limits)
         replica.finish_round(mixed)
         down += update_bytes(mixed.dense) + sum(update_bytes(p) for p in mixed.experts.values())
         idle.update(mixed.idle)

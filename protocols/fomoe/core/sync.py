@@ -1,20 +1,23 @@
 """A round's synchronisation as pure functions over the updates that arrived: ``mix_round`` (the
-dense part over every peer, each unit over its holders weighted by the pairs each ran, idle units
-kept), ``addressed_to`` and ``update_problem`` (what a recipient needs, what it refuses), and the
-exact bytes a round moves (``sync_bytes``, ``all_to_all_bytes``).
+dense part over every peer, each unit over its holders, idle units kept) through the robust
+default rules (``clip_to_median_norm``) or the plain ones, ``addressed_to`` and ``update_problem``
+(what a recipient needs, what it refuses: ``PairLimits``), and the bytes a round moves.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from gossamer.protocols.core import robust
-from gossamer.protocols.core.errors import NotEnoughUpdates
+from gossamer.protocols.core.errors import InvalidSetting, NotEnoughUpdates
 from gossamer.protocols.core.robust import AggregateResult, Contribution, Failure
+from gossamer.protocols.core.robust.base import majority_numel, screen
 from gossamer.protocols.diloco.core.replica import Params
 from gossamer.protocols.fomoe.core.layout import ParamLayout
 from gossamer.protocols.fomoe.core.model import ExpertKey
@@ -23,9 +26,70 @@ from gossamer.protocols.fomoe.core.placement import Placement
 Aggregator = Callable[[Sequence[Contribution], Sequence[Failure]], AggregateResult]
 
 plain_mean: Aggregator = robust.mean
-"""The dense default: DiLoCo's unweighted mean over every peer."""
+"""DiLoCo's unweighted mean over every peer (trusts every member: an allowlist run's choice)."""
 token_weighted_mean: Aggregator = functools.partial(robust.mean, trust_weights=True)
-"""The per-expert default: the holders' mean weighted by the pairs each ran."""
+"""The holders' mean weighted by the pairs each claims to have run (trusts every holder)."""
+
+
+def median_norm(contributions: Sequence[Contribution]) -> float | None:
+    """The lower median of the finite L2 norms of the well-formed ``contributions`` (the smaller of
+    two, the middle of three), or None when fewer than two have one. Fewer than half of the
+    contributions can pull it below the honest ones' norms, and none can raise it above them."""
+    return _lower_median(list(_norms(contributions).values()))
+
+
+def _norms(contributions: Sequence[Contribution]) -> dict[int, float]:
+    """Index -> finite L2 norm (float64) of each well-formed contribution (``robust``'s screen)."""
+    try:
+        kept, _ = screen(contributions, expected_numel=majority_numel(contributions))
+    except (NotEnoughUpdates, InvalidSetting):
+        return {}
+    wanted = {id(c) for c in kept}
+    norms = {i: float(torch.linalg.vector_norm(c.vector, dtype=torch.float64))
+             for i, c in enumerate(contributions) if id(c) in wanted}
+    return {i: norm for i, norm in norms.items() if math.isfinite(norm)}
+
+
+def _lower_median(values: list[float]) -> float | None:
+    return sorted(values)[(len(values) - 1) // 2] if len(values) >= 2 else None
+
+
+def clip_to_median_norm(aggregator: Aggregator) -> Aggregator:
+    """``aggregator`` over the contributions each scaled down to ``median_norm`` of them (claimed
+    weights, and contributions that are malformed or not finite, passed on untouched: the rule
+    refuses those). Whoever stands alone (two holders of an expert: neither outvotes the other)
+    then moves the aggregate at most as far as the smaller honest update would, whatever it sends;
+    a rule with a majority (the geometric median over three or more) also bounds its direction."""
+
+    def clipped(arrived: Sequence[Contribution], failures: Sequence[Failure] = (), **params: Any) -> AggregateResult:
+        norms = _norms(arrived)
+        radius = _lower_median(list(norms.values()))
+        if radius is None:
+            return aggregator(arrived, failures, **params)
+        scaled = [Contribution(c.sender, c.vector * (radius / norms[i]), c.weight)
+                  if norms.get(i, 0.0) > radius else c for i, c in enumerate(arrived)]
+        return aggregator(scaled, failures, **params)
+
+    return clipped
+
+
+robust_default: Aggregator = clip_to_median_norm(robust.geometric_median)
+"""The default rule for the dense part and every expert: each contribution clipped to the median
+norm, then the geometric median (with two holders, their mean)."""
+
+
+@dataclass(frozen=True)
+class PairLimits:
+    """The most (token, expert) pairs an honest host runs in one round: every token of its H
+    batches once per unit, top_k per token and block. Larger counts are refused whole."""
+
+    per_unit: int
+    per_block: int
+
+    @classmethod
+    def of(cls, *, batch_size: int, context: int, inner_steps: int, top_k: int) -> PairLimits:
+        per_unit = batch_size * context * inner_steps
+        return cls(per_unit, per_unit * top_k)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,14 +128,15 @@ class MixedRound:
 
 def mix_round(updates: Sequence[FomoeUpdate], placement: Placement, layout: ParamLayout, *,
               experts: Collection[int] | None = None, failures: Sequence[Failure] = (),
-              dense_aggregator: Aggregator = plain_mean,
-              expert_aggregator: Aggregator = token_weighted_mean) -> MixedRound:
+              dense_aggregator: Aggregator = robust_default, expert_aggregator: Aggregator = robust_default,
+              limits: PairLimits | None = None) -> MixedRound:
     """Aggregate the dense part over every update and each unit of ``experts`` (default: all)
-    over its holders' updates. ``failures`` are the peers whose update did not arrive.
+    over its holders' updates. ``failures`` are the peers whose update did not arrive; an update
+    claiming more pairs than ``limits`` is refused whole.
 
     Raises ``NotEnoughUpdates`` when no usable dense contribution is left (the round fails).
     """
-    valid, rejected = _screen(updates, placement, layout)
+    valid, rejected = _screen(updates, placement, layout, limits)
     missing = [*failures, *rejected]
     dense_in = [Contribution(u.sender, robust.flatten({n: u.delta[n] for n in layout.dense})) for u in valid]
     if not dense_in:
@@ -117,12 +182,12 @@ def _unit_contributions(key: ExpertKey, valid: Sequence[FomoeUpdate], placement:
     return arrived, skipped
 
 
-def _screen(updates: Sequence[FomoeUpdate], placement: Placement,
-            layout: ParamLayout) -> tuple[list[FomoeUpdate], list[Failure]]:
+def _screen(updates: Sequence[FomoeUpdate], placement: Placement, layout: ParamLayout,
+            limits: PairLimits | None) -> tuple[list[FomoeUpdate], list[Failure]]:
     """Updates whose sender, names, shapes and counts fit the placement; the rest with a reason."""
     valid, rejected = [], []
     for update in sorted(updates, key=lambda u: u.sender):
-        problem = _problem(update, placement, layout)
+        problem = _problem(update, placement, layout, limits)
         if problem is None:
             valid.append(update)
         else:
@@ -130,13 +195,14 @@ def _screen(updates: Sequence[FomoeUpdate], placement: Placement,
     return valid, rejected
 
 
-def update_problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> str | None:
-    """Why ``mix_round`` would refuse ``update`` whole under ``placement`` (None: it would not):
-    a network peer checks each update when it arrives, before it says the update counts."""
-    return _problem(update, placement, layout)
+def update_problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout,
+                   limits: PairLimits | None = None) -> str | None:
+    """Why ``mix_round`` would refuse ``update`` whole under ``placement`` and ``limits`` (None:
+    it would not): a network peer checks each update when it arrives, before it says it counts."""
+    return _problem(update, placement, layout, limits)
 
 
-def _problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> str | None:
+def _problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout, limits: PairLimits | None) -> str | None:
     if update.sender not in placement.peers:
         return "sender is not in the placement"
     resident = placement.resident(update.sender)
@@ -165,6 +231,13 @@ def _problem(update: FomoeUpdate, placement: Placement, layout: ParamLayout) -> 
     held[list(resident)] = True
     if bool(tokens[:, ~held].any()):
         return "tokens: counts for experts the sender does not hold"
+    if limits is not None:
+        if int(tokens.max()) > limits.per_unit:
+            return (f"tokens: {int(tokens.max())} pairs claimed for one expert, more than the {limits.per_unit} "
+                    f"tokens of a round (batch_size x context x inner_steps)")
+        if int(tokens.sum(dim=1).max()) > limits.per_block:
+            return (f"tokens: {int(tokens.sum(dim=1).max())} pairs claimed in one block, more than the "
+                    f"{limits.per_block} a round routes (batch_size x context x inner_steps x top_k)")
     return None
 
 

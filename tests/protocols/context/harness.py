@@ -13,6 +13,7 @@ from gossamer.protocols.context.core import (
     RingMember,
     apply_update,
     build_context_model,
+    clip_shares,
     reduce_gradients,
     run_ring,
 )
@@ -51,7 +52,8 @@ async def drain(roles: list[CpShardRole], timeout_s: float = 120.0) -> None:
 
 
 def reference(settings: ContextSettings, *, chunks: int, steps: int) -> torch.nn.Module:
-    """The same steps in one process: ``run_ring`` over every member, summed, one update."""
+    """The same steps in one process: ``run_ring`` over every member, each share clipped as the
+    leader clips it (``hyper.share_clip``), summed, one update."""
     data = RingData.load(settings.data_source, heldout_fraction=settings.heldout_fraction)
     model = build_context_model(settings.model, settings.subspace, seed=settings.seed)
     optimizer = build_optimizer(model, settings)
@@ -62,6 +64,7 @@ def reference(settings: ContextSettings, *, chunks: int, steps: int) -> torch.nn
                                          chunk_tokens=settings.chunk_tokens, index=index)
             members.append(RingMember(model, index=index, chunks=chunks, step=step, tokens=tokens, targets=targets))
         run_ring(members)
-        grads = reduce_gradients([{n: g.cpu() for n, g in m.gradients().items()} for m in members])
+        shares, _ = clip_shares([{n: g.cpu() for n, g in m.gradients().items()} for m in members], settings.share_clip)
+        grads = reduce_gradients(shares)
         apply_update(model, optimizer, grads, grad_clip=settings.grad_clip)
     return model

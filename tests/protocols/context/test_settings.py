@@ -36,6 +36,8 @@ def test_defaults_and_manifest_values() -> None:
     ({"model": {"subspace": {"rank": 0}}}, r"model\.subspace\.rank must be >= 1, got 0"),
     ({"model": {"subspace": {"rank": 64}}}, r"model\.subspace: rank: 64 exceeds d_head"),
     ({"hyper": {"min_shards": 5}}, r"hyper\.min_shards x hyper\.chunk_tokens = 5 x 32 tokens exceeds model\.context"),
+    ({"hyper": {"share_clip": 0.5}}, r"hyper\.share_clip must be 0 \(off\) or at least 1"),
+    ({"hyper": {"share_clip": -1}}, r"hyper\.share_clip must be >= 0"),
 ])
 def test_bad_values_are_refused_naming_the_field(tables: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -13,6 +13,7 @@ from gossamer.protocols.context.core import (
     Outgoing,
     RingMember,
     SubspaceConfig,
+    clip_shares,
     forward_to,
     reduce_gradients,
     run_ring,
@@ -141,3 +142,17 @@ def test_a_ring_missing_a_member_says_who_waits_for_what() -> None:
     while lone.step() is not None:
         pass
     assert lone.waiting_for == ("kv", 0, 0, None)
+
+
+def test_clip_shares_scales_only_the_shares_above_factor_times_the_lower_median_norm() -> None:
+    shares = [{"w": torch.tensor([3.0, 4.0])}, {"w": torch.tensor([0.0, 1.0])}, {"w": torch.tensor([-60.0, 80.0])}]
+
+    clipped, scaled = clip_shares(shares, 1.0)
+
+    assert scaled == {2: 100.0}  # the lower median of 5, 1 and 100 is 5
+    assert clipped[0] is shares[0] and clipped[1] is shares[1]  # untouched: the sum stays bitwise exact
+    torch.testing.assert_close(clipped[2]["w"], torch.tensor([-3.0, 4.0]))
+    assert clip_shares(shares, 0.0) == (shares, {}) and clip_shares(shares[:1], 1.0) == (shares[:1], {})
+    assert clip_shares(shares, 20.0)[1] == {}
+    _, two = clip_shares(shares[1:], 1.0)  # two members: the smaller norm is the bound
+    assert two == {1: 100.0}

@@ -7,17 +7,24 @@ import pytest
 import torch
 
 from gossamer.protocols.core.errors import NotEnoughUpdates
-from gossamer.protocols.core.robust import Failure, build_aggregator
+from gossamer.protocols.core.robust import Contribution, Failure, build_aggregator
 from gossamer.protocols.fomoe.core import (
     FomoeUpdate,
+    PairLimits,
     ParamLayout,
     Placement,
     addressed_to,
     build_moe_model,
+    clip_to_median_norm,
     expert_of,
+    median_norm,
     mix_round,
     place_experts,
+    plain_mean,
+    robust_default,
     sync_bytes,
+    token_weighted_mean,
+    update_problem,
 )
 from tests.protocols.fomoe.core.conftest import TINY
 
@@ -56,7 +63,7 @@ def test_each_expert_is_the_token_weighted_average_over_its_holders_only(replica
     placement = place_experts(PEERS, n_experts=4, replication=replication, round=0)
     updates = synthetic_updates(placement, seed=replication)
 
-    mixed = mix_round(updates, placement, LAYOUT)
+    mixed = mix_round(updates, placement, LAYOUT, dense_aggregator=plain_mean, expert_aggregator=token_weighted_mean)
 
     assert mixed.idle == () and mixed.rejected == ()
     for name in LAYOUT.dense:
@@ -114,6 +121,71 @@ def test_robust_aggregators_serve_the_dense_part_and_each_expert_among_its_holde
     for (block, expert), got in mixed.experts.items():
         for name in LAYOUT.units[(block, expert)]:
             assert within_honest_range(got[name], name, placement.holders[expert]), (block, expert, name)
+
+
+def _norm(params: dict, names) -> float:
+    return float(torch.cat([params[n].flatten() for n in names]).norm())
+
+
+def test_the_default_rules_bound_a_sign_flipped_x20_holder_that_claims_many_pairs() -> None:
+    """Issue 30's attack in one mix: the plain rules let it move the dense part and its experts by
+    x20 its own update; the default ones no further than an honest update of the same round."""
+    placement = place_experts(PEERS, n_experts=4, replication=2, round=0)
+    updates = synthetic_updates(placement, seed=5)
+    attacker, honest = updates[0], updates[1:]
+    claims = attacker.tokens.clone()
+    claims[:, list(placement.resident(attacker.sender))] = 10_000
+    flipped = FomoeUpdate(attacker.sender, {n: -20 * t for n, t in attacker.delta.items()}, claims)
+
+    plain = mix_round([flipped, *honest], placement, LAYOUT, dense_aggregator=plain_mean,
+                      expert_aggregator=token_weighted_mean)
+    robust = mix_round([flipped, *honest], placement, LAYOUT)
+
+    honest_dense = max(_norm(u.delta, LAYOUT.dense) for u in honest)
+    assert _norm(plain.dense, LAYOUT.dense) > 3 * honest_dense
+    assert _norm(robust.dense, LAYOUT.dense) <= honest_dense * (1 + 1e-5)
+    attacked = LAYOUT.units_of(placement.resident(attacker.sender))
+    for key in attacked:
+        names = LAYOUT.units[key]
+        other = next(u for u in honest if u.sender in placement.holders[key[1]])
+        assert _norm(plain.experts[key], names) > 10 * _norm(other.delta, names)
+        assert _norm(robust.experts[key], names) <= _norm(other.delta, names) * (1 + 1e-5)
+        assert robust.expert_results[key].used == tuple(sorted(placement.holders[key[1]]))
+
+
+def test_clipping_scales_only_the_norms_above_the_lower_median_and_ignores_claimed_weights() -> None:
+    vectors = [torch.tensor([3.0, 4.0]), torch.tensor([0.0, 1.0]), torch.tensor([60.0, -80.0])]
+    contributions = [Contribution(f"p{i}", v, weight=10.0 ** i) for i, v in enumerate(vectors)]
+    assert median_norm(contributions) == 5.0
+    assert median_norm(contributions[:2]) == 1.0 and median_norm(contributions[:1]) is None
+
+    result = clip_to_median_norm(plain_mean)(contributions, ())
+
+    torch.testing.assert_close(result.value, (vectors[0] + vectors[1] + vectors[2] / 20) / 3)
+    assert robust_default(contributions[:1], ()).value.equal(vectors[0])
+
+
+def test_pair_counts_above_what_a_round_can_hold_are_refused_whole() -> None:
+    placement = place_experts(PEERS, n_experts=4, replication=3, round=0)
+    limits = PairLimits.of(batch_size=2, context=4, inner_steps=3, top_k=2)
+    assert (limits.per_unit, limits.per_block) == (24, 48)
+    update = synthetic_updates(placement, seed=6)[0]
+    held = list(placement.resident(update.sender))
+    assert len(held) == 3
+
+    def claiming(*counts: int) -> FomoeUpdate:
+        tokens = torch.zeros_like(update.tokens)
+        tokens[:, held] = torch.tensor(counts)
+        return FomoeUpdate(update.sender, update.delta, tokens)
+
+    assert update_problem(claiming(24, 24, 0), placement, LAYOUT, limits) is None
+    assert "24 tokens of a round" in (update_problem(claiming(25, 0, 0), placement, LAYOUT, limits) or "")
+    assert "48 a round routes" in (update_problem(claiming(24, 24, 1), placement, LAYOUT, limits) or "")
+    assert update_problem(claiming(10**9, 0, 0), placement, LAYOUT) is None  # no limits: any count passes
+    others = [FomoeUpdate(u.sender, u.delta, u.tokens.clamp(max=16)) for u in synthetic_updates(placement, seed=6)[1:]]
+    mixed = mix_round([claiming(25, 0, 0), *others], placement, LAYOUT, limits=limits)
+    assert [f.sender for f in mixed.rejected] == [update.sender]
+    assert mixed.dense_result.used == tuple(u.sender for u in others)
 
 
 def test_updates_that_do_not_fit_the_placement_are_refused_whole() -> None:
