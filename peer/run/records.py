@@ -68,6 +68,14 @@ def seal_record(identity: Identity, record: PeerRecord) -> bytes:
 
 def open_record(blob: bytes, *, subkey: str, now: float, ttl_s: float) -> PeerRecord:
     """Verify and decode a record found under ``subkey``; raise RecordRejected with the reason."""
+    record = read_record(blob, subkey=subkey)
+    check_record_time(record, now=now, ttl_s=ttl_s)
+    return record
+
+
+def read_record(blob: bytes, *, subkey: str) -> PeerRecord:
+    """What ``open_record`` checks that does not depend on the time: signature, identity, subkey,
+    fields, addresses (the DHT's key rule refuses the rest before it stores or believes one)."""
     try:
         body, public_key = open_signed(blob, max_bytes=MAX_RECORD_BYTES)
     except VerificationError as exc:
@@ -80,11 +88,15 @@ def open_record(blob: bytes, *, subkey: str, now: float, ttl_s: float) -> PeerRe
     for addr in (record.http_addr, record.tcp_addr, record.relay):
         if problem := unusable_address(addr):
             raise RecordRejected(f"record of {record.peer_id[:12]}: {problem}", reason="address")
+    return record
+
+
+def check_record_time(record: PeerRecord, *, now: float, ttl_s: float) -> None:
+    """RecordRejected when ``record`` expired (older than ``ttl_s``) or is dated in the future."""
     if now - record.timestamp > ttl_s:
         raise RecordRejected(f"record of {record.peer_id[:12]} expired {now - record.timestamp - ttl_s:.1f}s ago", reason="expired")
     if record.timestamp - now > MAX_CLOCK_SKEW_S:
         raise RecordRejected(f"record of {record.peer_id[:12]} is dated {record.timestamp - now:.1f}s in the future", reason="future")
-    return record
 
 
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {

@@ -1,7 +1,8 @@
 """Every DHT attack of issue 10 at once (``Attacker.cycle``) in windows alternating with clean ones
-against a live DiLoCo run, then a learner joining under attack; ``--source DIR``: the "before" daemons::
+against a live DiLoCo run, then a learner joining under attack; ``--flood``: issue 30's storage floods
+instead (``flood_scenario``: daemons' RSS and live peers). ``--source DIR``: the "before" daemons::
 
-    nice -n 10 .venv/bin/python scripts/chaos/dht_attacks.py [--pairs 3] [--window_s 20] [--source DIR] [--label after]"""
+    nice -n 10 .venv/bin/python scripts/chaos/dht_attacks.py [--flood] [--source DIR] [--label after]"""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from gossamer.crypto.identity import Identity
 from gossamer.peer.run.keys import manifest_key, peers_key
-from gossamer.peer.run.records import PeerRecord, seal_record
+from gossamer.peer.run.records import MAX_RECORD_BYTES, PeerRecord, seal_record
 from gossamer.transport.dht import KEY_PREFIX
 from gossamer.transport.dht.entries import seal_entry
-from gossamer_harness.localproc import LOOPBACK, GossamerProcess
+from gossamer_harness.localproc import LOOPBACK, GossamerProcess, rss_bytes
 from gossamer_harness.report import machine, write_result
 
 RESULTS = Path(__file__).parent / "results"
@@ -259,6 +260,126 @@ async def scenario(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             proc.stop()
 
 
+FLOOD_LIFETIME_S = 1800.0
+FLOOD_BATCH = 40  # entries per store_many: one hivemind message stays under its 4 MiB cap
+
+
+def rss_mb(proc: GossamerProcess) -> float:
+    """A daemon's resident memory with its children (hivemind's p2pd), in MB."""
+    return round(sum(rss_bytes(pid) for pid in (proc.proc.pid, *proc.children())) / 1e6, 1)
+
+
+def padded_record(identity: Identity, now: float, size: int) -> bytes:
+    """A valid signed peer record of ``identity`` of about ``size`` bytes (padding in ``capacity``)."""
+    def sealed(pad: int) -> bytes:
+        return seal_record(identity, PeerRecord(
+            peer_id=identity.peer_id, public_key=identity.public_key, name="sybil", http_addr="", tcp_addr="",
+            roles=("learner",), version="x", round=0, timestamp=now, capacity={"pad": "x" * pad}))
+    return sealed(max(0, size - len(sealed(0))))
+
+
+async def flood(node: DHTNode, entries: list[tuple[Identity, str, bytes]]) -> dict[str, int]:
+    """Store each (signer, full key, payload) as a validly signed entry living FLOOD_LIFETIME_S."""
+    outcome = {"accepted": 0, "refused": 0}
+    for start in range(0, len(entries), FLOOD_BATCH):
+        batch, now = entries[start:start + FLOOD_BATCH], get_dht_time()
+        values = [seal_entry(signer, key=key, payload=payload, signed_at=now, expires_at=now + FLOOD_LIFETIME_S)
+                  for signer, key, payload in batch]
+        done = await node.store_many([key for _, key, _ in batch], values, [now + FLOOD_LIFETIME_S] * len(batch),
+                                     subkeys=[signer.peer_id for signer, _, _ in batch])
+        accepted = sum(1 for ok in done.values() if ok)
+        outcome["accepted"] += accepted
+        outcome["refused"] += len(done) - accepted
+    return outcome
+
+
+def flood_doses(run_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Issue 30's doses, each from ``args.dose`` fresh identities: ``made_up_keys`` (random payloads of
+    ``args.entry_kb`` KB under made-up keys ``run/<name>@<16 hex>/peers``), ``made_up_keys_records``
+    (valid records just under the 16 KiB cap there), ``junk_under_peers`` (signed junk under the run's peers key)."""
+    def made_up(index: int) -> str:
+        return KEY_PREFIX + f"run/flood-{index}@{os.urandom(8).hex()}/peers"
+
+    def identities() -> list[Identity]:
+        return [Identity.generate() for _ in range(args.dose)]
+
+    now = get_dht_time()
+    return {
+        "made_up_keys": lambda: [(who, made_up(i), os.urandom(args.entry_kb * 1000))
+                                 for i, who in enumerate(identities())],
+        "made_up_keys_records": lambda: [(who, made_up(i), padded_record(who, now, MAX_RECORD_BYTES - 256))
+                                         for i, who in enumerate(identities())],
+        "junk_under_peers": lambda: [(who, KEY_PREFIX + peers_key(run_id), os.urandom(512)) for who in identities()],
+    }
+
+
+async def flood_scenario(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """An orchestrator and two learners started through the CLI; each dose in turn from a plain
+    hivemind node, watched while it is stored and ``args.window_s`` after: every daemon's RSS, each
+    learner's fewest live peers, and rounds. A clean window comes first."""
+    (work / "run.toml").write_text(RUN)
+    orch = GossamerProcess(["orchestrator", "-c", str(work / "run.toml"), "--new_swarm", "--events", *LOOPBACK,
+                            "--identity_path", str(work / "owner.pem")], log_path=work / "orch.log")
+    procs: list[GossamerProcess] = [orch]
+    try:
+        ready = orch.wait_ready()
+        learners = [start_learner(work, ready, f"l{i}") for i in range(LEARNERS)]
+        procs += [proc for proc, _ in learners]
+        for proc, _ in learners:
+            proc.wait_ready()
+        daemons = {"orchestrator": orch, **{f"l{i}": proc for i, (proc, _) in enumerate(learners)}}
+        watch = Watch({f"l{i}": proc for i, (proc, _) in enumerate(learners)})
+        warm_end = time.monotonic() + args.warmup_s
+        while time.monotonic() < warm_end and min(len(r) for r in watch.rounds.values()) < 2:
+            await pump(watch, 1.0)
+
+        async def window(flooding: asyncio.Task[dict[str, int]] | None = None) -> dict[str, Any]:
+            """Watch while ``flooding`` runs, then ``args.window_s`` more."""
+            start, peak = time.monotonic(), {n: rss_mb(p) for n, p in daemons.items()}
+            quiet_from = None if flooding is not None else start
+            while quiet_from is None or time.monotonic() - quiet_from < args.window_s:
+                await pump(watch, 2.0)
+                peak = {n: max(peak[n], rss_mb(p)) for n, p in daemons.items()}
+                if quiet_from is None and flooding is not None and flooding.done():
+                    quiet_from = time.monotonic()
+            spans = [(start, time.monotonic())]
+            return {"flood_s": round(quiet_from - start, 1), "rss_mb_end": {n: rss_mb(p) for n, p in daemons.items()},
+                    "rss_mb_peak": peak, "alive": {n: p.proc.poll() is None for n, p in daemons.items()},
+                    "learners": {n: watch.windows(n, spans) for n in watch.procs}}
+
+        phases: dict[str, Any] = {"clean": await window()}
+        print(f"clean: {phases['clean']}", file=sys.stderr, flush=True)
+        node = await DHTNode.create(initial_peers=ready["maddrs"], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        try:
+            for dose, entries in flood_doses(ready["run_id"], args).items():
+                if dose not in args.doses:
+                    continue
+                flooding = asyncio.create_task(flood(node, entries()))
+                phases[dose] = await window(flooding)
+                phases[dose]["attacker_stores"] = flooding.result()
+                print(f"{dose}: {phases[dose]}", file=sys.stderr, flush=True)
+        finally:
+            await node.shutdown()
+        return {"phases": phases, "dose": args.dose, "entry_kb": args.entry_kb}
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def flood_table(result: dict[str, Any]) -> str:
+    rows = ["| phase | attacker stores accepted | orchestrator RSS MB (peak) | learner RSS MB (peak) "
+            "| fewest live peers (of 3) per learner | rounds per learner |", "|---|---|---|---|---|---|"]
+    for phase, row in result["phases"].items():
+        stores = row.get("attacker_stores", {})
+        learners = row["learners"]
+        rows.append(f"| {phase} | {stores.get('accepted', '-')}/{sum(stores.values()) or '-'} "
+                    f"| {row['rss_mb_peak']['orchestrator']} "
+                    f"| {', '.join(str(row['rss_mb_peak'][n]) for n in learners)} "
+                    f"| {', '.join(str(v['min_live_peers']) for v in learners.values())} "
+                    f"| {', '.join(str(v['rounds']) for v in learners.values())} |")
+    return "\n".join(rows) + "\n"
+
+
 def table(result: dict[str, Any]) -> str:
     rows = ["| window | learner | rounds/s | peers' parameters mixed per round | fewest live peers (of 3) "
             "| peer-table changes |", "|---|---|---|---|---|---|"]
@@ -286,12 +407,26 @@ def main() -> int:
     parser.add_argument("--join_timeout_s", type=float, default=90.0)
     parser.add_argument("--source", type=Path, help="run the daemons from this checkout (the attacker stays)")
     parser.add_argument("--label", default="after", help="name of the result file: dht_attacks_<label>.json")
+    parser.add_argument("--flood", action="store_true", help="issue 30's storage floods (result: "
+                        "dht_flood_<label>.json); --window_s is then the watch after each dose")
+    parser.add_argument("--dose", type=int, default=2000, help="--flood: entries (and fresh identities) per dose")
+    parser.add_argument("--entry_kb", type=int, default=60, help="--flood: payload of a made-up key's entry")
+    parser.add_argument("--doses", nargs="+", default=["made_up_keys", "made_up_keys_records", "junk_under_peers"],
+                        help="--flood: which doses, in this order")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="chaos-dht-") as tmp:
         work = Path(tmp)
         if args.source is not None:
             os.environ["PYTHONPATH"] = str(shim_for(args.source.resolve(), work))
         before = machine()
+        if args.flood:
+            result = asyncio.run(flood_scenario(work, args))
+            result.update(label=args.label, source=str(args.source or "this checkout"), window_s=args.window_s,
+                          command=" ".join(sys.argv))
+            result = write_result(RESULTS / f"dht_flood_{args.label}.json", result, before=before)
+            print(f"## DHT storage floods ({args.label}; load average {result['load_average_after'][0]:.1f})\n")
+            print(flood_table(result))
+            return 0
         result = asyncio.run(scenario(work, args))
     result.update(label=args.label, source=str(args.source or "this checkout"), window_s=args.window_s,
                   pairs=args.pairs, every_s=args.every_s, junk=args.junk, command=" ".join(sys.argv))

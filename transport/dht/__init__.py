@@ -7,6 +7,7 @@ subkey per writer, validated by every node (README.md, "DHT membership", has the
 - ``entries``     signed entries: ``seal_entry``, ``open_entry``, ``Entry``, ``EntryRefused``.
 - ``validation``  ``EntryValidator`` and ``KeyRule``: what every node stores and believes.
 - ``records``     reading entries out of hivemind's answers.
+- ``storage``     ``BoundedStorage`` and ``StorageLimits``: what a node keeps for others, within quotas.
 - ``rejoin``      ``Rejoiner``: a node that lost every peer bootstraps again before its next request.
 
 The public names are importable from this package."""
@@ -16,7 +17,8 @@ from gossamer.transport.dht.entries import Entry, EntryRefused
 from gossamer.transport.dht.membership import DhtMembership
 from gossamer.transport.dht.records import KEY_PREFIX
 from gossamer.transport.dht.startup import BootstrapFailed, DhtStartFailed
+from gossamer.transport.dht.storage import StorageLimits
 from gossamer.transport.dht.validation import KeyRule
 
 __all__ = ["KEY_PREFIX", "PEER_MADDR_FORM", "BootstrapFailed", "DhtConfig", "DhtMembership", "DhtStartFailed",
-           "Entry", "EntryRefused", "KeyRule"]
+           "Entry", "EntryRefused", "KeyRule", "StorageLimits"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.multiaddr.exceptions import Error as MultiaddrError
+
+from gossamer.transport.dht.storage import StorageLimits
 
 PEER_MADDR_FORM = "/ip4/HOST/tcp/PORT/p2p/PEERID"
 
@@ -29,6 +31,7 @@ class DhtConfig:
         max_lifetime_s: longest an entry may live (its signed expiration minus its signing time);
             the layer above caps its own keys tighter with key rules.
         max_clock_skew_s: how far in the future an entry may be signed (clocks differ).
+        storage: what this node stores for others, at most (``storage.StorageLimits``).
     """
 
     initial_peers: tuple[str, ...] = ()
@@ -41,6 +44,7 @@ class DhtConfig:
     max_value_bytes: int = 64 * 1024
     max_lifetime_s: float = 3600.0
     max_clock_skew_s: float = 30.0
+    storage: StorageLimits = field(default_factory=StorageLimits)
 
     def __post_init__(self) -> None:
         check_maddrs("initial_peers", self.initial_peers, PEER_MADDR_FORM)
@@ -66,6 +70,8 @@ class DhtConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
+        if not isinstance(self.storage, StorageLimits):
+            raise ValueError(f"storage: must be a StorageLimits, got {type(self.storage).__name__}")
 
 
 def check_maddrs(field: str, values: tuple[str, ...], form: str) -> None:

@@ -28,6 +28,7 @@ from gossamer.transport.dht.startup import (
     stop_node,
     stop_p2p,
 )
+from gossamer.transport.dht.storage import BoundedStorage
 from gossamer.transport.dht.validation import EntryValidator, KeyRule
 from gossamer.transport.errors import DecodeError, TransportError, TransportTimeout
 
@@ -38,13 +39,14 @@ class DhtMembership:
     """A hivemind DHT node in the current event loop, seen as keys of signed subkey -> bytes records."""
 
     def __init__(self, *, config: DhtConfig, p2p: P2P, node: DHTNode, validator: EntryValidator,
-                 visible_maddrs: list[str]) -> None:
+                 storage: BoundedStorage, visible_maddrs: list[str]) -> None:
         self._config = config
         self._rejoiner = Rejoiner(config.initial_peers, retry_s=config.request_timeout_s,
                                   timeout_s=config.request_timeout_s)
         self._p2p = p2p
         self._node = node
         self._validator = validator
+        self._storage = storage
         self._visible_maddrs = visible_maddrs
         self._close_task: asyncio.Task[None] | None = None
 
@@ -52,19 +54,21 @@ class DhtMembership:
     async def create(cls, config: DhtConfig, *, rules: Sequence[KeyRule] = (),
                      hivemind_log_level: int = logging.ERROR) -> DhtMembership:
         """Start p2pd and a DHT node, join ``initial_peers`` (or start a new swarm). The node stores
-        and believes only signed entries that pass ``rules`` as well (see ``validation``)."""
+        and believes only signed entries that pass ``rules`` as well (see ``validation``), and stores
+        for others within ``config.storage`` (see ``storage``)."""
         logging.getLogger("hivemind").setLevel(hivemind_log_level)
         check_ports_free(config.host_maddrs)
         validator = EntryValidator(max_payload_bytes=config.max_value_bytes, max_lifetime_s=config.max_lifetime_s,
                                    max_clock_skew_s=config.max_clock_skew_s, rules=rules, now=get_dht_time)
+        storage = BoundedStorage(config.storage, place=validator.place, now=get_dht_time)
         p2p = await start_p2p(config)
         try:
-            node = await start_node(config, p2p, validator)
+            node = await start_node(config, p2p, validator, storage)
             maddrs = [str(maddr) for maddr in await p2p.get_visible_maddrs()]
         except BaseException:
             await stop_p2p(p2p)
             raise
-        return cls(config=config, p2p=p2p, node=node, validator=validator, visible_maddrs=maddrs)
+        return cls(config=config, p2p=p2p, node=node, validator=validator, storage=storage, visible_maddrs=maddrs)
 
     def visible_maddrs(self) -> list[str]:
         """Full multiaddrs (with ``/p2p/<id>``) that others pass as ``--initial_peers``."""
@@ -81,8 +85,21 @@ class DhtMembership:
 
     @property
     def refused(self) -> Counter[str]:
-        """DHT records this node refused to store or believe, by reason (see ``EntryRefused``)."""
-        return self._validator.refused
+        """DHT records this node refused to store or believe, by reason: the validator's (see
+        ``EntryRefused``), the key rules' and the storage's quotas (``quota-signer``, ``quota-key``,
+        ``quota-strangers``, ``budget``, ``tombstone``; see ``storage``)."""
+        return self._validator.refused + self._storage.refused
+
+    @property
+    def evicted(self) -> Counter[str]:
+        """Entries this node stored for others and dropped before they expired, by reason (``budget``:
+        a stranger's entry made room for one of a run this node is part of)."""
+        return Counter(self._storage.evicted)
+
+    def storage_usage(self) -> dict[str, int]:
+        """What this node stores for others: ``bytes`` (of them ``stranger_bytes``), ``entries``,
+        ``keys``, and its ``budget_bytes``."""
+        return self._storage.usage()
 
     async def store(self, key: str, value: bytes, *, signer: Identity, expiration_time: float) -> bool:
         """Sign ``value`` and store it under ``key``, subkey ``signer.peer_id``, until ``expiration_time``.

@@ -10,11 +10,14 @@ import logging
 import socket
 
 from hivemind.dht.node import DHTNode
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from gossamer.transport.dht.config import DhtConfig, tcp_port
+from gossamer.transport.dht.storage import BoundedStorage, RefusingCache
 from gossamer.transport.errors import TransportError
 
 logger = logging.getLogger(__name__)
@@ -111,14 +114,17 @@ def _p2pd_failure(config: DhtConfig, cause: str) -> TransportError:
                           f"{' '.join(config.host_maddrs)} (addresses of this host) and the hivemind install.")
 
 
-async def start_node(config: DhtConfig, p2p: P2P, validator: RecordValidatorBase) -> DHTNode:
-    """Run a DHTNode with ``validator`` on ``p2p``; raise BootstrapFailed if no initial peer answers a DHT ping."""
+async def start_node(config: DhtConfig, p2p: P2P, validator: RecordValidatorBase, storage: BoundedStorage) -> DHTNode:
+    """Run a DHTNode with ``validator`` and ``storage`` on ``p2p`` (no cache: every gossamer read asks
+    for the latest entries); raise BootstrapFailed if no initial peer answers a DHT ping."""
     try:
         async with asyncio.timeout(config.bootstrap_timeout_s + config.request_timeout_s):
             node = await DHTNode.create(
                 p2p=p2p, initial_peers=list(config.initial_peers), client_mode=config.client_mode,
                 wait_timeout=config.request_timeout_s / 3, bootstrap_timeout=config.bootstrap_timeout_s,
-                ensure_bootstrap_success=False, record_validator=validator)
+                ensure_bootstrap_success=False, record_validator=validator, cache_locally=False, cache_nearest=0,
+                cache_on_store=False, cache_refresh_before_expiry=0)
+            install_storage(node.protocol, storage)
     except TimeoutError as exc:
         if config.initial_peers:
             raise _bootstrap_failed(config, "the DHT bootstrap timed out") from exc
@@ -129,6 +135,17 @@ async def start_node(config: DhtConfig, p2p: P2P, validator: RecordValidatorBase
         await stop_node(node)
         raise _bootstrap_failed(config, "no initial peer answered a DHT ping")
     return node
+
+
+def install_storage(protocol: DHTProtocol, storage: BoundedStorage) -> None:
+    """Put ``storage`` (and a cache that keeps nothing) in place of hivemind's unbounded ones, moving
+    over what others stored while the node was starting (within the new storage's limits)."""
+    started: DHTLocalStorage = protocol.storage
+    protocol.storage, protocol.cache = storage, RefusingCache(storage.refused)
+    for key, item in list(started.items()):
+        if isinstance(item.value, DictionaryDHTValue):
+            for subkey, (value, expiration) in item.value.items():
+                storage.store_subkey(key, subkey, value, expiration)
 
 
 async def _reaches_initial_peer(node: DHTNode, config: DhtConfig) -> bool:

@@ -27,10 +27,18 @@ DEFAULT_CACHE_ENTRIES = 8192
 
 
 class KeyRule(Protocol):
-    """What the layer above says about its keys: ``check(key, entry)`` raises ``EntryRefused`` for
-    an entry that may not stand under ``key`` (given without the ``gossamer/`` prefix)."""
+    """What the layer above says about its keys (given without the ``gossamer/`` prefix).
+
+    ``check`` runs on every entry stored or read and raises ``EntryRefused`` for one that may not
+    stand under ``key``; it must not depend on the time or on who is admitted, as hivemind drops a
+    node's whole answer for one refused subkey. ``admit`` runs when this node is asked to store an
+    entry: it raises ``EntryRefused`` for one this node must not keep (a record that fails
+    verification or admission), returns True for a key of a run this node is part of and False
+    for a key it cannot judge (kept within the strangers' quota, ``storage.StorageLimits``)."""
 
     def check(self, key: str, entry: Entry) -> None: ...
+
+    def admit(self, key: str, entry: Entry, *, now: float) -> bool: ...
 
 
 class EntryValidator(RecordValidatorBase):
@@ -78,6 +86,14 @@ class EntryValidator(RecordValidatorBase):
             entry = read_entry(blob, subkey=subkey, max_payload_bytes=self._max_payload_bytes)
         self._check_times(entry, expiration_time)
         return entry
+
+    def place(self, key_id: bytes, subkey_bytes: bytes, value_bytes: bytes, expiration_time: float) -> tuple[Entry, bool]:
+        """For the storage: the verified entry and whether every rule admits it as a member's
+        (False: a stranger's); EntryRefused when it must not be stored."""
+        entry = self.entry(key_id, subkey_bytes, value_bytes, expiration_time)
+        key, now = entry.key[len(KEY_PREFIX):], self._now()
+        verdicts = [rule.admit(key, entry, now=now) for rule in self._rules]  # every rule may refuse
+        return entry, all(verdicts)
 
     def _check_placement(self, key_id: bytes, entry: Entry) -> None:
         if not entry.key.startswith(KEY_PREFIX) or DHTID.generate(source=entry.key).to_bytes() != key_id:

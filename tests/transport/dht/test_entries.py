@@ -39,6 +39,9 @@ class OnlyOwnerOfDemo:
         if found.subkey != ALICE.peer_id:
             raise EntryRefused(f"only alice writes {key}", reason="not-owner")
 
+    def admit(self, key: str, found: Entry, *, now: float) -> bool:
+        return True
+
 
 def validator(**changes) -> EntryValidator:
     options = {"max_payload_bytes": 1024, "max_lifetime_s": 60.0, "max_clock_skew_s": 5.0, "now": lambda: NOW,
