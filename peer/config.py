@@ -48,7 +48,7 @@ class PeerConfig:
     relay_port: int = setting(0, low=0, high=65535,
                               doc="port of the relay service (0: chosen by the OS; relayed peers get fresh ports)")
     relay_max_peers: int = setting(16, low=1, doc="most private peers this relay serves at once")
-    relay_rate_bytes_per_s: int = setting(0, low=0,
+    relay_rate_bytes_per_s: int = setting(16 * 1024 * 1024, low=0,
                                           doc="bytes per second per relayed peer, both ways together (0: no cap)")
     device: str = setting("auto", doc="auto (CUDA if present, else CPU), cpu, cuda, cuda:N or mps")
     data: str = setting("", doc="dataset for data-holding roles: builtin:pydoc or a local file; TL++ nodes: "

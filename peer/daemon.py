@@ -99,7 +99,8 @@ class Daemon:
                            http_client=http_client, view=view, view_refreshed=self._view_refreshed,
                            direct_record=lambda: self.record(direct=True), announce=self._announce.set,
                            targets=self._local_targets, volunteer_as=volunteer,
-                           notify=lambda fields: self.events.emit("reachability", **fields))
+                           notify=lambda fields: self.events.emit("reachability", **fields),
+                           tenure_s=manifest.tenure_s, owner_id=manifest.owner_peer_id)
 
     @classmethod
     async def create(cls, config: PeerConfig, *, plugins: PluginRegistry, run_config: RunConfig | None = None,

@@ -1,6 +1,7 @@
 """The answering side of the reachability self-test: verify a peer's signed record and dial it back
 at its announced addresses, only on the very host the request came from (no scanning through
-us), rate-limited per source (README.md of peer, "reach.dialback")."""
+us); the dial budget is spent only on verified requests, per source address first, then in all
+(README.md of peer, "reach.dialback")."""
 
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ from gossamer.transport.errors import TransportError
 from gossamer.transport.frames import Frame, FrameType
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.http_server import read_body_into
+from gossamer.transport.slots import address_key
 from gossamer.transport.tcp import ConnectionInfo, TcpConfig, tcp_connect
 
 TcpHandler = Callable[[Frame, ConnectionInfo], Awaitable[Frame | None]]
 
 WHOAMI = "reach.whoami"
-MAX_SOURCES = 4096  # (source address, peer) pairs remembered for the per-source limit
+MAX_SOURCES = 4096  # source addresses remembered for the per-source limit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,9 +38,12 @@ class DialBackLimits:
     """How much dialling one peer does for others.
 
     Attributes:
-        per_source_s: at most one dial-back per source address and peer id this often.
-        per_minute: at most this many dial-back requests per minute in all.
+        per_source_s: at most one dial-back per source address (IPv6: /64) this often, whatever
+            identities it presents.
+        per_minute: at most this many dial-backs per minute in all.
         dial_timeout_s: deadline of each dial (connect and the whoami answer).
+
+    Only a request whose record verifies and is admitted spends either budget, the source's first.
     """
 
     per_source_s: float = 10.0
@@ -46,8 +51,12 @@ class DialBackLimits:
     dial_timeout_s: float = 3.0
 
     def __post_init__(self) -> None:
-        if not self.per_source_s >= 0 or not self.dial_timeout_s > 0 or self.per_minute < 1:
-            raise ValueError(f"DialBackLimits: bad limits {self!r}")
+        if not self.per_source_s >= 0:
+            raise ValueError(f"DialBackLimits.per_source_s must be >= 0, got {self.per_source_s!r}")
+        if isinstance(self.per_minute, bool) or not isinstance(self.per_minute, int) or self.per_minute < 1:
+            raise ValueError(f"DialBackLimits.per_minute must be a positive int, got {self.per_minute!r}")
+        if not self.dial_timeout_s > 0:
+            raise ValueError(f"DialBackLimits.dial_timeout_s must be positive, got {self.dial_timeout_s!r}")
 
 
 def source_host(remote: str | None) -> str:
@@ -75,8 +84,10 @@ class DialBack:
     """Serves ``/reach/dialback`` and ``/reach/whoami`` (and the TCP ``reach.whoami``) for one peer."""
 
     def __init__(self, *, peer_id: str, admission: Admission, ttl_s: float, now: Callable[[], float],
-                 http_client: HttpClient, limits: DialBackLimits = DialBackLimits()) -> None:
+                 http_client: HttpClient, limits: DialBackLimits = DialBackLimits(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.peer_id = peer_id
+        self._clock = clock
         self._admission = admission
         self._ttl_s = ttl_s
         self._now = now
@@ -100,12 +111,11 @@ class DialBack:
 
     async def _dialback(self, request: web.Request) -> web.Response:
         source = source_host(request.remote)
-        if not self._admit_any():
-            raise web.HTTPTooManyRequests(text="dial-back rate limit: ask again later")
         blob = bytes(await read_body_into(request, max_bytes=MAX_RECORD_BYTES))
-        record = self._verified(blob)
-        if not self._admit(f"{source} {record.peer_id}"):
-            raise web.HTTPTooManyRequests(text="dial-back rate limit for this peer: ask again later")
+        record = self._verified(blob)  # nothing is spent on a request that does not verify
+        refused = self._spend(address_key((source,)))
+        if refused:
+            raise web.HTTPTooManyRequests(text=refused)
         hosts = {split_addr(addr)[0] for addr in (record.http_addr, record.tcp_addr) if addr}
         if hosts - {source}:
             why = (f"you connect from {source} but announce {', '.join(sorted(hosts))}; only the address a "
@@ -115,23 +125,20 @@ class DialBack:
         self.answered += 1
         return web.json_response({"observed": source, "http": http_ok, "tcp": tcp_ok, "why": ""})
 
-    def _admit_any(self) -> bool:
-        now = time.monotonic()
-        if len(self._recent) == self._recent.maxlen and now - self._recent[0] < 60.0:
-            return False
-        self._recent.append(now)
-        return True
-
-    def _admit(self, key: str) -> bool:
-        now = time.monotonic()
-        last = self._last.get(key)
+    def _spend(self, source: str) -> str:
+        """Spend one dial-back of ``source``'s budget and of the global one; why not ("") when either is out."""
+        now = self._clock()
+        last = self._last.get(source)
         if last is not None and now - last < self._limits.per_source_s:
-            return False
-        self._last[key] = now
-        self._last.move_to_end(key)
+            return f"dial-back rate limit for your address (one per {self._limits.per_source_s:g} s): ask again later"
+        if len(self._recent) == self._recent.maxlen and now - self._recent[0] < 60.0:
+            return "dial-back rate limit of this peer: ask again later"
+        self._recent.append(now)
+        self._last[source] = now
+        self._last.move_to_end(source)
         while len(self._last) > MAX_SOURCES:
             self._last.popitem(last=False)
-        return True
+        return ""
 
     def _verified(self, blob: bytes) -> PeerRecord:
         try:

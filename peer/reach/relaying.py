@@ -1,4 +1,4 @@
-"""Relays from the peer's side: ``volunteer`` serves a relay for the run's own, proven peers
+"""Relays from the peer's side: ``volunteer`` serves a relay for the run's own, proven, private peers
 (``--relay``); ``Relaying`` keeps a private peer reachable through a volunteer, tries another when
 one goes, and falls back to its direct addresses meanwhile (README.md of peer, "reach.relaying")."""
 
@@ -14,17 +14,22 @@ from gossamer.crypto.identity import Identity
 from gossamer.peer.errors import RecordRejected
 from gossamer.peer.reach.dialback import claimed_peer_id, split_addr
 from gossamer.peer.run.admission import Admission
-from gossamer.peer.run.records import PUBLIC, UNKNOWN, PeerRecord, open_record
+from gossamer.peer.run.records import PRIVATE, PUBLIC, RELAYED, UNKNOWN, PeerRecord, open_record
 from gossamer.transport.errors import TransportError
+from gossamer.transport.logs import ThrottledLog
 from gossamer.transport.relay import RelayClient, RelayConfig, RelayRefused, RelayServer
 
 log = logging.getLogger(__name__)
+refusals = ThrottledLog(log)
 
 
 async def volunteer(*, name: str, host: str, port: int, admission: Admission, ttl_s: float,
-                    now: Callable[[], float], config: RelayConfig) -> RelayServer:
-    """A relay called ``name`` (the volunteer's peer id) for the run's peers (each allocation carries
-    the peer's signed, admitted record and its key's answer to the relay's challenge)."""
+                    now: Callable[[], float], config: RelayConfig,
+                    trusted: Callable[[str], bool] = lambda peer_id: False) -> RelayServer:
+    """A relay called ``name`` (the volunteer's peer id) for the run's private peers (each allocation
+    carries the peer's signed, admitted record, whose self-test says ``private``, and its key's answer
+    to the relay's challenge); ``trusted`` (tenured or vouched for) may take the places that peers
+    nobody vouches for cannot (``RelayConfig.max_untrusted_peers``)."""
 
     def authorize(auth: bytes) -> str:
         try:
@@ -32,9 +37,13 @@ async def volunteer(*, name: str, host: str, port: int, admission: Admission, tt
             admission.check(record, now=now())
         except RecordRejected as exc:
             raise RelayRefused(f"not a peer of this run: {exc}") from exc
+        if record.reachability not in (PRIVATE, RELAYED):
+            raise RelayRefused(f"this relay serves only peers whose own self-test says private; your record says "
+                               f"{record.reachability!r}")
         return record.peer_id
 
-    return await RelayServer.create(name=name, host=host, port=port, config=config, authorize=authorize, now=now)
+    return await RelayServer.create(name=name, host=host, port=port, config=config, authorize=authorize,
+                                    trusted=trusted, now=now)
 
 
 class Relaying:
@@ -99,8 +108,8 @@ class Relaying:
             try:
                 client = await RelayClient.connect((host, port), relay_name=record.peer_id, identity=self._identity,
                                                    auth=self._auth(), targets=self._targets(), now=self._now)
-            except TransportError as exc:
-                log.info("relay %s (%s) refused or unreachable: %s", record.peer_id[:12], record.relay, exc)
+            except TransportError as exc:  # any record may name a relay: throttled
+                refusals.info("relay %s (%s) refused or unreachable: %s", record.peer_id[:12], record.relay, exc)
                 self._failed[record.peer_id] = time.monotonic()
                 continue
             self.client, self.relay_id, self._relay_host = client, record.peer_id, host

@@ -1,6 +1,7 @@
-"""``SelfTest``: the asking side of the reachability self-test. It asks up to ``ASKED`` live peers to
-dial it back and says ``public`` (one reached both servers), ``private`` (answers, none reached
-both) or keeps its verdict (no answer); a private peer's owner gets one actionable line."""
+"""``SelfTest``: the asking side of the reachability self-test. It asks up to ``ASKED`` live peers,
+the tenured or vouched-for ones (and the run owner) when there are any, to dial it back, and concludes as
+``verdict.classify`` says (``public`` on one reached; ``private`` only on a quorum of not-reached
+and none reached); a private peer's owner gets one actionable line."""
 
 from __future__ import annotations
 
@@ -8,34 +9,19 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 from gossamer.peer.reach.dialback import http_url, split_addr
-from gossamer.peer.run.records import PRIVATE, PUBLIC, UNKNOWN, PeerRecord
+from gossamer.peer.reach.verdict import Verdict, classify, quorum
+from gossamer.peer.run.records import PRIVATE, PUBLIC, PeerRecord
 from gossamer.transport.errors import TransportError
 from gossamer.transport.http_client import HttpClient
 
 log = logging.getLogger(__name__)
 
-ASKED = 3
+ASKED = 4
 RETRY_S = 10.0  # how soon to ask again when nobody answered
 
-
-@dataclass(frozen=True)
-class Verdict:
-    """The outcome of one self-test."""
-
-    kind: str = UNKNOWN
-    asked: int = 0
-    answered: int = 0
-    http: bool = False
-    tcp: bool = False
-    observed: tuple[str, ...] = ()
-    why: tuple[str, ...] = field(default=())
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "asked": self.asked, "answered": self.answered, "http": self.http,
-                "tcp": self.tcp, "observed": list(self.observed), "why": list(self.why)}
+__all__ = ["ASKED", "SelfTest", "Verdict", "private_line"]
 
 
 def private_line(verdict: Verdict, *, http_addr: str, tcp_addr: str) -> str:
@@ -51,29 +37,42 @@ def private_line(verdict: Verdict, *, http_addr: str, tcp_addr: str) -> str:
 
 
 class SelfTest:
-    """Repeated reachability checks of one peer; ``verdict`` is the latest."""
+    """Repeated reachability checks of one peer; ``verdict`` is the latest. ``trusted(peer_id)``
+    says whether a candidate is tenured or vouched for: when any is, only those are asked, so free
+    identities cannot vote this peer private."""
 
     def __init__(self, *, http_client: HttpClient, probe: Callable[[], tuple[PeerRecord, bytes]],
                  candidates: Callable[[], list[PeerRecord]], on_change: Callable[[], None],
+                 trusted: Callable[[str], bool] = lambda peer_id: False,
                  every_s: float = 300.0, timeout_s: float = 10.0) -> None:
         self._http = http_client
         self._probe = probe
         self._candidates = candidates
+        self._trusted = trusted
         self._on_change = on_change
         self._every_s = every_s
         self._timeout_s = timeout_s
         self._rng = random.Random()
         self.verdict = Verdict()
 
+    def answerers(self, me: str) -> tuple[list[PeerRecord], bool]:
+        """Whom a check may ask (one record per peer, not ``me``, with an HTTP address others can
+        dial), and whether they are the tenured or vouched-for ones."""
+        peers = list({p.peer_id: p for p in self._candidates()
+                      if p.peer_id != me and p.http_addr and p.reachable}.values())
+        vetted = [p for p in peers if self._trusted(p.peer_id)]
+        return (vetted, True) if vetted else (peers, False)
+
     async def check(self) -> Verdict:
-        """Ask up to ``ASKED`` peers to dial this one back; the new verdict (also kept)."""
+        """Ask up to ``ASKED`` answerers to dial this peer back; the new verdict (also kept)."""
         record, blob = self._probe()
-        peers = [p for p in self._candidates() if p.peer_id != record.peer_id and p.http_addr and p.reachable]
-        self._rng.shuffle(peers)
-        peers.sort(key=lambda p: p.reachability != PUBLIC)  # public answerers first
-        asked = peers[:ASKED]
+        pool, vetted = self.answerers(record.peer_id)
+        self._rng.shuffle(pool)
+        pool.sort(key=lambda p: p.reachability != PUBLIC)  # among equals, those that say they are public first
+        asked = pool[:ASKED if vetted else 2 * ASKED]  # unvetted: more asked, so one honest answerer is likelier among them
         answers = [a for a in await asyncio.gather(*(self._ask(p, blob) for p in asked)) if a is not None]
-        verdict = _classify(self.verdict.kind, len(asked), answers)
+        verdict = classify(self.verdict.kind, asked=len(asked), answers=answers, needed=quorum(len(pool)),
+                           vetted=vetted)
         changed = verdict.kind != self.verdict.kind
         self.verdict = verdict
         if changed:
@@ -101,15 +100,3 @@ class SelfTest:
             log.debug("dial-back request to %s failed: %s", peer.peer_id[:12], exc)
             return None
         return answer if isinstance(answer, dict) else None
-
-
-def _classify(previous: str, asked: int, answers: list[dict]) -> Verdict:
-    if not answers:
-        return Verdict(kind=previous, asked=asked)
-    http = any(a.get("http") is True for a in answers)
-    tcp = any(a.get("tcp") is True for a in answers)
-    both = any(a.get("http") is True and a.get("tcp") is True for a in answers)
-    observed = tuple(dict.fromkeys(str(a.get("observed", ""))[:64] for a in answers if a.get("observed")))
-    why = tuple(dict.fromkeys(str(a.get("why", ""))[:300] for a in answers if a.get("why")))
-    return Verdict(kind=PUBLIC if both else PRIVATE, asked=asked, answered=len(answers), http=http, tcp=tcp,
-                   observed=observed, why=why)

@@ -17,6 +17,7 @@ from gossamer.peer.reach.relaying import Relaying, volunteer
 from gossamer.peer.reach.selftest import SelfTest, private_line
 from gossamer.peer.run.admission import Admission
 from gossamer.peer.run.records import PRIVATE, RELAYED, PeerRecord, seal_record
+from gossamer.peer.run.tenure import is_tenured
 from gossamer.peer.run.view import PeerView
 from gossamer.transport.http_client import HttpClient
 from gossamer.transport.relay import RelayConfig, RelayServer
@@ -46,8 +47,11 @@ class Reach:
                  http_client: HttpClient, view: PeerView, view_refreshed: asyncio.Condition,
                  direct_record: Callable[[], PeerRecord], announce: Callable[[], None],
                  targets: Callable[[], list[tuple[str, int]]], volunteer_as: Volunteer | None = None,
-                 notify: Callable[[dict], None] = lambda status: None, every_s: float = 300.0, limits: DialBackLimits = DialBackLimits()) -> None:
+                 notify: Callable[[dict], None] = lambda status: None, every_s: float = 300.0,
+                 limits: DialBackLimits = DialBackLimits(), tenure_s: float = float("inf"), owner_id: str = "") -> None:
         self._identity = identity
+        self._tenure_s = tenure_s
+        self._owner_id = owner_id
         self._admission = admission
         self._ttl_s = ttl_s
         self._view = view
@@ -61,7 +65,7 @@ class Reach:
         self.dialback = DialBack(peer_id=identity.peer_id, admission=admission, ttl_s=ttl_s, now=now,
                                  http_client=http_client, limits=limits)
         self.selftest = SelfTest(http_client=http_client, probe=self._probe, candidates=self._candidates,
-                                 on_change=self._verdict_changed, every_s=every_s)
+                                 on_change=self._verdict_changed, trusted=self.trusted, every_s=every_s)
         self.relaying = Relaying(identity=identity, candidates=self._candidates, auth=lambda: self._probe()[1],
                                  targets=targets, on_change=self._announce_change, now=now)
         self.relay_server: RelayServer | None = None
@@ -89,7 +93,7 @@ class Reach:
         if self._volunteer_as is not None:
             self.relay_server = await volunteer(name=self._identity.peer_id, host=self._volunteer_as.host, port=self._volunteer_as.port,
                                                 admission=self._admission, ttl_s=self._ttl_s, now=self._now,
-                                                config=self._volunteer_as.config)
+                                                config=self._volunteer_as.config, trusted=self.trusted)
         self._tasks = [asyncio.create_task(self.selftest.run(self._someone_to_ask), name="reach-selftest"),
                        asyncio.create_task(self.relaying.hold(self._private, self._not_private, self._view_change),
                                            name="reach-relaying")]
@@ -113,6 +117,19 @@ class Reach:
                 "relayed_by": {"peer_id": self.relaying.relay_id, "http": relayed[0], "tcp": relayed[1]}
                 if relayed else None,
                 "relaying_for": self.relay_server.stats() if self.relay_server is not None else None}
+
+    def trusted(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is the run owner, or live in this peer's view for the run's tenure, or
+        vouched for by the owner's record (``run.tenure``): whom the self-test asks and a relay
+        keeps places for."""
+        if peer_id == self._owner_id:
+            return True
+        live = self._view.get(peer_id)
+        if live is None:
+            return False
+        owner = self._view.get(self._owner_id) if self._owner_id else None
+        vouched = frozenset(owner.record.tenured) if owner is not None else frozenset()
+        return is_tenured(live, now=self._now(), tenure_s=self._tenure_s, vouched=vouched)
 
     def _probe(self) -> tuple[PeerRecord, bytes]:
         record = self._direct_record()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from gossamer.crypto.challenge import NONCE_BYTES, answer_challenge
 from gossamer.crypto.identity import Identity
 from gossamer.transport.errors import ConnectionClosed, TransportError, TransportTimeout
-from gossamer.transport.relay.server import RelayRefused
+from gossamer.transport.relay.config import RelayRefused
 from gossamer.transport.relay.wire import MAX_LINE_BYTES, Pace, Pipe, read_message, write_message
 from gossamer.transport.tcp_client import ConnectFailed
 

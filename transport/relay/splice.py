@@ -14,10 +14,12 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gossamer.transport.logs import ThrottledLog
+
 if TYPE_CHECKING:
     from gossamer.transport.relay.wire import Pace, Pipe
 
-log = logging.getLogger(__name__)
+log = ThrottledLog(logging.getLogger(__name__))
 
 PIPE_BYTES = 1 << 20  # kernel pipe capacity asked for (the default 64 KiB means 16x the syscalls)
 PACED_BYTES = 256 * 1024  # most one read moves under a cap: what the copy path reads at once (wire.CHUNK_BYTES)

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gossamer.transport.errors import ConnectionClosed, DecodeError, TransportTimeout
+from gossamer.transport.logs import ThrottledLog
 from gossamer.transport.relay.splice import Splice, usable
 
-log = logging.getLogger(__name__)
+log = ThrottledLog(logging.getLogger(__name__))
 
 MAX_LINE_BYTES = 8192
 CHUNK_BYTES = 256 * 1024
@@ -89,7 +90,8 @@ class Pipe(asyncio.Protocol):
 
     Before ``pair`` it holds what arrives (``hold_bytes`` at most, then reading pauses). With
     ``on_line`` it first reads one control line (``MAX_LINE_BYTES`` at most) and hands it over,
-    decoded, with itself; the bytes after it are held for the peer. When both ends of a pair have
+    decoded, with itself; the bytes after it are held for the peer; an end of stream before the
+    line closes it. When both ends of a pair have
     ``zero_copy`` and ``splice.usable`` says so, a ``Splice`` moves their bytes from then on
     (same pace, flow control and half-close; no byte through Python).
     """
@@ -153,6 +155,9 @@ class Pipe(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._eof = True
+        if self._on_line is not None:  # it ended before its line: nothing will come of it
+            self.close()
+            return False
         if self.peer is not None and self.peer.transport is not None and not self._held:
             if self.peer.transport.can_write_eof():
                 self.peer.transport.write_eof()
