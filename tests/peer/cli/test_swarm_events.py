@@ -58,6 +58,8 @@ EXAMPLES: dict[str, dict[str, tuple[dict[str, Any], dict[str, Any]]]] = {
         "waiting": ({"learners": 1, "wanted": 3}, {"learners": 0}),
         "ahead": ({"round": 7, "median": 5, "wait_s": 30.0}, {"median": 0, "wait_s": 0.0}),
         "adopted": ({"round": 12, "donors": 2, "why": "joined"}, {"donors": 1, "why": "caught up (3 rounds behind)"}),
+        "no_quorum": ({"offering": 3, "quorum": 2, "reason": "no version is offered by 2 of 3 donors: 12 by 1, 11 by 2"
+                                                                 " (digests differ)", "retry": True}, {"retry": False}),
         "round": ({"round": 3, "train_loss": 2.41, "heldout_loss": 2.55, "params_from": 2, "pgrads_used": 1,
                    "timed_out": [C], "rejected": {B: "pseudo-gradient: stale round 2"}, "bytes_sent": 1_234_567,
                    "bytes_received": 1_198_004, "note": "clipped 1 of 3 updates", "rounds": 20, "compute_s": 4.2,

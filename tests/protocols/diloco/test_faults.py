@@ -49,7 +49,8 @@ RUN = {
     "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16},
     "hyper": {"rounds": ROUNDS, "batch_size": 4, "eval_batches": 1, "min_learners": 6, "w1_grace_s": DEADLINE_S,
               "w2_deadline_s": DEADLINE_S, "pacing": "adaptive", "w2_floor_s": DEADLINE_S, "diloco": {"inner_steps": 2, "inner_lr": 0.003},
-              "mixing": {"w1": "global", "w2": "global", "average_every": 2}, "aggregator": {"name": "mean"}},
+              "mixing": {"w1": "global", "w2": "global", "average_every": 2}, "aggregator": {"name": "mean"},
+              "w1_clip_ratio": 0.0},  # the plain W1 mix: only it keeps survivors bit for bit in agreement
 }
 
 
