@@ -114,15 +114,20 @@ async def test_a_flood_from_many_addresses_is_capped_in_total_and_honest_pairs_a
     await until(lambda: held_at(relay.attach_port) == 0)
 
 
-async def test_an_unpaired_attach_connection_is_closed_at_its_eof(honest) -> None:
-    relay, _client = honest
+async def test_an_unpaired_attach_connection_is_closed_at_its_eof() -> None:
+    """The relay's clock never moves here, so its line deadline cannot be what closes the pipe:
+    only the EOF can (before the fix the half-open pipe stayed for good)."""
+    relay = await RelayServer.create(name="relay", authorize=authorize, clock=Clock())
     sock = socket.create_connection(("127.0.0.1", relay.attach_port), source_address=(ATTACKER, 0))
     try:
         sock.sendall(b'{"op": "att')
         sock.shutdown(socket.SHUT_WR)
-        await until(lambda: closed_by_peer(sock), bound_s=30.0)
+        await until(lambda: closed_by_peer(sock))
+        assert closed_by_peer(sock)
+        await until(lambda: held_at(relay.attach_port) == 0)  # and the relay let go of its end
     finally:
         sock.close()
+        await relay.aclose()
 
 
 async def test_silent_first_lines_are_cut_at_the_deadline() -> None:
